@@ -1,0 +1,8 @@
+"""Structured configs of hydra-ddpw: `Platform`, `Device`, launcher options; never imports torch."""
+
+from ddpw_conf.errors import ConfigError
+from ddpw_conf.launcher import LocalLauncherConf
+from ddpw_conf.platform import Device, Platform, platform_from_config
+from ddpw_conf.store import register_configs
+
+__all__ = ["ConfigError", "Device", "LocalLauncherConf", "Platform", "platform_from_config", "register_configs"]

@@ -1,0 +1,18 @@
+"""The error raised for a configuration that cannot run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot run, found before any process starts.
+
+    The message always names the key, the value that was given and what to do instead.
+    """
+
+    def __init__(self, key: str, value: Any, fix: str) -> None:
+        self.key = key
+        self.value = value
+        self.fix = fix
+        super().__init__(f"{key}={value!r}: {fix}")

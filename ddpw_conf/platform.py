@@ -1,0 +1,357 @@
+"""The `Platform` schema: where and how many ranks a job runs, and how they talk.
+
+Pure dataclasses and validation; never imports torch. Every check lives in `Platform.validate`, which
+the launcher and `Wrapper` call before any process starts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from ddpw_conf.errors import ConfigError
+
+START_METHODS = ("forkserver", "spawn")
+IPC_PROTOCOLS = ("tcp", "file")
+BACKENDS = ("gloo", "nccl", "mpi")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}$")
+_SLURM_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*([.:][A-Za-z_]\w*)$")
+
+
+class Device(Enum):
+    """The kind of device each rank computes on."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+    MPS = "mps"
+    SLURM = "slurm"
+    """Ranks on SLURM nodes: one GPU per rank when `n_gpus_per_node` > 0, else CPU."""
+
+    @staticmethod
+    def from_str(value: "str | Device") -> "Device":
+        """The Device named by `value` (case-insensitive; `cuda` is a synonym for `gpu`)."""
+        if isinstance(value, Device):
+            return value
+        name = str(value).strip().lower()
+        name = "gpu" if name == "cuda" else name
+        for device in Device:
+            if device.value == name:
+                return device
+        raise ConfigError(
+            "platform.device", value, f"choose one of {', '.join(d.value for d in Device)}"
+        )
+
+
+@dataclass
+class Platform:
+    """Where a distributed job runs and how its ranks are laid out.
+
+    Field names follow the `ddpw` package's Platform, plus `n_procs_per_node` (ranks per node) and
+    `console_ranks` (whose output the console shows).
+    """
+
+    name: str = "ddpw"
+    device: str = "cpu"
+    partition: str = "general"
+    n_nodes: int = 1
+    n_gpus_per_node: int = 0
+    n_procs_per_node: Optional[int] = None
+    n_cpus_per_node: Optional[int] = None
+    mem_per_node: int = 0
+    spawn_method: str = "forkserver"
+    ipc_protocol: str = "tcp"
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    ipc_groups: List[List[int]] = field(default_factory=list)
+    backend: Optional[str] = None
+    seed: int = 1889
+    timeout_min: int = 2880
+    slurm_additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    console_logs: bool = True
+    console_ranks: Any = field(default_factory=lambda: [0])
+    verbose: bool = True
+    upon_finish: Optional[str] = None
+
+    # ----------------------------------------------------------------------------- derived values
+    @property
+    def device_kind(self) -> Device:
+        """`device` as a `Device`."""
+        return Device.from_str(self.device)
+
+    @property
+    def uses_gpus(self) -> bool:
+        """Whether each rank is bound to a CUDA GPU."""
+        kind = self.device_kind
+        return kind is Device.GPU or (kind is Device.SLURM and self.n_gpus_per_node > 0)
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks on each node: `n_procs_per_node`, or one per GPU on GPU devices, else 1."""
+        if self.n_procs_per_node is not None:
+            return self.n_procs_per_node
+        return self.n_gpus_per_node if self.uses_gpus else 1
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks in the whole job."""
+        return self.n_nodes * self.ranks_per_node
+
+    @property
+    def requires_ipc(self) -> bool:
+        """Whether the ranks need a process group (more than one rank)."""
+        return self.world_size > 1
+
+    @property
+    def resolved_backend(self) -> str:
+        """`backend`, or the automatic choice: nccl on CUDA GPUs, gloo otherwise."""
+        if self.backend:
+            return self.backend
+        return "nccl" if self.uses_gpus else "gloo"
+
+    def shown_ranks(self) -> List[int]:
+        """The global ranks whose output is echoed on the console."""
+        if not self.console_logs:
+            return []
+        if isinstance(self.console_ranks, str):
+            return list(range(self.world_size))
+        return sorted(set(int(r) for r in self.console_ranks))
+
+    def summary(self) -> str:
+        """A readable summary of the platform, one `key : value` per line."""
+        rows = [(f.name, getattr(self, f.name)) for f in fields(self)]
+        rows += [("world_size", self.world_size), ("backend (resolved)", self.resolved_backend)]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(width)} : {v}" for k, v in rows)
+
+    def print(self) -> None:
+        """Print `summary()`."""
+        print(self.summary())
+
+    # ----------------------------------------------------------------------------- validation
+    def validate(self, gpus_available: Optional[int] = None) -> "Platform":
+        """Check every field; raise `ConfigError` naming the key, the value and the fix.
+
+        `gpus_available` is the number of CUDA GPUs on this node, when known (the caller asks torch;
+        this module never imports it). Returns self so calls can be chained.
+        """
+        self._validate_names()
+        kind = self.device_kind
+        self._validate_counts(kind)
+        self._validate_choices()
+        self._validate_network()
+        self._validate_groups()
+        self._validate_slurm_parameters()
+        if self.uses_gpus and gpus_available is not None and kind is Device.GPU:
+            if self.n_gpus_per_node > gpus_available:
+                raise ConfigError(
+                    "platform.n_gpus_per_node",
+                    self.n_gpus_per_node,
+                    f"this machine has {gpus_available} CUDA GPU(s); ask for at most that many, "
+                    "or use platform.device=cpu",
+                )
+        if self.resolved_backend == "nccl":
+            if not self.uses_gpus:
+                raise ConfigError(
+                    "platform.backend", "nccl", "nccl needs CUDA GPUs; use backend=gloo (or leave it "
+                    "unset) on cpu/mps, or device=gpu with n_gpus_per_node >= 1",
+                )
+            if gpus_available == 0 and kind is Device.GPU:
+                raise ConfigError(
+                    "platform.backend", "nccl", "CUDA is not available on this machine; use "
+                    "platform.device=cpu (gloo)",
+                )
+        return self
+
+    def _validate_names(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ConfigError(
+                "platform.name", self.name, "use 1-128 letters, digits, '_', '.', '+' or '-', "
+                "starting with a letter or digit",
+            )
+        if not isinstance(self.partition, str) or not _NAME.match(self.partition):
+            raise ConfigError(
+                "platform.partition", self.partition, "use a SLURM partition name: letters, digits, "
+                "'_', '.', '+' or '-'",
+            )
+        if self.upon_finish is not None and not _IMPORT_PATH.match(str(self.upon_finish)):
+            raise ConfigError(
+                "platform.upon_finish", self.upon_finish, "give an import path such as "
+                "'my_package.module:function' (or 'my_package.module.function')",
+            )
+
+    def _validate_counts(self, kind: Device) -> None:
+        _positive("platform.n_nodes", self.n_nodes)
+        _at_least("platform.n_gpus_per_node", self.n_gpus_per_node, 0)
+        if self.n_procs_per_node is not None:
+            _positive("platform.n_procs_per_node", self.n_procs_per_node)
+        if kind is Device.GPU and self.n_gpus_per_node < 1:
+            raise ConfigError(
+                "platform.n_gpus_per_node", self.n_gpus_per_node,
+                "device=gpu needs at least one GPU per node; set n_gpus_per_node >= 1 or use device=cpu",
+            )
+        if kind in (Device.CPU, Device.MPS) and self.n_nodes > 1:
+            raise ConfigError(
+                "platform.n_nodes", self.n_nodes, f"device={kind.value} runs on this machine only; "
+                "use n_nodes=1, or the ddpw_slurm launcher (device=slurm) for several nodes",
+            )
+        if self.uses_gpus and self.ranks_per_node > self.n_gpus_per_node:
+            raise ConfigError(
+                "platform.n_procs_per_node", self.n_procs_per_node,
+                f"each rank needs its own GPU and only n_gpus_per_node={self.n_gpus_per_node} are "
+                "asked for; lower n_procs_per_node or raise n_gpus_per_node",
+            )
+        if self.n_cpus_per_node is not None:
+            _positive("platform.n_cpus_per_node", self.n_cpus_per_node)
+            if self.n_cpus_per_node % self.ranks_per_node:
+                raise ConfigError(
+                    "platform.n_cpus_per_node", self.n_cpus_per_node,
+                    f"must be a multiple of the {self.ranks_per_node} rank(s) per node so each rank "
+                    "gets the same number of CPUs",
+                )
+        _at_least("platform.mem_per_node", self.mem_per_node, 0)
+        _positive("platform.timeout_min", self.timeout_min)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**32:
+            raise ConfigError("platform.seed", self.seed, "use an integer in 0..4294967295")
+        if self.world_size > 4096:
+            raise ConfigError(
+                "platform.n_procs_per_node", self.ranks_per_node,
+                f"a world of {self.world_size} ranks is beyond what this launcher supports (4096)",
+            )
+
+    def _validate_choices(self) -> None:
+        if self.spawn_method not in START_METHODS:
+            raise ConfigError(
+                "platform.spawn_method", self.spawn_method, f"choose one of {', '.join(START_METHODS)}"
+            )
+        if self.ipc_protocol not in IPC_PROTOCOLS:
+            raise ConfigError(
+                "platform.ipc_protocol", self.ipc_protocol, f"choose one of {', '.join(IPC_PROTOCOLS)}"
+            )
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ConfigError(
+                "platform.backend", self.backend,
+                f"choose one of {', '.join(BACKENDS)}, or leave it unset (null) for the automatic choice",
+            )
+        if self.ipc_protocol == "file" and self.n_nodes > 1:
+            raise ConfigError(
+                "platform.ipc_protocol", "file", "a file rendezvous works on one node only; use tcp",
+            )
+        ranks = self.console_ranks
+        if isinstance(ranks, str):
+            if ranks != "all":
+                raise ConfigError("platform.console_ranks", ranks, "use 'all' or a list of ranks such as [0]")
+        else:
+            if not isinstance(ranks, (list, tuple)) or not all(_is_int(r) for r in ranks):
+                raise ConfigError("platform.console_ranks", ranks, "use 'all' or a list of ranks such as [0, 1]")
+            outside = [r for r in ranks if not 0 <= r < self.world_size]
+            if outside:
+                raise ConfigError(
+                    "platform.console_ranks", list(ranks),
+                    f"rank(s) {outside} are outside the world of {self.world_size} rank(s) (0..{self.world_size - 1})",
+                )
+
+    def _validate_network(self) -> None:
+        if self.master_port is not None:
+            if not _is_int(self.master_port) or not 1 <= self.master_port <= 65535:
+                raise ConfigError(
+                    "platform.master_port", self.master_port,
+                    "use a port in 1..65535, or leave it unset (null) to pick a free port per job",
+                )
+        if self.master_addr is not None and not _HOST.match(str(self.master_addr)):
+            raise ConfigError(
+                "platform.master_addr", self.master_addr,
+                "use a host name or IP address, or leave it unset (null) for the automatic choice",
+            )
+
+    def _validate_groups(self) -> None:
+        groups = self.ipc_groups
+        if not groups:
+            return
+        seen: Dict[int, int] = {}
+        for index, members in enumerate(groups):
+            if not isinstance(members, (list, tuple)) or not members:
+                raise ConfigError(
+                    f"platform.ipc_groups[{index}]", members, "each group is a non-empty list of ranks"
+                )
+            for member in members:
+                if not _is_int(member) or not 0 <= member < self.world_size:
+                    raise ConfigError(
+                        f"platform.ipc_groups[{index}]", list(members),
+                        f"rank {member!r} is outside the world of {self.world_size} rank(s) "
+                        f"(0..{self.world_size - 1})",
+                    )
+                if member in seen:
+                    raise ConfigError(
+                        "platform.ipc_groups", [list(g) for g in groups],
+                        f"rank {member} is in group {seen[member]} and group {index}; groups must not overlap",
+                    )
+                seen[member] = index
+        missing = sorted(set(range(self.world_size)) - set(seen))
+        if missing:
+            raise ConfigError(
+                "platform.ipc_groups", [list(g) for g in groups],
+                f"rank(s) {missing} are in no group; every rank of the world must be in exactly one "
+                "group (or use [] for the single default group)",
+            )
+
+    def _validate_slurm_parameters(self) -> None:
+        params = self.slurm_additional_parameters
+        if not isinstance(params, dict):
+            raise ConfigError(
+                "platform.slurm_additional_parameters", params, "use a mapping such as {qos: high}"
+            )
+        for key, value in params.items():
+            if not isinstance(key, str) or not _SLURM_KEY.match(key):
+                raise ConfigError(
+                    "platform.slurm_additional_parameters", key,
+                    "keys are sbatch option names without dashes, such as 'qos' or 'gres'",
+                )
+            if not isinstance(value, (str, int, float, bool)) or any(c in str(value) for c in "\n\r\0"):
+                raise ConfigError(
+                    f"platform.slurm_additional_parameters.{key}", value,
+                    "values are single-line strings or numbers; a line break would add lines to the sbatch script",
+                )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _at_least(key: str, value: Any, minimum: int) -> None:
+    if not _is_int(value) or value < minimum:
+        raise ConfigError(key, value, f"use an integer >= {minimum}")
+
+
+def _positive(key: str, value: Any) -> None:
+    _at_least(key, value, 1)
+
+
+def platform_from_config(node: Any) -> Platform:
+    """A `Platform` from a config node (a structured `platform` node, a mapping, or None for the
+    defaults); unknown keys raise `ConfigError`."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if node is None:
+        return Platform()
+    if isinstance(node, Platform):
+        return node
+    if isinstance(node, DictConfig):
+        if OmegaConf.get_type(node) is Platform:
+            platform = OmegaConf.to_object(node)
+            assert isinstance(platform, Platform)
+            return platform
+        node = OmegaConf.to_container(node, resolve=True)
+    if not isinstance(node, dict):
+        raise ConfigError("platform", node, "platform must be a mapping of Platform fields")
+    known = {f.name for f in fields(Platform)}
+    unknown = sorted(set(node) - known)
+    if unknown:
+        raise ConfigError(
+            f"platform.{unknown[0]}", node[unknown[0]],
+            f"Platform has no such field; known fields: {', '.join(sorted(known))}",
+        )
+    return Platform(**node)

@@ -1,0 +1,191 @@
+"""The rank starter: a helper process that starts the ranks of every job and reports their exits.
+
+With `spawn_method=forkserver` it imports torch once and forks each rank from itself, so a sweep pays
+the torch import once, not once per rank per job; with `spawn` it starts a fresh interpreter per rank.
+The user's script is never re-imported in a rank: the task travels by value (cloudpickle).
+
+Every rank is the leader of its own process group, so stopping it also stops what it started. When the
+controller goes away (even by SIGKILL) the starter sees its socket close, kills every rank and exits;
+each rank also gets SIGKILL if the starter dies first (PR_SET_PDEATHSIG).
+
+Protocol over a socket pair, pickled tuples: ("start", payload_path, local_rank, exec_fresh) is answered
+by ("started", local_rank, pid); ("exited", pid, exit_code) is sent when a rank ends, the exit code being
+negative for a signal, as in `subprocess`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Dict, List, Optional, Set, Tuple
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class _Server:
+    def __init__(self, conn: Connection, preload: bool) -> None:
+        self.conn = conn
+        self.children: Set[int] = set()
+        self.pid = os.getpid()
+        if preload:
+            import ddpw_runtime.rank_process  # noqa: F401 - imports torch and torch.distributed once
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def serve(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.conn.fileno(), self.wake_r], [], [])
+            if self.wake_r in ready:
+                os.read(self.wake_r, 4096)
+                self._reap()
+            if self.conn.fileno() in ready:
+                try:
+                    request = self.conn.recv()
+                except (EOFError, OSError):
+                    self._kill_all()
+                    return
+                if request[0] == "start":
+                    _, payload, local_rank, exec_fresh = request
+                    pid = self._start(payload, local_rank, exec_fresh)
+                    self.children.add(pid)
+                    self.conn.send(("started", local_rank, pid))
+
+    def _start(self, payload: str, local_rank: int, exec_fresh: bool) -> int:
+        pid = os.fork()
+        if pid:
+            return pid
+        code = 1
+        try:
+            os.setsid()
+            _die_with_parent()
+            if os.getppid() != self.pid:
+                os._exit(1)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in (self.wake_r, self.wake_w, self.conn.fileno()):
+                os.close(fd)
+            if exec_fresh:
+                os.execv(sys.executable, [sys.executable, "-m", "ddpw_runtime.rank_process", payload, str(local_rank)])
+            from ddpw_runtime.rank_process import main
+
+            code = main(payload, local_rank)
+        except BaseException:  # noqa: BLE001 - report anything, then leave without cleanup handlers
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            _kill_group(pid, signal.SIGKILL)  # whatever the rank started dies with it
+            self.conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
+
+    def _kill_all(self) -> None:
+        for pid in list(self.children):
+            _kill_group(pid, signal.SIGKILL)
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class RankStarter:
+    """Controller-side handle on a starter process (see the module docstring)."""
+
+    def __init__(self, preload: bool) -> None:
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ddpw_runtime.starter", str(theirs.fileno()), "1" if preload else "0"],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.preload = preload
+        self._exits: List[Tuple[int, int]] = []
+
+    def alive(self) -> bool:
+        """Whether the starter process is still running."""
+        return self.process.poll() is None
+
+    def start(self, payload: str, local_rank: int) -> int:
+        """Start one rank; returns its pid."""
+        self.conn.send(("start", payload, local_rank, not self.preload))
+        while True:
+            message = self._recv(None)
+            if message is None:
+                raise RuntimeError("the rank starter exited while starting a rank")
+            if message[0] == "started":
+                return int(message[2])
+            self._exits.append((message[1], message[2]))
+
+    def next_exit(self, timeout: Optional[float]) -> Optional[Tuple[int, int]]:
+        """The next (pid, exit code) of a finished rank, or None when `timeout` passes first."""
+        if self._exits:
+            return self._exits.pop(0)
+        message = self._recv(timeout)
+        if message is None:
+            return None
+        return message[1], message[2]
+
+    def _recv(self, timeout: Optional[float]) -> Optional[tuple]:
+        if not self.conn.poll(timeout):
+            return None
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError) as exc:
+            raise RuntimeError(f"the rank starter (pid {self.process.pid}) died") from exc
+
+    def close(self) -> None:
+        """Stop the starter; it kills any rank still running."""
+        self.conn.close()
+        self.process.wait()
+
+
+_starters: Dict[bool, RankStarter] = {}
+
+
+def get_starter(preload: bool) -> RankStarter:
+    """The starter of this process for `preload` (torch preloaded or not), started on first use."""
+    starter = _starters.get(preload)
+    if starter is None or not starter.alive():
+        starter = _starters[preload] = RankStarter(preload)
+    return starter
+
+
+def close_starters() -> None:
+    """Stop every starter of this process."""
+    while _starters:
+        _starters.popitem()[1].close()
+
+
+if __name__ == "__main__":
+    _die_with_parent()
+    _Server(Connection(int(sys.argv[1])), sys.argv[2] == "1").serve()

@@ -1,0 +1,1 @@
+"""Hydra launcher plugin of hydra-ddpw."""
