@@ -12,14 +12,18 @@ from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from ddpw_conf.errors import ConfigError
+from ddpw_conf.layout import Layout, layout_from_config
 
 START_METHODS = ("forkserver", "spawn")
 IPC_PROTOCOLS = ("tcp", "file")
 BACKENDS = ("gloo", "nccl", "mpi")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
-_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}$")
-_SLURM_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*([.:][A-Za-z_]\w*)$")
+# Patterns are applied with `fullmatch`: `match` with `$` also accepts a trailing newline, which would
+# add a line to an sbatch script.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
+_SLURM_KEY = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*([.:][A-Za-z_]\w*)")
+MAX_WORLD_SIZE = 4096
 
 
 class Device(Enum):
@@ -75,6 +79,13 @@ class Platform:
     console_ranks: Any = field(default_factory=lambda: [0])
     verbose: bool = True
     upon_finish: Optional[str] = None
+    layout: Layout = field(default_factory=Layout)
+    """Data / tensor / pipeline parallel sizes; the default is every rank data-parallel."""
+
+    def __post_init__(self) -> None:
+        """Accept `layout` as a mapping too (`Platform(layout={"tensor": 2})`)."""
+        if not isinstance(self.layout, Layout):
+            self.layout = layout_from_config(self.layout)
 
     # ----------------------------------------------------------------------------- derived values
     @property
@@ -86,7 +97,11 @@ class Platform:
     def uses_gpus(self) -> bool:
         """Whether each rank is bound to a CUDA GPU."""
         kind = self.device_kind
-        return kind is Device.GPU or (kind is Device.SLURM and self.n_gpus_per_node > 0)
+        # `_is_int` first: this runs before `validate` (the engine asks it to count GPUs), so a bad
+        # count must reach `validate`'s ConfigError rather than fail here with a TypeError.
+        return kind is Device.GPU or (
+            kind is Device.SLURM and _is_int(self.n_gpus_per_node) and self.n_gpus_per_node > 0
+        )
 
     @property
     def ranks_per_node(self) -> int:
@@ -145,39 +160,47 @@ class Platform:
         self._validate_network()
         self._validate_groups()
         self._validate_slurm_parameters()
-        if self.uses_gpus and gpus_available is not None and kind is Device.GPU:
-            if self.n_gpus_per_node > gpus_available:
+        self._validate_flags()
+        self.layout.validate(self.world_size)
+        if self.resolved_backend == "nccl" and not self.uses_gpus:
+            raise ConfigError(
+                "platform.backend", "nccl", "nccl needs CUDA GPUs; use backend=gloo (or leave it "
+                "unset) on cpu/mps, or device=gpu with n_gpus_per_node >= 1",
+            )
+        if kind is Device.GPU and gpus_available == 0:
+            # Blame the key the user set: an explicit backend=nccl, else device=gpu itself.
+            if self.backend == "nccl":
                 raise ConfigError(
-                    "platform.n_gpus_per_node",
-                    self.n_gpus_per_node,
-                    f"this machine has {gpus_available} CUDA GPU(s); ask for at most that many, "
-                    "or use platform.device=cpu",
+                    "platform.backend", "nccl", "CUDA is not available on this machine (no GPU found) "
+                    "and nccl needs CUDA GPUs; use platform.device=cpu with backend=gloo (or unset)",
                 )
-        if self.resolved_backend == "nccl":
-            if not self.uses_gpus:
-                raise ConfigError(
-                    "platform.backend", "nccl", "nccl needs CUDA GPUs; use backend=gloo (or leave it "
-                    "unset) on cpu/mps, or device=gpu with n_gpus_per_node >= 1",
-                )
-            if gpus_available == 0 and kind is Device.GPU:
-                raise ConfigError(
-                    "platform.backend", "nccl", "CUDA is not available on this machine; use "
-                    "platform.device=cpu (gloo)",
-                )
+            raise ConfigError(
+                "platform.device", self.device, "CUDA is not available on this machine (no GPU found); "
+                "use platform.device=cpu",
+            )
+        if kind is Device.GPU and gpus_available is not None and self.n_gpus_per_node > gpus_available:
+            raise ConfigError(
+                "platform.n_gpus_per_node",
+                self.n_gpus_per_node,
+                f"this machine has {gpus_available} CUDA GPU(s); ask for at most that many, "
+                "or use platform.device=cpu",
+            )
         return self
 
     def _validate_names(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
             raise ConfigError(
                 "platform.name", self.name, "use 1-128 letters, digits, '_', '.', '+' or '-', "
                 "starting with a letter or digit",
             )
-        if not isinstance(self.partition, str) or not _NAME.match(self.partition):
+        if not isinstance(self.partition, str) or not _NAME.fullmatch(self.partition):
             raise ConfigError(
-                "platform.partition", self.partition, "use a SLURM partition name: letters, digits, "
-                "'_', '.', '+' or '-'",
+                "platform.partition", self.partition, "use a SLURM partition name: 1-128 letters, digits, "
+                "'_', '.', '+' or '-', starting with a letter or digit",
             )
-        if self.upon_finish is not None and not _IMPORT_PATH.match(str(self.upon_finish)):
+        if self.upon_finish is not None and (
+            not isinstance(self.upon_finish, str) or not _IMPORT_PATH.fullmatch(self.upon_finish)
+        ):
             raise ConfigError(
                 "platform.upon_finish", self.upon_finish, "give an import path such as "
                 "'my_package.module:function' (or 'my_package.module.function')",
@@ -216,10 +239,17 @@ class Platform:
         _positive("platform.timeout_min", self.timeout_min)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**32:
             raise ConfigError("platform.seed", self.seed, "use an integer in 0..4294967295")
-        if self.world_size > 4096:
+        if self.world_size > MAX_WORLD_SIZE:
+            # Name the key that made the world too big: what sets ranks per node, else n_nodes.
+            if self.ranks_per_node <= MAX_WORLD_SIZE:
+                key, value = "platform.n_nodes", self.n_nodes
+            elif self.n_procs_per_node is None:
+                key, value = "platform.n_gpus_per_node", self.n_gpus_per_node
+            else:
+                key, value = "platform.n_procs_per_node", self.n_procs_per_node
             raise ConfigError(
-                "platform.n_procs_per_node", self.ranks_per_node,
-                f"a world of {self.world_size} ranks is beyond what this launcher supports (4096)",
+                key, value, f"a world of {self.world_size} ranks is beyond what this launcher supports; "
+                f"keep n_nodes * ranks per node <= {MAX_WORLD_SIZE}",
             )
 
     def _validate_choices(self) -> None:
@@ -261,7 +291,9 @@ class Platform:
                     "platform.master_port", self.master_port,
                     "use a port in 1..65535, or leave it unset (null) to pick a free port per job",
                 )
-        if self.master_addr is not None and not _HOST.match(str(self.master_addr)):
+        if self.master_addr is not None and (
+            not isinstance(self.master_addr, str) or not _HOST.fullmatch(self.master_addr)
+        ):
             raise ConfigError(
                 "platform.master_addr", self.master_addr,
                 "use a host name or IP address, or leave it unset (null) for the automatic choice",
@@ -269,6 +301,11 @@ class Platform:
 
     def _validate_groups(self) -> None:
         groups = self.ipc_groups
+        if not isinstance(groups, (list, tuple)):
+            raise ConfigError(
+                "platform.ipc_groups", groups, "use a list of lists of ranks such as [[0, 1], [2, 3]], "
+                "or [] for the single default group",
+            )
         if not groups:
             return
         seen: Dict[int, int] = {}
@@ -278,11 +315,21 @@ class Platform:
                     f"platform.ipc_groups[{index}]", members, "each group is a non-empty list of ranks"
                 )
             for member in members:
-                if not _is_int(member) or not 0 <= member < self.world_size:
+                if not _is_int(member):
+                    raise ConfigError(
+                        f"platform.ipc_groups[{index}]", list(members),
+                        f"rank {member!r} is not an integer; ranks are integers such as [0, 1]",
+                    )
+                if not 0 <= member < self.world_size:
                     raise ConfigError(
                         f"platform.ipc_groups[{index}]", list(members),
                         f"rank {member!r} is outside the world of {self.world_size} rank(s) "
                         f"(0..{self.world_size - 1})",
+                    )
+                if seen.get(member) == index:
+                    raise ConfigError(
+                        f"platform.ipc_groups[{index}]", list(members),
+                        f"rank {member} is listed twice in this group; list each rank once",
                     )
                 if member in seen:
                     raise ConfigError(
@@ -298,6 +345,12 @@ class Platform:
                 "group (or use [] for the single default group)",
             )
 
+    def _validate_flags(self) -> None:
+        for key in ("console_logs", "verbose"):
+            value = getattr(self, key)
+            if not isinstance(value, bool):
+                raise ConfigError(f"platform.{key}", value, "use true or false")
+
     def _validate_slurm_parameters(self) -> None:
         params = self.slurm_additional_parameters
         if not isinstance(params, dict):
@@ -305,7 +358,7 @@ class Platform:
                 "platform.slurm_additional_parameters", params, "use a mapping such as {qos: high}"
             )
         for key, value in params.items():
-            if not isinstance(key, str) or not _SLURM_KEY.match(key):
+            if not isinstance(key, str) or not _SLURM_KEY.fullmatch(key):
                 raise ConfigError(
                     "platform.slurm_additional_parameters", key,
                     "keys are sbatch option names without dashes, such as 'qos' or 'gres'",

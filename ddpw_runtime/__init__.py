@@ -1,21 +1,55 @@
-"""Runs a function as a PyTorch distributed job, and the helpers a task uses inside a rank."""
+"""Runs a function as a PyTorch distributed job, and the helpers a task uses inside a rank.
 
-from ddpw_conf import ConfigError, Device, Platform
-from ddpw_runtime.context import barrier, device, group, is_main, local_rank, node_rank, rank, world_size
+    from ddpw_runtime import Platform, Wrapper, wrapper
+
+Importing this package never imports torch; the helpers import it when called.
+"""
+
+from ddpw_conf import ConfigError, Device, Layout, Platform
+from ddpw_runtime.collectives import all_to_all, average
+from ddpw_runtime.context import (
+    barrier,
+    device,
+    group,
+    is_main,
+    local_rank,
+    mesh,
+    node_rank,
+    platform,
+    rank,
+    rank_zero_only,
+    world_size,
+)
+from ddpw_runtime.data import distributed_sampler, to_device
+from ddpw_runtime.ddp import no_sync, unwrap_model, wrap_model
 from ddpw_runtime.results import RankFailure, RankResult
+from ddpw_runtime.wrapper import Wrapper, wrapper
 
 __all__ = [
     "ConfigError",
     "Device",
+    "Layout",
     "Platform",
     "RankFailure",
     "RankResult",
+    "Wrapper",
+    "all_to_all",
+    "average",
     "barrier",
     "device",
+    "distributed_sampler",
     "group",
     "is_main",
     "local_rank",
+    "mesh",
+    "no_sync",
     "node_rank",
+    "platform",
     "rank",
+    "rank_zero_only",
+    "to_device",
+    "unwrap_model",
     "world_size",
+    "wrap_model",
+    "wrapper",
 ]

@@ -1,12 +1,18 @@
-"""What a task asks inside a rank: its rank, the world size, its group and device."""
+"""What a task asks inside a rank: its rank, the world size, its groups, mesh and device."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+
+from ddpw_conf.layout import AXES
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ddpw_conf import Platform
 
     from ddpw_runtime.plan import LaunchPlan
 
@@ -18,15 +24,24 @@ class _RankState:
     local_rank: int
     device: "torch.device"
     group: Optional[Any]
+    mesh: Optional["DeviceMesh"]
 
 
+_R = TypeVar("_R")
 _state: Optional[_RankState] = None
 
 
-def enter(plan: "LaunchPlan", rank: int, local_rank: int, device: "torch.device", group: Optional[Any]) -> None:
+def enter(
+    plan: "LaunchPlan",
+    rank: int,
+    local_rank: int,
+    device: "torch.device",
+    group: Optional[Any],
+    mesh: Optional["DeviceMesh"] = None,
+) -> None:
     """Record the state of this rank (called by the runtime before the task starts)."""
     global _state
-    _state = _RankState(plan, rank, local_rank, device, group)
+    _state = _RankState(plan, rank, local_rank, device, group, mesh)
 
 
 def leave() -> None:
@@ -59,6 +74,11 @@ def world_size() -> int:
     return _current().plan.world_size
 
 
+def platform() -> "Platform":
+    """The Platform of the running job."""
+    return _current().plan.platform
+
+
 def node_rank() -> int:
     """The index of this node in the job."""
     return _current().plan.node_rank
@@ -69,17 +89,66 @@ def device() -> "torch.device":
     return _current().device
 
 
-def group() -> Any:
-    """This rank's process group from `platform.ipc_groups`, or the default (world) group."""
+def group(name: Optional[str] = None) -> Any:
+    """A process group of this rank.
+
+    Without a name: its group from `platform.ipc_groups`, or the world group. With a name from
+    `platform.layout`: its `"data"`, `"tensor"` or `"pipeline"` group. With the default layout
+    (every rank data-parallel) the data group is the world group and there is no tensor or pipeline
+    group: asking for one raises ValueError.
+    """
     import torch.distributed as dist
 
-    own = _current().group
-    return own if own is not None else dist.group.WORLD
+    state = _current()
+    if name is None:
+        return state.group if state.group is not None else dist.group.WORLD
+    if name not in AXES:
+        raise ValueError(f"no group named {name!r}; the layout's groups are {', '.join(AXES)}")
+    if state.mesh is not None:
+        return state.mesh.get_group(name)
+    if name == "data":
+        return dist.group.WORLD
+    raise ValueError(
+        f"platform.layout.{name} is 1: every rank is data-parallel, so there is no {name} group; "
+        f"set platform.layout.{name} to split the world"
+    )
+
+
+def mesh() -> "DeviceMesh":
+    """The DeviceMesh of `platform.layout`, axes ("pipeline", "data", "tensor"), for DTensor, FSDP2 or
+    tensor parallelism; `mesh()["tensor"]` is this rank's tensor-parallel sub-mesh.
+
+    Built only when the layout sets tensor or pipeline above 1; with the default layout this raises
+    RuntimeError (build a 1-D mesh with `init_device_mesh(device().type, (world_size(),))` if needed).
+    """
+    built = _current().mesh
+    if built is None:
+        raise RuntimeError(
+            "this job has no layout mesh: platform.layout has tensor=1 and pipeline=1 (every rank "
+            "data-parallel); set platform.layout.tensor or platform.layout.pipeline above 1"
+        )
+    return built
 
 
 def is_main() -> bool:
     """Whether this is global rank 0."""
     return rank() == 0
+
+
+def rank_zero_only(fn: Callable[..., _R]) -> Callable[..., Optional[_R]]:
+    """Decorator: `fn` runs on global rank 0 only and returns None on every other rank.
+
+    Outside a rank (a plain single process) `fn` runs, as that process is its own rank 0. Never put a
+    collective (barrier, all_reduce, DDP forward) inside `fn`: the other ranks would wait for it forever.
+    """
+
+    @functools.wraps(fn)
+    def on_rank_zero(*args: Any, **kwargs: Any) -> Optional[_R]:
+        if _state is not None and _state.rank != 0:
+            return None
+        return fn(*args, **kwargs)
+
+    return on_rank_zero
 
 
 def barrier() -> None:

@@ -6,6 +6,7 @@ Used by the Hydra launchers and by `Wrapper`; the controller process never impor
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import shutil
 import sys
@@ -15,12 +16,15 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from ddpw_conf import Platform
+from ddpw_runtime import caller_rank as in_caller
 from ddpw_runtime.console import ConsoleEcho
 from ddpw_runtime.payload import RankPayload, pack_task, write_payload
 from ddpw_runtime.plan import LaunchPlan, plan_local
 from ddpw_runtime.results import RankResult
 from ddpw_runtime.starter import get_starter
 from ddpw_runtime.supervisor import run_node
+
+log = logging.getLogger(__name__)
 
 
 def gpus_available(platform: Platform) -> Optional[int]:
@@ -65,10 +69,16 @@ def run_ranks(
     node_rank: int = 0,
     master_addr: Optional[str] = None,
     master_port: Optional[int] = None,
+    caller_rank: bool = False,
 ) -> List[RankResult]:
     """Run `target(*args, **kwargs)` on every rank of this node; the results of this node's ranks in
-    rank order. Raises RankFailure (root cause first) when any rank fails; no rank outlives the call."""
+    rank order. Raises RankFailure (root cause first) when any rank fails; no rank outlives the call.
+
+    With `caller_rank`, rank 0 runs in this process (see `caller_rank.py`; this imports torch here).
+    """
     check(platform)
+    if caller_rank:
+        in_caller.check(platform)
     workdir = Path(tempfile.mkdtemp(prefix="ddpw-"))
     try:
         plan = plan_local(
@@ -78,16 +88,21 @@ def run_ranks(
             plan=plan,
             task=pack_task(target, args, kwargs),
             hydra_state=hydra_state,
-            env=dict(os.environ),
+            env={**os.environ, **(in_caller.AGENT_STORE_ENV if caller_rank else {})},
             cwd=os.getcwd(),
             sys_path=list(sys.path),
             result_dir=str(workdir),
         )
+        if platform.verbose:
+            log.info(f"launch plan:\n{plan.describe()}")
         payload_path = workdir / "payload.pkl"
         write_payload(payload, payload_path)
         starter = get_starter(preload=platform.spawn_method == "forkserver")
         with ConsoleEcho({rank: plan.log_file(rank) for rank in plan.console_ranks if rank in plan.global_ranks}):
-            results = run_node(starter, payload, payload_path, stop_grace_s)
+            if caller_rank:
+                results = in_caller.run_with_caller(starter, payload, payload_path, stop_grace_s, target, args, kwargs)
+            else:
+                results = run_node(starter, payload, payload_path, stop_grace_s)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if platform.upon_finish:

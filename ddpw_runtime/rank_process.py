@@ -2,6 +2,8 @@
 then the task; always ends by writing a `RankResult`.
 
 Run as `python -m ddpw_runtime.rank_process PAYLOAD LOCAL_RANK` (spawn) or called from the starter after fork.
+`setup_rank` and `teardown_rank` (the torch side of a rank) are shared with the rank that runs in the
+caller (`caller_rank.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Optional
 import cloudpickle
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ddpw_runtime import context
 from ddpw_runtime.payload import RankPayload, read_payload, write_atomically
@@ -33,21 +36,39 @@ def main(payload_path: str, local_rank: int) -> int:
     try:
         _enter_caller_state(payload, rank, local_rank)
         target, args, kwargs = cloudpickle.loads(payload.task)
-        _setup_torch(plan, rank, local_rank)
+        setup_rank(plan, rank, local_rank)
         value = target(*args, **kwargs)
         result = RankResult.success(rank, value)
+    except SystemExit as exc:
+        result = _exit_result(rank, exc)
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the controller
         sys.stderr.write(f"[rank {rank}] failed:\n")
-        if exc.__traceback__ is not None and exc.__traceback__.tb_frame.f_code is main.__code__:
-            exc = exc.with_traceback(exc.__traceback__.tb_next)  # start at the task, not here
+        exc = from_task(exc, main)
         traceback.print_exception(exc)
         result = RankResult.failure(rank, exc)
-    finally:
-        _teardown()
+    # The result is on disk before this rank's connections close, so when its peers fail on the
+    # closed connection, the controller already knows this rank failed first.
     write_atomically(payload.result_file(rank), cloudpickle.dumps(result))
+    if result.ok:  # a failed rank just exits; its peers are stopped by the controller
+        teardown_rank()
     sys.stdout.flush()
     sys.stderr.flush()
     return 0 if result.ok else 1
+
+
+def _exit_result(rank: int, exc: SystemExit) -> RankResult:
+    """`sys.exit()` in a task: success for status 0 or None, else a failure naming the status."""
+    if exc.code in (0, None):
+        return RankResult.success(rank, None)
+    return RankResult.failure(rank, exc)
+
+
+def from_task(exc: BaseException, runner: Any) -> BaseException:
+    """`exc` with the frame of `runner` (the function that called the task) dropped from its
+    traceback, so the traceback starts at the task, not at the runtime."""
+    if exc.__traceback__ is not None and exc.__traceback__.tb_frame.f_code is runner.__code__:
+        return exc.with_traceback(exc.__traceback__.tb_next)
+    return exc
 
 
 def _redirect_output(log_file: Path) -> None:
@@ -119,8 +140,9 @@ def _restore_hydra(state: bytes, rank: int) -> None:
     configure_log(OmegaConf.create(logging_cfg) if logging_cfg else None, hydra_cfg.verbose)
 
 
-def _setup_torch(plan: LaunchPlan, rank: int, local_rank: int) -> None:
-    """Bind the device, start the process group and its subgroups, seed every RNG."""
+def setup_rank(plan: LaunchPlan, rank: int, local_rank: int) -> None:
+    """Make this process `rank` of `plan`'s job: threads, device, process group, ipc groups, layout
+    mesh, `context`, and every RNG seeded. Undo with `teardown_rank`."""
     torch.set_num_threads(plan.threads_per_rank)
     device = torch.device(plan.device)
     if plan.device == "cuda":
@@ -139,8 +161,18 @@ def _setup_torch(plan: LaunchPlan, rank: int, local_rank: int) -> None:
         group = dist.new_group(members)
         if rank in members:
             own_group = group
-    context.enter(plan, rank, local_rank, device, own_group)
+    context.enter(plan, rank, local_rank, device, own_group, _layout_mesh(plan))
     _seed(plan.platform.seed)
+
+
+def _layout_mesh(plan: LaunchPlan) -> Optional[DeviceMesh]:
+    """The DeviceMesh of `platform.layout` (axes pipeline, data, tensor); None when every rank is
+    data-parallel: then the world group is the data group and no extra groups are worth creating."""
+    layout = plan.platform.layout
+    if layout.is_data_only:
+        return None
+    sizes = layout.sizes(plan.world_size)
+    return init_device_mesh(plan.device, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
 
 
 def _timeout(plan: LaunchPlan) -> Any:
@@ -159,7 +191,8 @@ def _seed(seed: int) -> None:
     numpy.random.seed(seed)
 
 
-def _teardown() -> None:
+def teardown_rank() -> None:
+    """Destroy the process group (if any) and clear `context`; the process can join another job."""
     if dist.is_initialized():
         dist.destroy_process_group()
     context.leave()

@@ -15,6 +15,7 @@ negative for a signal, as in `subprocess`.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import select
@@ -176,6 +177,8 @@ def get_starter(preload: bool) -> RankStarter:
     """The starter of this process for `preload` (torch preloaded or not), started on first use."""
     starter = _starters.get(preload)
     if starter is None or not starter.alive():
+        if not _starters:
+            atexit.register(close_starters)
         starter = _starters[preload] = RankStarter(preload)
     return starter
 

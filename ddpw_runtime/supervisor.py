@@ -9,7 +9,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ddpw_runtime.payload import RankPayload
 from ddpw_runtime.plan import LaunchPlan
@@ -28,24 +28,38 @@ class _Exits:
 
 
 def run_node(
-    starter: RankStarter, payload: RankPayload, payload_path: Path, stop_grace_s: float
+    starter: RankStarter,
+    payload: RankPayload,
+    payload_path: Path,
+    stop_grace_s: float,
+    local_ranks: Optional[Sequence[int]] = None,
+    on_start: Optional[Callable[[int], None]] = None,
 ) -> List[RankResult]:
-    """Run the ranks of `payload.plan` on this node; their results in rank order, or RankFailure."""
+    """Run the ranks of `payload.plan` on this node; their results in rank order, or RankFailure.
+
+    `local_ranks` limits which of the node's ranks are started (the others run elsewhere, such as in
+    the caller); `on_start(pid)` is called as each one starts.
+    """
     plan = payload.plan
+    first = plan.global_ranks[0]
+    ranks = plan.global_ranks if local_ranks is None else [first + local_rank for local_rank in local_ranks]
     pids: Dict[int, int] = {}
     exits = _Exits()
     try:
-        for local_rank, rank in enumerate(plan.global_ranks):
-            pids[starter.start(str(payload_path), local_rank)] = rank
+        for rank in ranks:
+            pid = starter.start(str(payload_path), rank - first)
+            pids[pid] = rank
+            if on_start is not None:
+                on_start(pid)
         _wait(starter, pids, exits, stop_grace_s)
     except BaseException:
         _stop(starter, pids, exits, grace_s=0.0 if not pids else stop_grace_s)
         raise
-    results = {rank: _read_result(payload, rank) for rank in plan.global_ranks}
-    failed = [r for r in plan.global_ranks if exits.codes.get(r) != 0 or not (results[r] and results[r].ok)]
+    results = {rank: _read_result(payload, rank) for rank in ranks}
+    failed = [r for r in ranks if exits.codes.get(r) != 0 or not (results[r] and results[r].ok)]
     if failed:
         raise _root_cause(plan, results, exits, failed)
-    return [results[r] for r in plan.global_ranks]  # type: ignore[misc]
+    return [results[r] for r in ranks]  # type: ignore[misc]
 
 
 def _wait(starter: RankStarter, pids: Dict[int, int], exits: _Exits, stop_grace_s: float) -> None:
@@ -137,7 +151,7 @@ def _root_cause(
         error_message=message,
         traceback_text=text,
         log_file=str(log_file),
-        results=[results[r] for r in plan.global_ranks],
+        results=[results.get(r) for r in plan.global_ranks],
     )
     original = result.original_exception() if result is not None else None
     failure.__cause__ = original

@@ -28,6 +28,7 @@ CLUSTER_NAME=testcluster
 NODES=(n1 n2)
 DB_USER=slurm
 DB_PASS=slurmtestpass   # loopback-only throw-away database
+CRED_EXPIRE=${SLURM_TEST_CRED_EXPIRE:-10}  # seconds; also the requeue delay (default 120)
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
 
 die() { echo "cluster.sh: error: $*" >&2; exit 1; }
@@ -134,7 +135,8 @@ SlurmctldPort=$CTLD_PORT
 SlurmUser=$(id -un)
 SlurmdUser=$(id -un)
 AuthType=auth/munge
-AuthInfo=socket=$sock
+# cred_expire also delays a requeued job's restart (default 120 s)
+AuthInfo=socket=$sock,cred_expire=$CRED_EXPIRE
 CredType=cred/munge
 CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 StateSaveLocation=$D/state/ctld
@@ -152,8 +154,9 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-# default batch_sched_delay starts array tasks in 3 s waves
-SchedulerParameters=batch_sched_delay=0
+# default batch_sched_delay starts array tasks in 3 s waves; the default intervals
+# (60 s main loop, 30 s backfill) delay a requeued job's restart
+SchedulerParameters=batch_sched_delay=0,sched_interval=1,bf_interval=1
 KillWait=2
 OverTimeLimit=0
 InactiveLimit=0

@@ -1,0 +1,89 @@
+"""`Layout`: how the ranks of a job split into data-, tensor- and pipeline-parallel groups.
+
+Pure dataclass and validation; never imports torch. Each rank builds the groups with torch's
+`DeviceMesh` (see `ddpw_runtime.group`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+from ddpw_conf.errors import ConfigError
+
+AXES = ("pipeline", "data", "tensor")
+"""The mesh axes, outermost first: tensor-parallel groups are runs of consecutive ranks (same node)."""
+
+
+@dataclass
+class Layout:
+    """Sizes of the parallel axes; their product is the world size.
+
+    `data` left unset (null) takes whatever `tensor` and `pipeline` leave: the default layout is
+    every rank data-parallel. `platform.layout.tensor=2` alone therefore gives tensor pairs and
+    world_size / 2 data-parallel replicas.
+    """
+
+    data: Optional[int] = None
+    tensor: int = 1
+    pipeline: int = 1
+
+    @property
+    def is_data_only(self) -> bool:
+        """Whether every rank is a data-parallel replica (no tensor or pipeline split)."""
+        return self.tensor == 1 and self.pipeline == 1
+
+    def sizes(self, world_size: int) -> Dict[str, int]:
+        """The size of each axis in `AXES` order, `data` resolved for a world of `world_size` ranks."""
+        data = self.data if self.data is not None else world_size // (self.tensor * self.pipeline)
+        return {"pipeline": self.pipeline, "data": data, "tensor": self.tensor}
+
+    def validate(self, world_size: int) -> None:
+        """Raise `ConfigError` unless the sizes are positive integers whose product is `world_size`."""
+        for axis in ("tensor", "pipeline"):
+            _check_size(f"platform.layout.{axis}", getattr(self, axis))
+        if self.data is not None:
+            _check_size("platform.layout.data", self.data)
+        split = self.tensor * self.pipeline
+        if world_size % split:
+            key, value = _largest_split(self)
+            raise ConfigError(
+                key, value,
+                f"tensor ({self.tensor}) x pipeline ({self.pipeline}) = {split} must divide the world size "
+                f"{world_size}; choose sizes whose product divides {world_size}, or change the number of ranks",
+            )
+        if self.data is not None and self.data * split != world_size:
+            raise ConfigError(
+                "platform.layout.data", self.data,
+                f"data x tensor x pipeline = {self.data} x {self.tensor} x {self.pipeline} = "
+                f"{self.data * split}, but the world has {world_size} rank(s); set data to "
+                f"{world_size // split}, or leave it unset (null) to use every rank tensor and pipeline leave",
+            )
+
+
+def _largest_split(layout: Layout) -> tuple:
+    """The key to blame for a split that does not divide the world: the larger of tensor/pipeline."""
+    if layout.tensor >= layout.pipeline:
+        return "platform.layout.tensor", layout.tensor
+    return "platform.layout.pipeline", layout.pipeline
+
+
+def _check_size(key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(key, value, "use an integer >= 1")
+
+
+def layout_from_config(node: Any) -> Layout:
+    """A `Layout` from a mapping (or a `Layout`, or None for the default); unknown keys raise ConfigError."""
+    if node is None:
+        return Layout()
+    if isinstance(node, Layout):
+        return node
+    if not isinstance(node, dict):
+        raise ConfigError("platform.layout", node, "use a mapping such as {tensor: 2}")
+    unknown = sorted(set(node) - {"data", "tensor", "pipeline"})
+    if unknown:
+        raise ConfigError(
+            f"platform.layout.{unknown[0]}", node[unknown[0]], "Layout has the keys data, tensor and pipeline"
+        )
+    return Layout(**node)

@@ -1,0 +1,141 @@
+"""`Wrapper` and `@wrapper`: the engine without Hydra, from a script, `python -c` or a notebook.
+
+    from ddpw_runtime import Platform, Wrapper, wrapper
+
+    values = Wrapper(Platform(n_procs_per_node=2)).start(train, lr=0.1)   # one value per rank
+
+Failures raise `RankFailure` in the caller: it names the rank that failed first (the root cause, not
+the peers that lost their connection afterwards), carries that rank's traceback in its message, and
+has the original exception as `__cause__` when it could be sent back. One exception type for every
+failure, including ranks that died without raising (a segfault, the OOM killer), which have no
+exception of their own to re-raise. No rank outlives the call.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, List, Optional, TypeVar, Union
+
+from ddpw_conf import Platform
+
+_R = TypeVar("_R")
+
+LOG_ROOT = Path("ddpw_logs")
+"""Where the default per-call log folders go, relative to the working directory of the call."""
+
+
+class Wrapper:
+    """Runs a function as a distributed job on `platform`, every rank calling it with the same arguments.
+
+    `log_dir`: where each rank's output goes (`rank_<k>.log`); by default a new folder per call,
+    `./ddpw_logs/<date>_<time>/`, also kept in `last_log_dir`. The ranks in `platform.console_ranks`
+    (rank 0 by default) are echoed to the caller's stdout as well.
+
+    `caller_rank`: the calling process itself is rank 0, so what rank 0 builds (a trained model) stays
+    in the caller's memory and its return value is the object itself, not a copy. Its output goes
+    straight to the caller's stdout (no `rank_0.log`). The process group is torn down after the call
+    (also after a failure), so the next call works; this imports torch in the caller.
+
+    `task_context`: a zero-argument callable returning a context manager (a function decorated with
+    `contextlib.contextmanager`, `functools.partial(torch.autocast, "cuda")`, ...), entered around the
+    task on every rank after the rank is set up, so it may call `ddpw_runtime.rank()` or `device()`.
+
+    `stop_grace_s`: after a failure, how long the other ranks get between SIGTERM and SIGKILL.
+
+    The platform is validated here, so a bad configuration fails before anything starts.
+    """
+
+    def __init__(
+        self,
+        platform: Platform,
+        *,
+        log_dir: Optional[Union[str, Path]] = None,
+        caller_rank: bool = False,
+        task_context: Optional[Callable[[], AbstractContextManager]] = None,
+        stop_grace_s: float = 1.0,
+    ) -> None:
+        # The engine is imported here, not at the top: `ddpw_runtime` imports this module, and the
+        # starter and rank processes run as `python -m ddpw_runtime.<module>`, which must not find
+        # themselves imported already.
+        from ddpw_runtime import caller_rank as in_caller
+        from ddpw_runtime.engine import check
+
+        check(platform)
+        if caller_rank:
+            in_caller.check(platform)
+        self.platform = platform
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.caller_rank = caller_rank
+        self.task_context = task_context
+        self.stop_grace_s = stop_grace_s
+        self.last_log_dir: Optional[Path] = None
+        """The log folder of the latest `start`."""
+
+    def start(self, target: Callable[..., _R], *args: Any, **kwargs: Any) -> List[_R]:
+        """Run `target(*args, **kwargs)` on every rank; every rank's return value, indexed by global rank.
+
+        `target` and the arguments travel to the ranks with cloudpickle: functions defined in
+        `__main__`, `python -c` or a notebook cell go by value. A value that cannot be pickled comes
+        back as its repr() text (rank 0's with `caller_rank` comes back as is). Raises `RankFailure`
+        (see the module docstring) when any rank fails, and calls `platform.upon_finish` once after
+        a successful run.
+        """
+        from ddpw_runtime.engine import run_ranks
+
+        log_dir = self.log_dir if self.log_dir is not None else default_log_dir()
+        self.last_log_dir = log_dir.resolve()
+        task: Callable[..., _R] = target if self.task_context is None else InContext(target, self.task_context)
+        results = run_ranks(
+            task,
+            args,
+            kwargs,
+            self.platform,
+            log_dir,
+            stop_grace_s=self.stop_grace_s,
+            caller_rank=self.caller_rank,
+        )
+        return [result.value if result.value_text is None else result.value_text for result in results]
+
+
+def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]], Callable[..., List[_R]]]:
+    """Decorator: calling the decorated function runs it on every rank of `platform` and returns every
+    rank's value (a list indexed by global rank). `options` are those of `Wrapper`.
+
+        @wrapper(Platform(n_procs_per_node=2))
+        def train(lr): ...
+
+        values = train(0.1)
+    """
+
+    def decorate(fn: Callable[..., _R]) -> Callable[..., List[_R]]:
+        runner = Wrapper(platform, **options)
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> List[_R]:
+            return runner.start(fn, *args, **kwargs)
+
+        return run
+
+    return decorate
+
+
+@dataclass
+class InContext:
+    """`target` called inside a fresh `context()` (the `task_context` of `Wrapper`)."""
+
+    target: Callable[..., Any]
+    context: Callable[[], AbstractContextManager]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Enter `context()`, call `target`, leave the context."""
+        with self.context():
+            return self.target(*args, **kwargs)
+
+
+def default_log_dir() -> Path:
+    """A new folder name for one call's logs: `ddpw_logs/<date>_<time with microseconds>`."""
+    return LOG_ROOT / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")

@@ -1,0 +1,49 @@
+"""Shared helpers for the tests: run the test app as a user would, and read what its ranks saw."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+APPS = Path(__file__).parent / "apps"
+
+
+def run_app(cwd: Path, *overrides: str, app: str = "app.py", timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python tests/apps/<app> <overrides>` in `cwd`, output captured as text."""
+    return subprocess.run(
+        [sys.executable, str(APPS / app), *overrides],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+    )
+
+
+def job_dirs(root: Path) -> List[Path]:
+    """Every Hydra job output dir (a folder holding `.hydra/`) under `root`, sorted."""
+    return sorted(p.parent for p in root.rglob(".hydra"))
+
+
+def seen(job_dir: Path) -> Dict[int, dict]:
+    """What each rank of a job reported, by rank."""
+    found = {}
+    for path in job_dir.glob("seen_rank_*.json"):
+        data = json.loads(path.read_text())
+        found[data["rank"]] = data
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a live (not zombie) process."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def leftover(ranks: Dict[int, dict]) -> List[int]:
+    """Pids of ranks, or of the process that started them, that are still alive."""
+    pids = {r["pid"] for r in ranks.values()} | {r["ppid"] for r in ranks.values()}
+    return sorted(pid for pid in pids if pid != os.getpid() and alive(pid))

@@ -1,0 +1,93 @@
+"""The engine called directly (no Hydra): return values, failures as data, nothing left running."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from ddpw_conf import Platform
+from ddpw_runtime import RankFailure
+from ddpw_runtime.engine import run_ranks
+from tests.helpers import alive
+
+
+def rank_and_pid(offset: int) -> tuple:
+    import ddpw_runtime
+
+    return ddpw_runtime.rank() + offset, os.getpid(), os.getppid()
+
+
+def returns_a_lock() -> object:
+    return threading.Lock()
+
+
+class OddError(Exception):
+    """An exception whose constructor cannot be called again by unpickling."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"odd {a} {b}")
+
+
+def raises_odd_error_on_rank_1() -> None:
+    import torch.distributed as dist
+
+    import ddpw_runtime
+
+    if ddpw_runtime.rank() == 1:
+        raise OddError(1, 2)
+    dist.barrier()
+
+
+def raises_on_rank_1() -> None:
+    import torch.distributed as dist
+
+    import ddpw_runtime
+
+    if ddpw_runtime.rank() == 1:
+        raise KeyError("missing thing")
+    dist.barrier()
+
+
+def test_every_rank_value_comes_back_in_rank_order(tmp_path: Path) -> None:
+    results = run_ranks(rank_and_pid, (10,), {}, Platform(n_procs_per_node=3), tmp_path)
+    assert [r.value[0] for r in results] == [10, 11, 12]
+    assert all(r.ok for r in results)
+    assert not any(alive(r.value[1]) for r in results)
+
+
+def test_unpicklable_value_comes_back_as_text(tmp_path: Path) -> None:
+    (result,) = run_ranks(returns_a_lock, (), {}, Platform(), tmp_path)
+    assert result.ok and result.value is None
+    assert "lock" in result.value_text and "not picklable" in result.value_text
+
+
+def test_odd_exception_class_comes_back_as_text(tmp_path: Path) -> None:
+    with pytest.raises(RankFailure) as info:
+        run_ranks(raises_odd_error_on_rank_1, (), {}, Platform(n_procs_per_node=2), tmp_path)
+    failure = info.value
+    assert failure.rank == 1
+    assert failure.error_type.endswith("OddError") and failure.error_message == "odd 1 2"
+    assert "raise OddError(1, 2)" in failure.traceback_text
+
+
+def test_failure_carries_the_original_exception_and_every_result(tmp_path: Path) -> None:
+    with pytest.raises(RankFailure) as info:
+        run_ranks(raises_on_rank_1, (), {}, Platform(n_procs_per_node=2), tmp_path)
+    failure = info.value
+    assert isinstance(failure.__cause__, KeyError)
+    assert failure.log_file == str(tmp_path / "rank_1.log")
+    assert len(failure.results) == 2 and failure.results[1] is not None and not failure.results[1].ok
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_both_start_methods_run_the_ranks(tmp_path: Path, method: str) -> None:
+    results = run_ranks(rank_and_pid, (0,), {}, Platform(n_procs_per_node=2, spawn_method=method), tmp_path)
+    assert [r.value[0] for r in results] == [0, 1]
+
+
+def test_file_rendezvous_uses_a_private_file_and_removes_it(tmp_path: Path) -> None:
+    results = run_ranks(rank_and_pid, (0,), {}, Platform(n_procs_per_node=2, ipc_protocol="file"), tmp_path)
+    assert [r.value[0] for r in results] == [0, 1]

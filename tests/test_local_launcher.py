@@ -1,0 +1,139 @@
+"""The local launcher end to end: the test app run as a user runs it, real ranks, real gloo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import job_dirs, leftover, run_app, seen
+
+
+def test_run_mode_starts_two_ranks_in_the_normal_output_dir(tmp_path: Path) -> None:
+    proc = run_app(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    assert job.relative_to(tmp_path).parts[0] == "outputs"  # where a plain run puts it
+    ranks = seen(job)
+    assert sorted(ranks) == [0, 1]
+    for rank, data in ranks.items():
+        assert data["world_size"] == 2 and data["all_reduce_world"] == 2.0
+        assert data["env"]["RANK"] == str(rank) and data["env"]["LOCAL_RANK"] == str(rank)
+        assert data["env"]["WORLD_SIZE"] == "2" and data["env"]["LOCAL_WORLD_SIZE"] == "2"
+        assert data["env"]["MASTER_ADDR"] == "127.0.0.1"
+        assert data["output_dir"] == str(job)
+        assert data["device"] == "cpu"
+    assert ranks[0]["env"]["MASTER_PORT"] == ranks[1]["env"]["MASTER_PORT"]
+    assert not (tmp_path / "multirun").exists()
+    assert leftover(ranks) == []
+
+
+def test_each_rank_logs_to_its_own_file_and_console_shows_rank_0(tmp_path: Path) -> None:
+    proc = run_app(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    for rank in (0, 1):
+        text = (job / f"rank_{rank}.log").read_text()
+        assert f"hello from rank {rank}" in text
+        assert f"raw fd write from rank {rank}" in text  # output below Python lands there too
+    assert "hello from rank 0" in proc.stdout
+    assert "hello from rank 1" not in proc.stdout + proc.stderr
+    assert len(list(job.glob("*.log"))) == 3  # app.log once, plus one per rank
+    assert (job / ".hydra" / "config.yaml").exists()
+
+
+def test_console_ranks_all_prefixes_each_line_with_its_rank(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "platform.console_ranks=all")
+    assert proc.returncode == 0, proc.stderr
+    assert "[rank 0] hello from rank 0" in proc.stdout
+    assert "[rank 1] hello from rank 1" in proc.stdout
+
+
+def test_multirun_sweeps_world_sizes_per_job(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "-m", "platform.n_procs_per_node=1,2,3")
+    assert proc.returncode == 0, proc.stderr
+    jobs = job_dirs(tmp_path)
+    assert [job.name for job in jobs] == ["0", "1", "2"]
+    assert all(job.relative_to(tmp_path).parts[0] == "multirun" for job in jobs)
+    for job, size in zip(jobs, (1, 2, 3)):
+        ranks = seen(job)
+        assert sorted(ranks) == list(range(size))
+        assert {r["world_size"] for r in ranks.values()} == {size}
+        assert {r["all_reduce_world"] for r in ranks.values()} == {float(size)}
+
+
+def test_ipc_groups_put_every_rank_in_its_group(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "platform.n_procs_per_node=4", "platform.ipc_groups=[[0,2],[1,3]]")
+    assert proc.returncode == 0, proc.stderr
+    ranks = seen(job_dirs(tmp_path)[0])
+    assert {r: ranks[r]["group_rank_sum"] for r in ranks} == {0: 2.0, 2: 2.0, 1: 4.0, 3: 4.0}
+
+
+def test_job_chdir_is_respected_in_every_rank(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "hydra.job.chdir=true")
+    assert proc.returncode == 0, proc.stderr
+    job = job_dirs(tmp_path)[0]
+    assert {r["cwd"] for r in seen(job).values()} == {str(job)}
+    proc = run_app(tmp_path, "hydra.job.chdir=false")
+    assert {r["cwd"] for r in seen(job_dirs(tmp_path)[-1]).values()} == {str(tmp_path)}
+
+
+def test_cpu_threads_are_split_across_ranks(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "platform.n_cpus_per_node=4")
+    assert proc.returncode == 0, proc.stderr
+    assert {r["threads"] for r in seen(job_dirs(tmp_path)[0]).values()} == {2}
+
+
+@pytest.mark.parametrize(
+    "behaviour, expected",
+    [
+        ("raise", ["rank 1 (node 0) failed: ValueError: rank asked to fail", 'raise ValueError("rank asked to fail")']),
+        ("exit", ["rank 1 (node 0) failed: RankExited: exited with code 3"]),
+        ("kill", ["rank 1 (node 0) failed: RankKilled: killed by SIGKILL"]),
+        ("segfault", ["rank 1 (node 0) failed: RankKilled: killed by SIGSEGV", "Fatal Python error"]),
+    ],
+)
+def test_a_failing_rank_fails_the_job_with_its_cause(tmp_path: Path, behaviour: str, expected: list) -> None:
+    proc = run_app(tmp_path, f"behaviour={behaviour}")
+    assert proc.returncode != 0
+    for text in expected:
+        assert text in proc.stderr, proc.stderr
+    job = job_dirs(tmp_path)[0]
+    assert (job / "rank_1.log").exists()
+    assert leftover(seen(job)) == []
+
+
+def test_rank_0_failing_is_reported_as_rank_0(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "behaviour=raise", "fail_rank=0")
+    assert proc.returncode != 0
+    assert "rank 0 (node 0) failed: ValueError: rank asked to fail" in proc.stderr
+
+
+def test_multirun_reports_the_failed_job(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "-m", "behaviour=ok,raise")
+    assert proc.returncode != 0
+    assert "rank 1 (node 0) failed: ValueError" in proc.stderr
+    first, second = job_dirs(tmp_path)
+    assert sorted(seen(first)) == [0, 1] and sorted(seen(second)) == [0, 1]
+
+
+def test_script_without_main_guard_runs_once(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, app="app_no_guard.py")
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)  # ranks did not run the Hydra app again
+    assert sorted(seen(job)) == [0, 1]
+
+
+def test_ddpw_launcher_without_the_ddpw_node_refuses_a_single_process_run(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "hydra/launcher=ddpw_cpu", app="app_without_ddpw_node.py")
+    assert proc.returncode == 2
+    assert "add `- ddpw` to the defaults list" in proc.stderr
+    assert not any(tmp_path.rglob("rank_0.log"))
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "hydra.launcher.dry_run=true", "platform.n_procs_per_node=3")
+    assert proc.returncode == 0, proc.stderr
+    assert "world size      : 3 (1 node(s) x 3 rank(s))" in proc.stdout
+    assert "backend         : gloo" in proc.stdout
+    assert not any(tmp_path.rglob("rank_*.log"))
