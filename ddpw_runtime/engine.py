@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ddpw_conf import Platform
 from ddpw_runtime import caller_rank as in_caller
+from ddpw_runtime import rendezvous
 from ddpw_runtime.console import ConsoleEcho
 from ddpw_runtime.payload import RankPayload, pack_task, write_payload
 from ddpw_runtime.plan import LaunchPlan, plan_local
@@ -79,8 +80,13 @@ def run_ranks(
     check(platform)
     if caller_rank:
         in_caller.check(platform)
+    starter = get_starter(preload=platform.spawn_method == "forkserver")  # before any socket opens
+    hosts_store = node_rank == 0 and platform.ipc_protocol == "tcp" and not caller_rank
+    listener = rendezvous.listen(platform, master_addr, master_port) if hosts_store else None
     workdir = Path(tempfile.mkdtemp(prefix="ddpw-"))
     try:
+        if listener is not None:
+            master_port = listener.getsockname()[1]
         plan = plan_local(
             platform, Path(log_dir).resolve(), workdir, uuid.uuid4().hex[:12], node_rank, master_addr, master_port
         )
@@ -94,16 +100,20 @@ def run_ranks(
             result_dir=str(workdir),
         )
         if platform.verbose:
-            log.info(f"launch plan:\n{plan.describe()}")
+            log.info(plan.one_line())
         payload_path = workdir / "payload.pkl"
         write_payload(payload, payload_path)
-        starter = get_starter(preload=platform.spawn_method == "forkserver")
         with ConsoleEcho({rank: plan.log_file(rank) for rank in plan.console_ranks if rank in plan.global_ranks}):
             if caller_rank:
                 results = in_caller.run_with_caller(starter, payload, payload_path, stop_grace_s, target, args, kwargs)
             else:
-                results = run_node(starter, payload, payload_path, stop_grace_s)
+                results = run_node(
+                    starter, payload, payload_path, stop_grace_s,
+                    listen_fd=listener.fileno() if listener is not None else None,
+                )
     finally:
+        if listener is not None:
+            listener.close()
         shutil.rmtree(workdir, ignore_errors=True)
     if platform.upon_finish:
         resolve_callable("platform.upon_finish", platform.upon_finish)()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Sequence
 
 import cloudpickle
 from hydra.core.hydra_config import HydraConfig
@@ -106,13 +106,3 @@ def _job_dir(sweep_config: DictConfig, run_like: bool) -> Path:
     if run_like:
         return Path(str(sweep_config.hydra.run.dir))
     return Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir)
-
-
-def warm_up(config: Optional[DictConfig]) -> None:
-    """Start the torch-preloading rank starter now, so its import overlaps Hydra's own start-up."""
-    platform = OmegaConf.select(config, "platform") if config is not None else None
-    method = OmegaConf.select(platform, "spawn_method", default="forkserver") if platform is not None else "forkserver"
-    if method == "forkserver":
-        from ddpw_runtime.starter import get_starter
-
-        get_starter(preload=True)

@@ -43,6 +43,13 @@ class LaunchPlan:
         """Where the stdout and stderr of global rank `rank` go."""
         return self.log_dir / f"rank_{rank}.log"
 
+    def one_line(self) -> str:
+        """The plan in one line, as logged when a job starts."""
+        return (
+            f"{self.world_size} rank(s) ({self.platform.n_nodes} node(s) x {self.ranks_per_node}) on "
+            f"{self.device}, {self.backend} via {self.init_method}, logs in {self.log_dir}/rank_<rank>.log"
+        )
+
     def describe(self) -> str:
         """A readable multi-line summary, as the dry run prints it."""
         lines = [

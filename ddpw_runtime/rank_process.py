@@ -27,8 +27,9 @@ from ddpw_runtime.plan import LaunchPlan
 from ddpw_runtime.results import RankResult
 
 
-def main(payload_path: str, local_rank: int) -> int:
-    """Run one rank; returns the process exit code (0: the task returned, 1: it raised)."""
+def main(payload_path: str, local_rank: int, listen_fd: Optional[int] = None) -> int:
+    """Run one rank; returns the process exit code (0: the task returned, 1: it raised).
+    `listen_fd` is the rendezvous socket the controller bound, given to the rank that hosts the store."""
     payload = read_payload(Path(payload_path))
     plan = payload.plan
     rank = plan.node_rank * plan.ranks_per_node + local_rank
@@ -36,7 +37,7 @@ def main(payload_path: str, local_rank: int) -> int:
     try:
         _enter_caller_state(payload, rank, local_rank)
         target, args, kwargs = cloudpickle.loads(payload.task)
-        setup_rank(plan, rank, local_rank)
+        setup_rank(plan, rank, local_rank, listen_fd)
         value = target(*args, **kwargs)
         result = RankResult.success(rank, value)
     except SystemExit as exc:
@@ -97,8 +98,15 @@ def _enter_caller_state(payload: RankPayload, rank: int, local_rank: int) -> Non
 
 
 def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict:
-    """The variables torchrun sets for a rank, so libraries inside the task see a launched job."""
+    """The variables torchrun sets for a rank, so libraries inside the task see a launched job; on a
+    single-node job over loopback, gloo and NCCL are kept on the loopback interface too (unless the
+    user chose an interface)."""
+    local_only = plan.platform.n_nodes == 1 and plan.master_addr.startswith("127.") and sys.platform == "linux"
+    interfaces = {
+        name: "lo" for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if local_only and name not in os.environ
+    }
     return {
+        **interfaces,
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),
         "WORLD_SIZE": str(plan.world_size),
@@ -140,9 +148,10 @@ def _restore_hydra(state: bytes, rank: int) -> None:
     configure_log(OmegaConf.create(logging_cfg) if logging_cfg else None, hydra_cfg.verbose)
 
 
-def setup_rank(plan: LaunchPlan, rank: int, local_rank: int) -> None:
+def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: Optional[int] = None) -> None:
     """Make this process `rank` of `plan`'s job: threads, device, process group, ipc groups, layout
-    mesh, `context`, and every RNG seeded. Undo with `teardown_rank`."""
+    mesh, `context`, and every RNG seeded. Undo with `teardown_rank`. With `listen_fd`, this rank
+    hosts the job's TCPStore on that already-bound socket."""
     torch.set_num_threads(plan.threads_per_rank)
     device = torch.device(plan.device)
     if plan.device == "cuda":
@@ -150,7 +159,7 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(
         backend=plan.backend,
-        init_method=plan.init_method,
+        store=_store(plan, rank, listen_fd),
         rank=rank,
         world_size=plan.world_size,
         timeout=_timeout(plan),
@@ -173,6 +182,23 @@ def _layout_mesh(plan: LaunchPlan) -> Optional[DeviceMesh]:
         return None
     sizes = layout.sizes(plan.world_size)
     return init_device_mesh(plan.device, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
+
+
+def _store(plan: LaunchPlan, rank: int, listen_fd: Optional[int]) -> Any:
+    """The job's rendezvous store: a private file, or the TCPStore that rank 0 hosts (on the socket
+    the controller bound, when given) and every other rank joins."""
+    if plan.init_method.startswith("file://"):
+        return dist.FileStore(plan.init_method.removeprefix("file://"), plan.world_size)
+    hosts = listen_fd is not None or (rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True")
+    return dist.TCPStore(
+        plan.master_addr,
+        plan.master_port,
+        plan.world_size,
+        is_master=hosts,
+        timeout=_timeout(plan),
+        wait_for_workers=False,
+        master_listen_fd=listen_fd,
+    )
 
 
 def _timeout(plan: LaunchPlan) -> Any:
@@ -199,4 +225,4 @@ def teardown_rank() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    sys.exit(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None))

@@ -1,16 +1,20 @@
 """The rank starter: a helper process that starts the ranks of every job and reports their exits.
 
-With `spawn_method=forkserver` it imports torch once and forks each rank from itself, so a sweep pays
+With `spawn_method=forkserver` it holds torch imported and forks each rank from itself, so a sweep pays
 the torch import once, not once per rank per job; with `spawn` it starts a fresh interpreter per rank.
-The user's script is never re-imported in a rank: the task travels by value (cloudpickle).
+The user's script is never re-imported in a rank: the task travels by value (cloudpickle). When the
+controller has imported torch already (a training script usually has), the starter is a fork of the
+controller, made while it has no other thread and no CUDA context, so the ranks find torch and the
+user's imports loaded; otherwise it is a fresh interpreter that imports torch.
 
 Every rank is the leader of its own process group, so stopping it also stops what it started. When the
 controller goes away (even by SIGKILL) the starter sees its socket close, kills every rank and exits;
 each rank also gets SIGKILL if the starter dies first (PR_SET_PDEATHSIG).
 
-Protocol over a socket pair, pickled tuples: ("start", payload_path, local_rank, exec_fresh) is answered
-by ("started", local_rank, pid); ("exited", pid, exit_code) is sent when a rank ends, the exit code being
-negative for a signal, as in `subprocess`.
+Protocol over a socket pair, pickled tuples: ("start", payload_path, local_rank, exec_fresh, has_fd)
+(followed, when has_fd, by the rendezvous socket passed with SCM_RIGHTS, which only that rank keeps) is
+answered by ("started", local_rank, pid); ("exited", pid, exit_code) is sent when a rank ends, the exit
+code being negative for a signal, as in `subprocess`.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import traceback
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle, send_handle
 from typing import Dict, List, Optional, Set, Tuple
 
 _PR_SET_PDEATHSIG = 1
@@ -46,6 +52,7 @@ class _Server:
         self.pid = os.getpid()
         if preload:
             import ddpw_runtime.rank_process  # noqa: F401 - imports torch and torch.distributed once
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
@@ -64,12 +71,15 @@ class _Server:
                     self._kill_all()
                     return
                 if request[0] == "start":
-                    _, payload, local_rank, exec_fresh = request
-                    pid = self._start(payload, local_rank, exec_fresh)
+                    _, payload, local_rank, exec_fresh, has_fd = request
+                    listen_fd = recv_handle(self.conn) if has_fd else None
+                    pid = self._start(payload, local_rank, exec_fresh, listen_fd)
+                    if listen_fd is not None:
+                        os.close(listen_fd)
                     self.children.add(pid)
                     self.conn.send(("started", local_rank, pid))
 
-    def _start(self, payload: str, local_rank: int, exec_fresh: bool) -> int:
+    def _start(self, payload: str, local_rank: int, exec_fresh: bool, listen_fd: Optional[int]) -> int:
         pid = os.fork()
         if pid:
             return pid
@@ -81,13 +91,18 @@ class _Server:
                 os._exit(1)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL if exec_fresh else signal.default_int_handler)
             for fd in (self.wake_r, self.wake_w, self.conn.fileno()):
                 os.close(fd)
             if exec_fresh:
-                os.execv(sys.executable, [sys.executable, "-m", "ddpw_runtime.rank_process", payload, str(local_rank)])
+                argv = [sys.executable, "-m", "ddpw_runtime.rank_process", payload, str(local_rank)]
+                if listen_fd is not None:
+                    os.set_inheritable(listen_fd, True)
+                    argv.append(str(listen_fd))
+                os.execv(sys.executable, argv)
             from ddpw_runtime.rank_process import main
 
-            code = main(payload, local_rank)
+            code = main(payload, local_rank, listen_fd)
         except BaseException:  # noqa: BLE001 - report anything, then leave without cleanup handlers
             traceback.print_exc()
         finally:
@@ -122,23 +137,41 @@ class RankStarter:
 
     def __init__(self, preload: bool) -> None:
         ours, theirs = socket.socketpair()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "ddpw_runtime.starter", str(theirs.fileno()), "1" if preload else "0"],
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-        )
-        theirs.close()
-        self.conn = Connection(ours.detach())
         self.preload = preload
         self._exits: List[Tuple[int, int]] = []
+        self._process: Optional[subprocess.Popen] = None
+        if preload and _can_fork_controller():
+            # torch (and the user's own imports) are loaded here already: a forked copy of this
+            # process is a ready starter, with no second torch import.
+            self.pid = os.fork()
+            if self.pid == 0:
+                ours.close()
+                try:
+                    _die_with_parent()
+                    _Server(Connection(theirs.detach()), preload=True).serve()
+                finally:
+                    os._exit(0)
+        else:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "ddpw_runtime.starter", str(theirs.fileno()), "1" if preload else "0"],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
+            self.pid = self._process.pid
+        theirs.close()
+        self.conn = Connection(ours.detach())
 
     def alive(self) -> bool:
         """Whether the starter process is still running."""
-        return self.process.poll() is None
+        if self._process is not None:
+            return self._process.poll() is None
+        return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
 
-    def start(self, payload: str, local_rank: int) -> int:
-        """Start one rank; returns its pid."""
-        self.conn.send(("start", payload, local_rank, not self.preload))
+    def start(self, payload: str, local_rank: int, listen_fd: Optional[int] = None) -> int:
+        """Start one rank, handing it `listen_fd` (the rendezvous socket) if given; returns its pid."""
+        self.conn.send(("start", payload, local_rank, not self.preload, listen_fd is not None))
+        if listen_fd is not None:
+            send_handle(self.conn, listen_fd, self.pid)
         while True:
             message = self._recv(None)
             if message is None:
@@ -162,12 +195,24 @@ class RankStarter:
         try:
             return self.conn.recv()
         except (EOFError, OSError) as exc:
-            raise RuntimeError(f"the rank starter (pid {self.process.pid}) died") from exc
+            raise RuntimeError(f"the rank starter (pid {self.pid}) died") from exc
 
     def close(self) -> None:
         """Stop the starter; it kills any rank still running."""
         self.conn.close()
-        self.process.wait()
+        if self._process is not None:
+            self._process.wait()
+        else:
+            os.waitpid(self.pid, 0)
+
+
+def _can_fork_controller() -> bool:
+    """Whether this process can safely be forked into a starter: torch imported, CUDA not
+    initialised, and no other threads (forking a threaded process can copy a held lock)."""
+    torch = sys.modules.get("torch")
+    if torch is None or threading.active_count() != 1:
+        return False
+    return not torch.cuda.is_initialized()
 
 
 _starters: Dict[bool, RankStarter] = {}

@@ -34,11 +34,13 @@ def run_node(
     stop_grace_s: float,
     local_ranks: Optional[Sequence[int]] = None,
     on_start: Optional[Callable[[int], None]] = None,
+    listen_fd: Optional[int] = None,
 ) -> List[RankResult]:
     """Run the ranks of `payload.plan` on this node; their results in rank order, or RankFailure.
 
     `local_ranks` limits which of the node's ranks are started (the others run elsewhere, such as in
-    the caller); `on_start(pid)` is called as each one starts.
+    the caller); `on_start(pid)` is called as each one starts. `listen_fd`, the bound rendezvous
+    socket, goes to global rank 0 (which hosts the store).
     """
     plan = payload.plan
     first = plan.global_ranks[0]
@@ -47,7 +49,7 @@ def run_node(
     exits = _Exits()
     try:
         for rank in ranks:
-            pid = starter.start(str(payload_path), rank - first)
+            pid = starter.start(str(payload_path), rank - first, listen_fd if rank == 0 else None)
             pids[pid] = rank
             if on_start is not None:
                 on_start(pid)

@@ -22,14 +22,10 @@ class LocalLauncher(Launcher):
         self.hydra_context: Optional[HydraContext] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        """Keep what `launch` needs, and start the rank starter early unless this is a dry run."""
+        """Keep what `launch` needs."""
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
-        if not self.dry_run:
-            from ddpw_runtime.hydra_launch import warm_up
-
-            warm_up(config)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Run each job as a distributed job; one JobReturn per job."""
