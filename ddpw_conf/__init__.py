@@ -6,4 +6,12 @@ from ddpw_conf.layout import Layout
 from ddpw_conf.platform import Device, Platform, platform_from_config
 from ddpw_conf.store import register_configs
 
-__all__ = ["ConfigError", "Device", "Layout", "LocalLauncherConf", "Platform", "platform_from_config", "register_configs"]
+__all__ = [
+    "ConfigError",
+    "Device",
+    "Layout",
+    "LocalLauncherConf",
+    "Platform",
+    "platform_from_config",
+    "register_configs",
+]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from hydra.errors import CompactHydraException
 
-class ConfigError(ValueError):
+
+class ConfigError(ValueError, CompactHydraException):
     """A configuration value that cannot run, found before any process starts.
 
-    The message always names the key, the value that was given and what to do instead.
+    The message always names the key, the value that was given and what to do instead. Hydra prints
+    it as one line, without a traceback (it is a CompactHydraException).
     """
 
     def __init__(self, key: str, value: Any, fix: str) -> None:

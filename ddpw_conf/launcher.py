@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from ddpw_conf.errors import ConfigError
+from ddpw_conf.platform import Device, Platform
 
 
 @dataclass
@@ -19,3 +24,143 @@ class LocalLauncherConf:
     """Print each job's platform and launch plan instead of starting anything."""
     stop_grace_s: float = 1.0
     """Seconds a rank gets to exit after SIGTERM before it is killed, when the job stops early."""
+
+
+# Values that end up in the sbatch script. Patterns are applied with `fullmatch` (`match` with `$`
+# would also accept a trailing newline, which adds a line to the script).
+_SLURM_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+"""qos and account names: no spaces, no leading dash."""
+_SLURM_NODES = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,\[\]-]{0,1023}")
+"""Node lists such as `n[1-3],gpu7`."""
+_SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_\[(!][A-Za-z0-9_.&|,:*()\[\]!-]{0,1023}")
+"""Feature expressions such as `v100|a100`, `[rack1|rack2]*2`."""
+_LINE_BREAKS = ("\n", "\r", "\0")
+
+SLURM_MANAGED_KEYS = (
+    "job_name", "partition", "time", "nodes", "ntasks", "ntasks_per_node", "cpus_per_task", "mem",
+    "gpus_per_node", "qos", "account", "constraint", "exclude", "output", "error", "array", "signal",
+    "open_mode",
+)
+"""sbatch options the launcher sets itself (from `platform.*` or `hydra.launcher.*`); refused in
+`platform.slurm_additional_parameters`, where they would contradict the launcher."""
+
+_MANAGED_BY = {
+    "job_name": "platform.name", "partition": "platform.partition", "time": "platform.timeout_min",
+    "nodes": "platform.n_nodes", "cpus_per_task": "platform.n_cpus_per_node",
+    "mem": "platform.mem_per_node", "gpus_per_node": "platform.n_gpus_per_node",
+    "qos": "hydra.launcher.qos", "account": "hydra.launcher.account",
+    "constraint": "hydra.launcher.constraint", "exclude": "hydra.launcher.exclude",
+}
+
+
+@dataclass
+class SlurmLauncherConf:
+    """Options of `hydra/launcher=ddpw_slurm`: each job runs on SLURM nodes, submitted with submitit.
+
+    The job's resources (nodes, ranks, GPUs, CPUs, memory, partition, time limit, name, extra sbatch
+    options) are in the job config's `platform` node, so they can be swept; these options hold what is
+    the same for every job of a run.
+    """
+
+    _target_: str = "hydra_plugins.hydra_ddpw_launcher.slurm_launcher.SlurmLauncher"
+    launch_in_run_mode: bool = True
+    """Submit in a plain run (no `-m`) too; needs `- ddpw` in the primary config's defaults."""
+    dry_run: bool = False
+    """Print each job's sbatch script and launch plan instead of submitting anything."""
+    fire_and_forget: bool = False
+    """Submit, write the manifest (`ddpw_slurm_jobs.json` in the sweep dir) and return at once."""
+    submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
+    """Where submitit keeps each SLURM job's script, pickles and node logs; `%j` is the job id."""
+    qos: Optional[str] = None
+    """sbatch `--qos`."""
+    account: Optional[str] = None
+    """sbatch `--account`."""
+    constraint: Optional[str] = None
+    """sbatch `--constraint` (node features, such as `a100|h100`)."""
+    exclude: Optional[str] = None
+    """sbatch `--exclude` (nodes not to use, such as `n[1-3]`)."""
+    setup: List[str] = field(default_factory=list)
+    """Shell lines run in the batch script before the nodes start (`module load ...`); one line each."""
+    array_parallelism: int = 256
+    """At most this many jobs of one job array run at once."""
+    max_restarts: int = 0
+    """Requeue a job preempted or at its time limit up to this many times (0: never)."""
+    signal_delay_s: int = 90
+    """SLURM warns a job (USR2) this many seconds before its time limit; with `max_restarts` > 0
+    the ranks then get SIGTERM to save a checkpoint, and the job is requeued."""
+    interrupt_grace_s: float = 30.0
+    """Seconds the ranks get after SIGTERM (requeue, cancel, time limit) before they are killed."""
+    stop_grace_s: float = 1.0
+    """Seconds a rank gets to exit after SIGTERM before it is killed, when another rank failed."""
+
+    def validate(self) -> "SlurmLauncherConf":
+        """Raise `ConfigError` for an option that cannot run or would add lines or options to the
+        sbatch script; returns self."""
+        for key, pattern, example in (
+            ("qos", _SLURM_WORD, "high"),
+            ("account", _SLURM_WORD, "my_project"),
+            ("constraint", _SLURM_CONSTRAINT, "a100|h100"),
+            ("exclude", _SLURM_NODES, "n[1-3],n7"),
+        ):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not pattern.fullmatch(value)):
+                raise ConfigError(
+                    f"hydra.launcher.{key}", value,
+                    f"use a single SLURM value such as '{example}' (no spaces, line breaks or leading "
+                    "dash), or null",
+                )
+        if not isinstance(self.setup, (list, tuple)):
+            raise ConfigError(
+                "hydra.launcher.setup", self.setup, "use a list of shell lines, such as ['module load cuda']"
+            )
+        for index, line in enumerate(self.setup):
+            if not isinstance(line, str) or any(c in line for c in _LINE_BREAKS):
+                raise ConfigError(
+                    f"hydra.launcher.setup[{index}]", line,
+                    "each entry is one shell line; put each command in its own entry",
+                )
+        for key, minimum in (("array_parallelism", 1), ("max_restarts", 0), ("signal_delay_s", 1)):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ConfigError(f"hydra.launcher.{key}", value, f"use an integer >= {minimum}")
+        for key in ("interrupt_grace_s", "stop_grace_s"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"hydra.launcher.{key}", value, "use a number of seconds >= 0")
+        if self.max_restarts and self.interrupt_grace_s >= self.signal_delay_s:
+            raise ConfigError(
+                "hydra.launcher.interrupt_grace_s", self.interrupt_grace_s,
+                f"must be below signal_delay_s ({self.signal_delay_s}): the ranks save between SLURM's "
+                "warning and the time limit",
+            )
+        if "%j" not in str(self.submitit_folder) or any(t in str(self.submitit_folder) for t in ("%A", "%a")):
+            raise ConfigError(
+                "hydra.launcher.submitit_folder", self.submitit_folder,
+                "use a folder with %j (the job id), such as ${hydra.sweep.dir}/.submitit/%j; %A and %a "
+                "do not work with job arrays",
+            )
+        return self
+
+    def validate_platform(self, platform: Platform) -> None:
+        """Raise `ConfigError` for a (validated) platform that cannot be submitted to SLURM with these options."""
+        if platform.device_kind is not Device.SLURM:
+            raise ConfigError(
+                "platform.device", platform.device,
+                "the ddpw_slurm launcher runs ranks on SLURM nodes: use platform.device=slurm (one GPU "
+                "per rank when n_gpus_per_node > 0, else CPU)",
+            )
+        for key in platform.slurm_additional_parameters:
+            name = key.replace("-", "_")
+            if name in SLURM_MANAGED_KEYS:
+                where = _MANAGED_BY.get(name)
+                raise ConfigError(
+                    "platform.slurm_additional_parameters", key,
+                    f"the launcher sets --{name.replace('_', '-')} itself"
+                    + (f"; use {where}" if where else "; remove it"),
+                )
+        if self.max_restarts and self.signal_delay_s >= platform.timeout_min * 60:
+            raise ConfigError(
+                "hydra.launcher.signal_delay_s", self.signal_delay_s,
+                f"SLURM's warning would come at once, before any work (platform.timeout_min={platform.timeout_min}), "
+                "and every run would be requeued; use fewer seconds than the time limit has",
+            )

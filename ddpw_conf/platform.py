@@ -73,7 +73,8 @@ class Platform:
     ipc_groups: List[List[int]] = field(default_factory=list)
     backend: Optional[str] = None
     seed: int = 1889
-    timeout_min: int = 2880
+    timeout_min: float = 2880
+    collective_timeout_min: float = 30
     slurm_additional_parameters: Dict[str, Any] = field(default_factory=dict)
     console_logs: bool = True
     console_ranks: Any = field(default_factory=lambda: [0])
@@ -236,7 +237,10 @@ class Platform:
                     "gets the same number of CPUs",
                 )
         _at_least("platform.mem_per_node", self.mem_per_node, 0)
-        _positive("platform.timeout_min", self.timeout_min)
+        for key in ("timeout_min", "collective_timeout_min"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ConfigError(f"platform.{key}", value, "use a positive number of minutes, such as 60 or 0.5")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**32:
             raise ConfigError("platform.seed", self.seed, "use an integer in 0..4294967295")
         if self.world_size > MAX_WORLD_SIZE:

@@ -6,7 +6,7 @@ from typing import Any, Dict
 
 from hydra.core.config_store import ConfigStore
 
-from ddpw_conf.launcher import LocalLauncherConf
+from ddpw_conf.launcher import LocalLauncherConf, SlurmLauncherConf
 from ddpw_conf.platform import Platform
 from ddpw_conf.run_mode import RUN_MODE_NODE, register_resolvers
 
@@ -20,6 +20,9 @@ PRESETS: Dict[str, Platform] = {
 
 LOCAL_LAUNCHERS = {"ddpw_cpu": "cpu", "ddpw_gpu": "gpu", "ddpw_mps": "mps"}
 """Local launcher options and the platform preset each brings as the default `platform` node."""
+
+SLURM_LAUNCHERS = {"ddpw_slurm": "slurm"}
+"""SLURM launcher options and the platform preset each brings as the default `platform` node."""
 
 RUN_MODE_CHECK = {"ddpw_run_mode_check": {"_target_": "ddpw_conf.run_mode.RunModeCheck"}}
 
@@ -40,11 +43,13 @@ def register_configs() -> None:
     store.store(name="ddpw", node=RUN_MODE_NODE, package="_global_", provider="hydra-ddpw")
     for name, platform in PRESETS.items():
         store.store(group="platform", name=name, node=platform, provider="hydra-ddpw")
-    for name, preset in LOCAL_LAUNCHERS.items():
-        store.store(
-            group="hydra/launcher",
-            name=name,
-            node=launcher_node(LocalLauncherConf, preset),
-            package="_global_",
-            provider="hydra-ddpw",
-        )
+    launchers = [(LocalLauncherConf, LOCAL_LAUNCHERS), (SlurmLauncherConf, SLURM_LAUNCHERS)]
+    for conf, options in launchers:
+        for name, preset in options.items():
+            store.store(
+                group="hydra/launcher",
+                name=name,
+                node=launcher_node(conf, preset),
+                package="_global_",
+                provider="hydra-ddpw",
+            )

@@ -18,6 +18,8 @@ from ddpw_runtime.context import (
     platform,
     rank,
     rank_zero_only,
+    restart_count,
+    run_id,
     world_size,
 )
 from ddpw_runtime.data import distributed_sampler, to_device
@@ -47,6 +49,8 @@ __all__ = [
     "platform",
     "rank",
     "rank_zero_only",
+    "restart_count",
+    "run_id",
     "to_device",
     "unwrap_model",
     "world_size",

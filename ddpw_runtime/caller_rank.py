@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -49,14 +50,16 @@ def run_with_caller(
     payload: RankPayload,
     payload_path: Path,
     stop_grace_s: float,
+    listen_fd: int,
     target: Callable[..., Any],
     args: tuple,
     kwargs: Dict[str, Any],
 ) -> List[RankResult]:
     """Run rank 0 here and the node's other ranks through `starter`; every rank's result in rank
-    order (rank 0's value is the object itself, never a copy), or RankFailure naming the root cause."""
+    order (rank 0's value is the object itself, never a copy), or RankFailure naming the root cause.
+    The job's store listens on `listen_fd`, the rendezvous socket the engine bound."""
     plan = payload.plan
-    store = _StoreHost(plan)
+    store = _StoreHost(plan, listen_fd)
     others = _OtherRanks(starter, payload, payload_path, stop_grace_s, on_failure=store.close)
     try:
         others.start()
@@ -74,19 +77,26 @@ def run_with_caller(
 
 
 class _StoreHost:
-    """The job's TCPStore server, held by the caller until `close`."""
+    """The job's TCPStore server, held by the caller until `close`; it serves on a duplicate of
+    `listen_fd` (the store closes its socket when it stops, the engine closes the original)."""
 
-    def __init__(self, plan: LaunchPlan) -> None:
+    def __init__(self, plan: LaunchPlan, listen_fd: int) -> None:
         from torch.distributed import TCPStore
 
-        self._store: Optional[Any] = TCPStore(
-            plan.master_addr,
-            plan.master_port,
-            plan.world_size,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(minutes=plan.platform.timeout_min),
-        )
+        own_fd = os.dup(listen_fd)
+        try:
+            self._store: Optional[Any] = TCPStore(
+                plan.master_addr,
+                plan.master_port,
+                plan.world_size,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(minutes=plan.platform.collective_timeout_min),
+                master_listen_fd=own_fd,
+            )
+        except BaseException:
+            os.close(own_fd)
+            raise
 
     def close(self) -> None:
         """Stop serving; ranks still waiting on the store fail at once."""
@@ -167,7 +177,9 @@ def _run_rank_zero(
     plan: LaunchPlan, target: Callable[..., Any], args: tuple, kwargs: Dict[str, Any]
 ) -> Tuple[RankResult, Optional[Exception]]:
     """Run the task as rank 0 in this process; its result and, on failure, the exception itself.
-    KeyboardInterrupt and other BaseExceptions propagate after the teardown."""
+    KeyboardInterrupt and other BaseExceptions propagate after the teardown. What joining a job
+    changes in the process (rank variables, thread count, the `[rank0]` excepthook that
+    init_process_group installs) is put back afterwards."""
     import torch
 
     from ddpw_runtime.rank_process import from_task, rank_environment, setup_rank, teardown_rank
@@ -175,6 +187,7 @@ def _run_rank_zero(
     variables = {**rank_environment(plan, 0, 0), **AGENT_STORE_ENV}
     saved = {name: os.environ.get(name) for name in variables}
     threads = torch.get_num_threads()
+    excepthook = sys.excepthook
     os.environ.update(variables)
     try:
         setup_rank(plan, 0, 0)
@@ -186,6 +199,7 @@ def _run_rank_zero(
     finally:
         teardown_rank()
         torch.set_num_threads(threads)
+        sys.excepthook = excepthook
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
 
 from ddpw_runtime import context
@@ -47,9 +48,17 @@ def all_to_all(tensors: Sequence["torch.Tensor"], group: Optional[Any] = None) -
         raise ValueError(f"all_to_all needs one tensor per rank of the group ({size}), got {len(tensors)}")
     device = context.device()
     sending = [t.to(device).contiguous() for t in tensors]
-    received = [torch.empty(shape, dtype=sending[0].dtype, device=device) for shape in _shapes_from(sending, group)]
-    dist.all_to_all(received, sending, group=group)
-    return received
+    shapes = _shapes_from(sending, group)
+    received = torch.empty(sum(math.prod(shape) for shape in shapes), dtype=sending[0].dtype, device=device)
+    dist.all_to_all_single(
+        received,
+        torch.cat([t.flatten() for t in sending]),
+        output_split_sizes=[math.prod(shape) for shape in shapes],
+        input_split_sizes=[t.numel() for t in sending],
+        group=group,
+    )
+    pieces = received.split([math.prod(shape) for shape in shapes])
+    return [piece.reshape(shape) for piece, shape in zip(pieces, shapes)]
 
 
 def _shapes_from(sending: List["torch.Tensor"], group: Any) -> List[tuple]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
@@ -29,6 +30,9 @@ class _RankState:
 
 _R = TypeVar("_R")
 _state: Optional[_RankState] = None
+
+RESTART_COUNT_ENV = "DDPW_RESTART_COUNT"
+"""The variable that carries `restart_count()` to the ranks (set by the SLURM node controller)."""
 
 
 def enter(
@@ -72,6 +76,18 @@ def local_rank() -> int:
 def world_size() -> int:
     """The number of ranks in the job."""
     return _current().plan.world_size
+
+
+def run_id() -> str:
+    """An id of the running job, the same on every rank: on SLURM the job id, which stays the same
+    when the job is requeued; locally a new random id per job."""
+    return _current().plan.run_id
+
+
+def restart_count() -> int:
+    """How many times this job was requeued (SLURM, after preemption or its time limit, with
+    `hydra.launcher.max_restarts` > 0): 0 on its first run. Usable outside a rank too."""
+    return int(os.environ.get(RESTART_COUNT_ENV, "0"))
 
 
 def platform() -> "Platform":

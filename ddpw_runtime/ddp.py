@@ -23,7 +23,8 @@ def wrap_model(model: "nn.Module", *, sync_batchnorm: bool = False, **ddp_option
     that skip parameters in some steps). `device_ids` is set on CUDA, and `process_group` is
     `group("data")` (the world unless `platform.layout` splits it); every other keyword goes to
     DistributedDataParallel as is. `sync_batchnorm=True` converts BatchNorm layers to SyncBatchNorm
-    over the same group first. Call it on every rank: the constructor broadcasts rank 0's weights.
+    over the same group first (CUDA ranks only: torch's SyncBatchNorm does not run on CPU, so this
+    raises ValueError there). Call it on every rank: the constructor broadcasts rank 0's weights.
     """
     import torch
     from torch.nn.parallel import DistributedDataParallel
@@ -31,6 +32,11 @@ def wrap_model(model: "nn.Module", *, sync_batchnorm: bool = False, **ddp_option
     device = context.device()
     data_group = ddp_options.pop("process_group", context.group("data"))
     if sync_batchnorm:
+        if device.type != "cuda":
+            raise ValueError(
+                f"sync_batchnorm=True needs CUDA ranks (torch's SyncBatchNorm runs on GPUs only) and this "
+                f"rank computes on {device.type}; leave sync_batchnorm False, or use platform.device=gpu"
+            )
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=data_group)
     model = model.to(device)
     ddp_options.setdefault("find_unused_parameters", False)

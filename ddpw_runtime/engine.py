@@ -71,24 +71,30 @@ def run_ranks(
     master_addr: Optional[str] = None,
     master_port: Optional[int] = None,
     caller_rank: bool = False,
+    interrupt_grace_s: float = 10.0,
+    run_id: Optional[str] = None,
 ) -> List[RankResult]:
     """Run `target(*args, **kwargs)` on every rank of this node; the results of this node's ranks in
     rank order. Raises RankFailure (root cause first) when any rank fails; no rank outlives the call.
 
     With `caller_rank`, rank 0 runs in this process (see `caller_rank.py`; this imports torch here).
+    `interrupt_grace_s`: after Ctrl-C or SIGTERM, how long the ranks get before they are killed.
+    `run_id`: the job's id as the ranks see it (`TORCHELASTIC_RUN_ID`, `ddpw_runtime.run_id()`); the
+    same on every node and across restarts when given, else a new random id.
     """
     check(platform)
     if caller_rank:
         in_caller.check(platform)
     starter = get_starter(preload=platform.spawn_method == "forkserver")  # before any socket opens
-    hosts_store = node_rank == 0 and platform.ipc_protocol == "tcp" and not caller_rank
+    hosts_store = node_rank == 0 and platform.ipc_protocol == "tcp"
     listener = rendezvous.listen(platform, master_addr, master_port) if hosts_store else None
     workdir = Path(tempfile.mkdtemp(prefix="ddpw-"))
     try:
         if listener is not None:
             master_port = listener.getsockname()[1]
         plan = plan_local(
-            platform, Path(log_dir).resolve(), workdir, uuid.uuid4().hex[:12], node_rank, master_addr, master_port
+            platform, Path(log_dir).resolve(), workdir, run_id or uuid.uuid4().hex[:12], node_rank, master_addr,
+            master_port,
         )
         payload = RankPayload(
             plan=plan,
@@ -105,11 +111,15 @@ def run_ranks(
         write_payload(payload, payload_path)
         with ConsoleEcho({rank: plan.log_file(rank) for rank in plan.console_ranks if rank in plan.global_ranks}):
             if caller_rank:
-                results = in_caller.run_with_caller(starter, payload, payload_path, stop_grace_s, target, args, kwargs)
+                assert listener is not None  # caller_rank implies node 0 and tcp (in_caller.check)
+                results = in_caller.run_with_caller(
+                    starter, payload, payload_path, stop_grace_s, listener.fileno(), target, args, kwargs
+                )
             else:
                 results = run_node(
                     starter, payload, payload_path, stop_grace_s,
                     listen_fd=listener.fileno() if listener is not None else None,
+                    interrupt_grace_s=interrupt_grace_s,
                 )
     finally:
         if listener is not None:

@@ -8,6 +8,7 @@ job log and the callbacks happen exactly once per job.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any, List, Sequence
 
@@ -88,13 +89,17 @@ def launch(
             runs.append(JobReturn(overrides=list(overrides), cfg=sweep_config, status=JobStatus.COMPLETED))
             continue
         task = RankTask(task_function, platform, stop_grace_s)
-        ret = run_job(
-            hydra_context=hydra_context,
-            task_function=task,
-            config=sweep_config,
-            job_dir_key="hydra.run.dir" if run_like else "hydra.sweep.dir",
-            job_subdir_key=None if run_like else "hydra.sweep.subdir",
-        )
+        try:
+            ret = run_job(
+                hydra_context=hydra_context,
+                task_function=task,
+                config=sweep_config,
+                job_dir_key="hydra.run.dir" if run_like else "hydra.sweep.dir",
+                job_subdir_key=None if run_like else "hydra.sweep.subdir",
+            )
+        except KeyboardInterrupt:
+            sys.stderr.write(f"Interrupted: every rank of job #{idx} was stopped.\n")
+            raise SystemExit(130) from None
         ret.rank_values = task.rank_values  # type: ignore[attr-defined]
         runs.append(ret)
         configure_log(config.hydra.hydra_logging, config.hydra.verbose)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import random
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -30,6 +31,9 @@ from ddpw_runtime.results import RankResult
 def main(payload_path: str, local_rank: int, listen_fd: Optional[int] = None) -> int:
     """Run one rank; returns the process exit code (0: the task returned, 1: it raised).
     `listen_fd` is the rendezvous socket the controller bound, given to the rank that hosts the store."""
+    # SIGTERM stops a rank unless its task installs a handler, even where the starter ignores it (on a
+    # SLURM node, where SLURM signals every process of the job).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     payload = read_payload(Path(payload_path))
     plan = payload.plan
     rank = plan.node_rank * plan.ranks_per_node + local_rank
@@ -82,6 +86,7 @@ def _redirect_output(log_file: Path) -> None:
     sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
     sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
     faulthandler.enable(file=sys.stderr)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # stack dump on request
 
 
 def _enter_caller_state(payload: RankPayload, rank: int, local_rank: int) -> None:
@@ -120,7 +125,7 @@ def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict:
         "MASTER_ADDR": plan.master_addr,
         "MASTER_PORT": str(plan.master_port),
         "TORCHELASTIC_RUN_ID": plan.run_id,
-        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_RESTART_COUNT": os.environ.get(context.RESTART_COUNT_ENV, "0"),
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "OMP_NUM_THREADS": str(plan.threads_per_rank),
     }
@@ -157,9 +162,10 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: Optional
     if plan.device == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+    store = _store(plan, rank, listen_fd)
     dist.init_process_group(
         backend=plan.backend,
-        store=_store(plan, rank, listen_fd),
+        store=store,
         rank=rank,
         world_size=plan.world_size,
         timeout=_timeout(plan),
@@ -170,8 +176,19 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: Optional
         group = dist.new_group(members)
         if rank in members:
             own_group = group
-    context.enter(plan, rank, local_rank, device, own_group, _layout_mesh(plan))
+    mesh = _layout_mesh(plan)
+    _all_joined(store, plan.world_size)
+    context.enter(plan, rank, local_rank, device, own_group, mesh)
     _seed(plan.platform.seed)
+
+
+def _all_joined(store: Any, world_size: int) -> None:
+    """Wait until every rank has its process group and groups. Without it, a rank whose task ends at
+    once tears its group down while a slower peer is still connecting, and the peer fails with gloo's
+    "Connection closed by peer" (seen with the caller as rank 0). Store-based, so no device is involved."""
+    if store.add("ddpw/joined", 1) == world_size:
+        store.set("ddpw/all_joined", "1")
+    store.wait(["ddpw/all_joined"])
 
 
 def _layout_mesh(plan: LaunchPlan) -> Optional[DeviceMesh]:
@@ -204,7 +221,7 @@ def _store(plan: LaunchPlan, rank: int, listen_fd: Optional[int]) -> Any:
 def _timeout(plan: LaunchPlan) -> Any:
     from datetime import timedelta
 
-    return timedelta(minutes=plan.platform.timeout_min)
+    return timedelta(minutes=plan.platform.collective_timeout_min)
 
 
 def _seed(seed: int) -> None:
@@ -221,7 +238,20 @@ def teardown_rank() -> None:
     """Destroy the process group (if any) and clear `context`; the process can join another job."""
     if dist.is_initialized():
         dist.destroy_process_group()
+    else:
+        _forget_failed_init()
     context.leave()
+
+
+def _forget_failed_init() -> None:
+    """Undo what a failed `init_process_group` leaves behind: it used up a process-group name (torch
+    counts them), so this process's next default group would get another name than its new peers'
+    and wait for them forever. `destroy_process_group` resets the same counter after a success."""
+    from torch.distributed import distributed_c10d
+
+    world = getattr(distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
 
 
 if __name__ == "__main__":

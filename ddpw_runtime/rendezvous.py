@@ -27,6 +27,9 @@ def listen(platform: Platform, master_addr: Optional[str], master_port: Optional
     except socket.gaierror as exc:
         raise ConfigError("platform.master_addr", addr, f"cannot resolve it ({exc}); use an IP address") from exc
     sock = socket.socket(info[0], socket.SOCK_STREAM)
+    # As torch's own store does: a port whose last job's connections linger in TIME_WAIT (a requeued
+    # SLURM job gets the same port) can be bound again; a port someone listens on still cannot.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(info[4])
         sock.listen(1024)

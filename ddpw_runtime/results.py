@@ -6,7 +6,7 @@ import pickle
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import cloudpickle
 
@@ -126,3 +126,27 @@ class RankFailure(RuntimeError):
             (self.rank, self.node, self.exit_code, self.error_type, self.error_message,
              self.traceback_text, self.log_file, self.results),
         )
+
+
+class Terminated(SystemExit):
+    """The controller received SIGTERM; its ranks were given the signal and stopped. Exits with 143
+    when not caught, as a process killed by SIGTERM would."""
+
+    def __init__(self) -> None:
+        super().__init__(143)
+
+
+class JobTimedOut(RuntimeError):
+    """The job ran past `platform.timeout_min` and was stopped; `where` maps each rank to the
+    place its stack dump shows it was (also in each rank's log)."""
+
+    def __init__(self, timeout_min: int, where: Dict[int, str]) -> None:
+        self.timeout_min = timeout_min
+        self.where = where
+        lines = [f"the job ran past its time limit (platform.timeout_min={timeout_min}) and was stopped; "
+                 "where each rank was:"]
+        lines += [f"  rank {rank}: {place}" for rank, place in sorted(where.items())]
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self) -> Any:
+        return (JobTimedOut, (self.timeout_min, self.where))

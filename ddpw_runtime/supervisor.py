@@ -9,14 +9,21 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ddpw_runtime.payload import RankPayload
 from ddpw_runtime.plan import LaunchPlan
-from ddpw_runtime.results import RankFailure, RankResult
+from ddpw_runtime.results import JobTimedOut, RankFailure, RankResult, Terminated
+from ddpw_runtime.stacks import where
 from ddpw_runtime.starter import RankStarter
 
 _LOG_TAIL_LINES = 40
+
+
+_STACK_DUMP_WAIT_S = 0.1
+"""Time given to faulthandler to write a rank's stacks (SIGUSR1) before the rank is stopped."""
 
 
 @dataclass
@@ -27,6 +34,109 @@ class _Exits:
     """Ranks that were still running when the job was stopped."""
 
 
+class _Ranks:
+    """The running ranks of one node: their pids, exits, and how to stop them."""
+
+    def __init__(self, starter: RankStarter) -> None:
+        self.starter = starter
+        self.pids: Dict[int, int] = {}
+        self.exits = _Exits()
+
+    def running(self) -> List[int]:
+        return [pid for pid, rank in self.pids.items() if rank not in self.exits.codes]
+
+    def send(self, sig: int, group: bool = True) -> None:
+        """Send `sig` to every running rank (and, with `group`, to what it started)."""
+        for pid in self.running():
+            try:
+                os.killpg(pid, sig) if group else os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def record(self, event: Tuple[int, int]) -> int:
+        pid, code = event
+        rank = self.pids[pid]
+        self.exits.codes[rank] = code
+        self.exits.seen_at[rank] = time.time()
+        return rank
+
+    def begin_stop(self, sig: int = signal.SIGTERM) -> None:
+        """Dump the stacks of the running ranks into their logs, then send them `sig`."""
+        for pid in self.running():
+            self.exits.stopped[self.pids[pid]] = True
+        if self.running():
+            self.send(signal.SIGUSR1, group=False)
+            time.sleep(_STACK_DUMP_WAIT_S)
+        self.send(sig)
+
+    def wait(self, stop_grace_s: float, time_limit_s: float) -> bool:
+        """Wait for every rank; on the first failure stop the others (SIGTERM, SIGKILL after
+        `stop_grace_s`). Returns whether the job hit `time_limit_s` and was stopped for it."""
+        grace_end = float("inf")
+        limit_end = time.monotonic() + time_limit_s
+        timed_out = False
+        while self.running():
+            timeout = min(grace_end, limit_end) - time.monotonic()
+            event = self.starter.next_exit(None if timeout == float("inf") else max(0.0, timeout))
+            if event is None:
+                if time.monotonic() >= grace_end:
+                    self.send(signal.SIGKILL)
+                    grace_end = float("inf")
+                elif time.monotonic() >= limit_end:
+                    timed_out, limit_end = True, float("inf")
+                    self.begin_stop()
+                    grace_end = time.monotonic() + stop_grace_s
+                continue
+            rank = self.record(event)
+            if self.exits.codes[rank] != 0 and not self.exits.stopped:
+                self.begin_stop()
+                grace_end = time.monotonic() + stop_grace_s
+        return timed_out
+
+    def interrupt(self, sig: int, grace_s: float) -> None:
+        """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace_s` to finish, then kill
+        them; a second Ctrl-C kills them at once."""
+        for pid in self.running():
+            self.exits.stopped[self.pids[pid]] = True
+        self.send(sig)
+        end = time.monotonic() + grace_s
+        try:
+            while self.running():
+                event = self.starter.next_exit(max(0.0, end - time.monotonic()))
+                if event is None:
+                    break
+                self.record(event)
+        except KeyboardInterrupt:
+            pass
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL every running rank and wait until each has exited."""
+        self.send(signal.SIGKILL)
+        while self.running():
+            event = self.starter.next_exit(None)
+            if event is not None:
+                self.record(event)
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While supervising, SIGTERM raises `Terminated` (in the main thread only) so the ranks are
+    stopped with a grace period instead of the controller vanishing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_node(
     starter: RankStarter,
     payload: RankPayload,
@@ -35,80 +145,47 @@ def run_node(
     local_ranks: Optional[Sequence[int]] = None,
     on_start: Optional[Callable[[int], None]] = None,
     listen_fd: Optional[int] = None,
+    interrupt_grace_s: float = 10.0,
 ) -> List[RankResult]:
-    """Run the ranks of `payload.plan` on this node; their results in rank order, or RankFailure.
+    """Run the ranks of `payload.plan` on this node; their results in rank order, or RankFailure
+    (JobTimedOut past `platform.timeout_min`).
 
     `local_ranks` limits which of the node's ranks are started (the others run elsewhere, such as in
     the caller); `on_start(pid)` is called as each one starts. `listen_fd`, the bound rendezvous
-    socket, goes to global rank 0 (which hosts the store).
+    socket, goes to global rank 0 (which hosts the store). Ctrl-C or SIGTERM to this process is passed
+    on to the ranks, which get `interrupt_grace_s` to finish before they are killed; then the
+    KeyboardInterrupt (or `Terminated`) propagates.
     """
     plan = payload.plan
     first = plan.global_ranks[0]
     ranks = plan.global_ranks if local_ranks is None else [first + local_rank for local_rank in local_ranks]
-    pids: Dict[int, int] = {}
-    exits = _Exits()
-    try:
-        for rank in ranks:
-            pid = starter.start(str(payload_path), rank - first, listen_fd if rank == 0 else None)
-            pids[pid] = rank
-            if on_start is not None:
-                on_start(pid)
-        _wait(starter, pids, exits, stop_grace_s)
-    except BaseException:
-        _stop(starter, pids, exits, grace_s=0.0 if not pids else stop_grace_s)
-        raise
+    job = _Ranks(starter)
+    with _sigterm_raises():
+        try:
+            for rank in ranks:
+                pid = starter.start(str(payload_path), rank - first, listen_fd if rank == 0 else None)
+                job.pids[pid] = rank
+                if on_start is not None:
+                    on_start(pid)
+            timed_out = job.wait(stop_grace_s, plan.platform.timeout_min * 60.0)
+        except KeyboardInterrupt:
+            job.interrupt(signal.SIGINT, interrupt_grace_s)
+            raise
+        except Terminated:
+            job.interrupt(signal.SIGTERM, interrupt_grace_s)
+            raise
+        except BaseException:
+            job.begin_stop()
+            job.kill()
+            raise
+    exits = job.exits
+    if timed_out:
+        raise JobTimedOut(plan.platform.timeout_min, {rank: where(plan.log_file(rank)) for rank in ranks})
     results = {rank: _read_result(payload, rank) for rank in ranks}
     failed = [r for r in ranks if exits.codes.get(r) != 0 or not (results[r] and results[r].ok)]
     if failed:
         raise _root_cause(plan, results, exits, failed)
     return [results[r] for r in ranks]  # type: ignore[misc]
-
-
-def _wait(starter: RankStarter, pids: Dict[int, int], exits: _Exits, stop_grace_s: float) -> None:
-    """Wait for every rank; on the first non-zero exit, stop the others (SIGTERM, then SIGKILL)."""
-    deadline: Optional[float] = None
-    while len(exits.codes) < len(pids):
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        event = starter.next_exit(timeout)
-        if event is None:
-            _signal_running(pids, exits, signal.SIGKILL)
-            deadline = None
-            continue
-        pid, code = event
-        rank = pids[pid]
-        exits.codes[rank] = code
-        exits.seen_at[rank] = time.time()
-        if code != 0 and deadline is None and not exits.stopped:
-            for other in pids.values():
-                if other not in exits.codes:
-                    exits.stopped[other] = True
-            _signal_running(pids, exits, signal.SIGTERM)
-            deadline = time.monotonic() + stop_grace_s
-
-
-def _stop(starter: RankStarter, pids: Dict[int, int], exits: _Exits, grace_s: float) -> None:
-    """Stop every running rank (after an error in the controller itself) and wait for them."""
-    for rank in pids.values():
-        if rank not in exits.codes:
-            exits.stopped[rank] = True
-    _signal_running(pids, exits, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while len(exits.codes) < len(pids):
-        event = starter.next_exit(max(0.0, deadline - time.monotonic()))
-        if event is None:
-            _signal_running(pids, exits, signal.SIGKILL)
-            deadline = float("inf")
-            continue
-        exits.codes[pids[event[0]]] = event[1]
-
-
-def _signal_running(pids: Dict[int, int], exits: _Exits, sig: int) -> None:
-    for pid, rank in pids.items():
-        if rank not in exits.codes:
-            try:
-                os.killpg(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def _read_result(payload: RankPayload, rank: int) -> Optional[RankResult]:

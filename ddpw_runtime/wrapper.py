@@ -36,7 +36,8 @@ class Wrapper:
     (rank 0 by default) are echoed to the caller's stdout as well.
 
     `caller_rank`: the calling process itself is rank 0, so what rank 0 builds (a trained model) stays
-    in the caller's memory and its return value is the object itself, not a copy. Its output goes
+    in the caller's memory: rank 0 gets the caller's own argument objects (the other ranks get copies)
+    and its return value is the object itself, not a copy. Its output goes
     straight to the caller's stdout (no `rank_0.log`). The process group is torn down after the call
     (also after a failure), so the next call works; this imports torch in the caller.
 

@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+import time
+from typing import Callable, Dict, List
 
 APPS = Path(__file__).parent / "apps"
 
@@ -47,3 +48,25 @@ def leftover(ranks: Dict[int, dict]) -> List[int]:
     """Pids of ranks, or of the process that started them, that are still alive."""
     pids = {r["pid"] for r in ranks.values()} | {r["ppid"] for r in ranks.values()}
     return sorted(pid for pid in pids if pid != os.getpid() and alive(pid))
+
+
+def start_app(cwd: Path, *overrides: str, app: str = "app.py") -> subprocess.Popen:
+    """Start the test app without waiting for it; output captured as text."""
+    return subprocess.Popen(
+        [sys.executable, str(APPS / app), *overrides],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+    )
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    """Block until `condition()` holds (checked every 20 ms); fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def open_fds() -> int:
+    """How many file descriptors this process has open."""
+    return len(os.listdir("/proc/self/fd"))

@@ -83,7 +83,8 @@ BAD = [
     Bad("n_gpus_per_node-negative", {"n_gpus_per_node": -1}, "platform.n_gpus_per_node", "integer >= 0"),
     Bad("n_cpus_per_node-0", {"n_cpus_per_node": 0}, "platform.n_cpus_per_node", "integer >= 1"),
     Bad("mem_per_node-negative", {"mem_per_node": -1}, "platform.mem_per_node", "integer >= 0"),
-    Bad("timeout_min-0", {"timeout_min": 0}, "platform.timeout_min", "integer >= 1"),
+    Bad("timeout_min-0", {"timeout_min": 0}, "platform.timeout_min", "positive number of minutes"),
+    Bad("collective_timeout_min-neg", {"collective_timeout_min": -1}, "platform.collective_timeout_min", "positive number of minutes"),
     Bad("n_procs_per_node-huge", {"n_procs_per_node": 10**6}, "platform.n_procs_per_node", str(MAX_WORLD_SIZE)),
     Bad("n_nodes-huge", _slurm(n_nodes=10**5), "platform.n_nodes", str(MAX_WORLD_SIZE)),
     Bad("n_gpus_per_node-huge", {"device": "gpu", "n_gpus_per_node": 10**5}, "platform.n_gpus_per_node",
@@ -435,7 +436,7 @@ def test_bad_override_fails_through_hydra_without_starting_ranks(tmp_path: Path,
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output
     assert shown in output, output
-    assert "ConfigError" in output, output
+    assert "Traceback" not in output, output  # one clear line, not a stack trace
     assert not list(tmp_path.rglob("rank_*.log")), "a rank started for a config that cannot run"
 
 

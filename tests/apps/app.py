@@ -4,7 +4,9 @@ import ctypes
 import json
 import os
 import signal
+import sys
 import threading
+import time
 
 import hydra
 import torch
@@ -47,7 +49,28 @@ def report(cfg: DictConfig) -> dict:
     return seen
 
 
+def wait_for_signals(rank: int, output_dir: str) -> None:
+    """Wait until a signal comes; on SIGTERM, save (write a file) and exit, as a real task would."""
+
+    def save_and_exit(signum: int, frame: object) -> None:
+        with open(os.path.join(output_dir, f"saved_rank_{rank}.txt"), "w") as out:
+            out.write("saved")
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, save_and_exit)
+    while True:
+        signal.pause()
+
+
 def misbehave(behaviour: str) -> object:
+    if behaviour == "hang":
+        while True:
+            time.sleep(1)
+    if behaviour == "flood":
+        chunk = "x" * 1023 + "\n"
+        for _ in range(50 * 1024):
+            sys.stdout.write(chunk)
+        raise RuntimeError("failed after a flood of output")
     if behaviour == "raise":
         raise ValueError("rank asked to fail")
     if behaviour == "exit":
@@ -66,6 +89,8 @@ def main(cfg: DictConfig) -> object:
     seen = report(cfg)
     print(f"hello from rank {seen['rank']}", flush=True)
     os.write(1, f"raw fd write from rank {seen['rank']}\n".encode())
+    if cfg.behaviour == "wait":
+        wait_for_signals(seen["rank"], seen["output_dir"])
     odd = None
     if ddpw_runtime.rank() == cfg.fail_rank and cfg.behaviour != "ok":
         odd = misbehave(cfg.behaviour)

@@ -2,12 +2,22 @@
 
 Typical use, from a session-scoped pytest fixture::
 
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with local_cluster(tmp_path_factory.mktemp("slurm")) as env:
-        monkeypatch / os.environ.update(env)   # at least SLURM_CONF
-        ...  # sbatch, submitit, ... from this process
+    @pytest.fixture(scope="session")
+    def slurm_env(tmp_path_factory):
+        reason = skip_reason()
+        if reason:
+            pytest.skip(reason)
+        with local_cluster(tmp_path_factory.mktemp("slurm")) as env:
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)  # SLURM_CONF, for submitit's sbatch/sacct/...
+            try:
+                yield env
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
 
 Every Slurm client (sbatch, squeue, sacct, scancel, i.e. everything submitit runs)
 must see ``SLURM_CONF`` from ``env``: without it a client searches DNS for the
@@ -53,6 +63,12 @@ def skip_reason() -> str | None:
     tools = [name for name in _TOOLS if not shutil.which(name)]
     if tools:
         return f"tools needed by tests/slurm/cluster.sh missing: {', '.join(tools)}"
+    # A root without CAP_SYS_ADMIN (some containers) cannot make the private namespace.
+    probe = subprocess.run(
+        ["unshare", "--mount", "true"], capture_output=True, text=True, timeout=10, check=False
+    )
+    if probe.returncode != 0:
+        return f"`unshare --mount` fails here: {probe.stderr.strip()}"
     return None
 
 

@@ -45,9 +45,13 @@ cmd_install() {
     [[ ${#missing[@]} -eq 0 ]] && return 0
     [[ $(id -u) -eq 0 ]] || die "must be root to install: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    # policy-rc.d / no init: the packages' postinst do not start system daemons here.
-    apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+    local log; log=$(mktemp)
+    # (no init system / policy-rc.d here: the postinst scripts start no system daemon)
+    if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}"; } \
+            >"$log" 2>&1; then
+        tail -n 30 "$log" >&2; rm -f "$log"; die "apt-get install failed"
+    fi
+    rm -f "$log"
 }
 
 # ----------------------------------------------------------------------------- helpers
@@ -82,16 +86,16 @@ mntns_of() { readlink "/proc/$1/ns/mnt" 2>/dev/null || true; }
 ns_pids() {
     local ns=$1 p
     [[ -n $ns && $ns != "$(mntns_of $$)" && $ns != "$(mntns_of 1)" ]] || return 0
-    for p in /proc/[0-9]*; do
-        p=${p#/proc/}
-        [[ $(mntns_of "$p") == "$ns" ]] && pid_alive "$p" && echo "$p"
+    local pat=${ns//[/\\[}; pat=${pat//]/\\]}   # -lname takes a glob: quote [ ]
+    for p in $(find /proc/[0-9]*/ns/mnt -maxdepth 0 -lname "$pat" 2>/dev/null | cut -d/ -f3); do
+        pid_alive "$p" && echo "$p"
     done
     return 0
 }
 
 logs_tail() {
     local f
-    for f in "$D"/log/*.log; do
+    for f in "$D"/log/{munged,mariadb,slurmdbd,slurmctld,slurmd-n1,slurmd-n2}.log; do
         [[ -f $f ]] || continue
         echo "----- $f (last 15 lines)" >&2
         tail -n 15 "$f" >&2
@@ -107,7 +111,7 @@ set_dir() {
 
 # ----------------------------------------------------------------------------- start
 write_configs() {
-    local host short cpus mem ports
+    local host short cpus mem
     host=$(uname -n); short=${host%%.*}
     cpus=$(nproc); (( cpus >= 2 )) || cpus=2     # config_overrides: may exceed real cores
     mem=$(awk '/^MemTotal:/ { printf "%d", $2 / 1024 / 2 }' /proc/meminfo)
@@ -206,13 +210,16 @@ EOF
 inner_start() {
     mount --bind "$D/etc/hosts" /etc/hosts
     mount --bind "$D/etc/nsswitch.conf" /etc/nsswitch.conf
-    mount --bind "$D/etc/resolv.conf" /etc/resolv.conf
+    # (without any resolv.conf glibc already asks 127.0.0.1)
+    [[ ! -e /etc/resolv.conf ]] || mount --bind "$D/etc/resolv.conf" /etc/resolv.conf
     mntns_of $$ >"$D/run/mntns"
     export SLURM_CONF=$D/etc/slurm.conf
 
+    # --force: munged refuses a socket below a folder that not all users may enter
+    # (pytest's /tmp/pytest-of-root is 0700); every client here is root.
     munged --socket="$D/munge/munge.socket" --key-file="$D/munge/munge.key" \
         --pid-file="$D/run/munged.pid" --log-file="$D/log/munged.log" \
-        --seed-file="$D/munge/munged.seed" --origin=127.0.0.1
+        --seed-file="$D/munge/munged.seed" --origin=127.0.0.1 --force
 
     local db_port; db_port=$(cat "$D/run/db_port")
     # mariadbd does not daemonize: detach it (setsid, no inherited stdio).
@@ -241,6 +248,14 @@ inner_start() {
     for n in "${NODES[@]}"; do slurmd -N "$n"; done
 }
 
+# cancel_all_jobs -> scancel every job slurmctld knows (quietly; false if it did not answer)
+cancel_all_jobs() {
+    local out jobs
+    out=$(timeout 5 squeue -h -o %A 2>/dev/null) || return 1
+    mapfile -t jobs <<<"$out"
+    [[ -z ${jobs[0]} ]] || timeout 5 scancel "${jobs[@]}" >/dev/null 2>&1 || true
+}
+
 # ready -> true when both nodes are idle and the accounting database answers
 ready() {
     local out
@@ -260,7 +275,7 @@ cmd_start() {
         die "a cluster is already running in $D (cluster.sh stop $D first)"
     fi
     mkdir -p "$D"/{etc,munge,db,state/ctld,run,log}
-    chmod 0755 "$D" "$D/munge"   # munged: the socket folder must be reachable by all
+    chmod 0755 "$D/munge"   # munged: the socket folder must be reachable by all
     write_configs
     export SLURM_CONF=$D/etc/slurm.conf
 
@@ -284,6 +299,9 @@ cmd_start() {
     fi
 
     while ! ready; do
+        # A cluster killed without `stop` leaves jobs in slurmctld's saved state; they
+        # are dead but keep their nodes busy: cancel whatever a fresh start recovered.
+        cancel_all_jobs
         if (( $(elapsed_since "$t0") >= START_TIMEOUT )); then
             echo "cluster.sh: error: cluster in $D not ready after ${START_TIMEOUT}s" >&2
             timeout 5 sinfo -N >&2 || true
@@ -324,36 +342,46 @@ our_pid() {
 cmd_stop() {
     NS=$(cat "$D/run/mntns" 2>/dev/null || true)
     [[ -n $NS ]] || { echo "cluster.sh: nothing recorded as running in $D"; return 0; }
-    local p pids=()
+    local t0; t0=$(now)
+    local p i keep pids=()
+    # 0. cancel the jobs still queued or running, so that accounting records their end
+    #    and slurmctld saves no running job (a later start of DIR would recover it)
+    export SLURM_CONF=$D/etc/slurm.conf
+    if [[ -n $(our_pid slurmctld) ]] && cancel_all_jobs; then
+        for ((i = 0; i < 50; i++)); do
+            [[ -z $(timeout 5 squeue -h -o %A 2>/dev/null) ]] && break
+            sleep 0.2
+        done
+    fi
     # 1. controller and node daemons (slurmctld saves its state on SIGTERM)
-    for p in slurmctld slurmd-n1 slurmd-n2; do pids+=($(our_pid "$p")); done
+    mapfile -t pids < <(for p in slurmctld slurmd-n1 slurmd-n2; do our_pid "$p"; done)
     term_wait 10 "${pids[@]}"
     # 2. anything else slurm started in the namespace: slurmstepd and the jobs
-    pids=()
-    local keep=" $(our_pid slurmdbd) $(our_pid mariadbd) $(our_pid munged) "
-    for p in $(ns_pids "$NS"); do [[ $keep == *" $p "* ]] || pids+=("$p"); done
-    term_wait 3 "${pids[@]}"
+    keep=" $(our_pid slurmdbd) $(our_pid mariadbd) $(our_pid munged) "
+    mapfile -t pids < <(for p in $(ns_pids "$NS"); do [[ $keep == *" $p "* ]] || echo "$p"; done)
+    term_wait 2 "${pids[@]}"
     # 3. accounting, its database, and munge last (the others need it to the end)
-    term_wait 10 $(our_pid slurmdbd)
-    term_wait 20 $(our_pid mariadbd)
-    term_wait 5 $(our_pid munged)
+    for p in slurmdbd:10 mariadbd:20 munged:5; do
+        mapfile -t pids < <(our_pid "${p%:*}")
+        term_wait "${p#*:}" "${pids[@]}"
+    done
     # 4. whatever is left in the namespace (nothing, normally)
-    pids=($(ns_pids "$NS"))
+    mapfile -t pids < <(ns_pids "$NS")
     if (( ${#pids[@]} )); then
         kill -KILL "${pids[@]}" 2>/dev/null || true
         sleep 0.2
     fi
-    pids=($(ns_pids "$NS"))
+    mapfile -t pids < <(ns_pids "$NS")
     (( ${#pids[@]} == 0 )) || die "processes left in the cluster's namespace: ${pids[*]}"
     rm -f "$D/run/mntns"
+    echo "cluster.sh: stopped in $(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }') s"
 }
 
 # ----------------------------------------------------------------------------- main
 case ${1:-} in
     install) cmd_install ;;
     start) set_dir "${2:-}"; cmd_start ;;
-    stop) set_dir "${2:-}"; t0=$(now); cmd_stop
-          echo "cluster.sh: stopped in $(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }') s" ;;
+    stop) set_dir "${2:-}"; cmd_stop ;;
     _inner_start) set_dir "${2:-}"; inner_start ;;
     *) echo "usage: $0 install | start DIR | stop DIR" >&2; exit 2 ;;
 esac

@@ -1,0 +1,12 @@
+"""hydra-ddpw's Wrapper API, no Hydra: `python wrapper_app.py N [MODE]`."""
+
+import sys
+
+import torch  # noqa: F401 - imported at the top, as a training script does
+
+import rank_work
+from ddpw_runtime import Platform, Wrapper
+
+if __name__ == "__main__":
+    n = int(sys.argv[1])
+    Wrapper(Platform(n_procs_per_node=n)).start(rank_work.run, sys.argv[2] if len(sys.argv) > 2 else "trivial")

@@ -1,0 +1,77 @@
+"""The hydra-ddpw benchmark suite (issue 6): this launcher side by side with the tools users would pick.
+
+    pip install -c constraints.txt -e ".[bench]"
+    python benchmarks/run.py            # the full suite (about 30 minutes on 2 cores)
+    python benchmarks/run.py --quick    # a smoke run: 1 repetition, fewer rank counts, a shorter sweep
+
+Writes benchmarks/results/results.md (tables, the issue's targets, machine and versions),
+launch.png, scale.png, sweep_failure.png and raw.json (every figure, to redraw with --report-only).
+Not part of the tests: it measures, it does not pass or fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+from suite import harness, report, sections
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SECTIONS = ("launch", "sweep", "failure", "steady", "footprint", "scale")
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 repetition, fewer sizes")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions per figure (default 5; 1 with --quick)")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="sections to run")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for results.md, the plots and raw.json")
+    parser.add_argument("--report-only", action="store_true", help="redraw results.md and plots from raw.json")
+    return parser.parse_args(argv)
+
+
+def plan(quick: bool, reps: int) -> Dict[str, Callable[[], Any]]:
+    """What each section runs, with the sizes of a full or a quick run."""
+    launch_sizes = (1, 2, 4) if quick else (1, 2, 4, 8)
+    scale_sizes = (1, 2, 4, 8) if quick else (1, 2, 4, 8, 12, 16)
+    return {
+        "launch": lambda: sections.launch(launch_sizes, reps),
+        "sweep": lambda: sections.sweep(n_jobs=4 if quick else 8, n_ranks=2, reps=reps),
+        "failure": lambda: sections.failure(n_ranks=2, reps=reps),
+        "steady": lambda: sections.steady(n_ranks=2, reps=reps),
+        "footprint": lambda: sections.footprint(n_ranks=2, reps=reps),
+        "scale": lambda: sections.scale(scale_sizes, reps),
+    }
+
+
+def main(argv: List[str]) -> int:
+    """Run the chosen sections, then write the report."""
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    raw = args.out / "raw.json"
+    if args.report_only:
+        data = json.loads(raw.read_text())
+    else:
+        reps = args.reps or (1 if args.quick else 5)
+        data = {"environment": report.environment(), "reps": reps, "quick": args.quick}
+        steps = plan(args.quick, reps)
+        for name in args.only:
+            began = time.monotonic()
+            data[name] = steps[name]()
+            data["quiet"] = report.quiet_summary(harness.quiet_log, harness.QUIET_IDLE)
+            print(f"[{name}] done in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
+            raw.write_text(json.dumps(data, indent=1))
+    (args.out / "results.md").write_text(report.markdown(data, data["reps"], data["quick"]))
+    for path in report.plots(data, args.out):
+        print(f"wrote {path.relative_to(args.out.parent) if args.out == RESULTS else path}")
+    print(f"wrote results.md in {args.out}\n{report.console_summary(data)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,422 @@
+"""Turns the suite's data into results.md (tables, targets) and the PNG plots."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from suite.harness import Stats
+
+Data = Dict[str, Any]
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("torch", "hydra-core", "omegaconf", "submitit", "cloudpickle", "ddpw", "hydra-submitit-launcher",
+            "hydra-ddpw")
+
+
+# Environment -----------------------------------------------------------------------------------------
+
+def environment() -> Data:
+    """The machine and the versions of everything measured."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return {
+        "date": datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(_memory_kib() / 2**20, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "commit": _git_commit(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_kib() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" with uncommitted changes" if dirty else "")
+
+
+# Targets ---------------------------------------------------------------------------------------------
+
+def _median(cell: Optional[Data], metric: str) -> Optional[float]:
+    if not cell or "error" in cell or metric not in cell:
+        return None
+    return float(cell[metric]["median"])
+
+
+def _launch_cell(data: Data, tool: str, n: int) -> Optional[Data]:
+    return data.get("launch", {}).get("rows", {}).get(tool, {}).get(str(n))
+
+
+def targets(data: Data) -> List[Tuple[str, str, Optional[bool]]]:
+    """(target, measured, met) for each target of issue 6 that the data can judge."""
+    rows: List[Tuple[str, str, Optional[bool]]] = []
+
+    def ratio_row(text: str, ours: Optional[float], other: Optional[float], limit: float, other_name: str) -> None:
+        if ours is None or other is None:
+            rows.append((text, "not measured", None))
+            return
+        ratio = ours / other
+        rows.append((text, f"{ratio:.2f}x ({ours:.2f} s vs {other_name} {other:.2f} s)", ratio <= limit))
+
+    ours2 = _median(_launch_cell(data, "hydra_ddpw", 2), "wall")
+    ratio_row("2 ranks: whole command <= 0.6x torchrun", ours2, _median(_launch_cell(data, "torchrun", 2), "wall"),
+              0.6, "torchrun")
+    ratio_row("2 ranks: whole command <= 1.3x plain single-process Hydra run", ours2,
+              _median(_launch_cell(data, "hydra_plain", 1), "wall"), 1.3, "plain Hydra")
+    ratio_row("4 ranks: whole command <= 0.5x torchrun", _median(_launch_cell(data, "hydra_ddpw", 4), "wall"),
+              _median(_launch_cell(data, "torchrun", 4), "wall"), 0.5, "torchrun")
+
+    fit = data.get("scale", {}).get("slope_s_per_rank", {}).get("wall", {}).get("up_to_8")
+    rows.append(("8 ranks: growth per extra rank < 0.15 s (slope of whole command, 1-8 ranks)",
+                 "not measured" if fit is None else f"{fit:.3f} s per rank", None if fit is None else fit < 0.15))
+
+    per_job = _median(data.get("sweep", {}).get("rows", {}).get("hydra_ddpw"), "per_job")
+    rows.append(("Sweep: per-job overhead after the first job <= 0.4 s ((total - first job) / 7)",
+                 "not measured" if per_job is None else f"{per_job:.2f} s", None if per_job is None else per_job <= 0.4))
+
+    exit_s = _median(data.get("failure", {}).get("rows", {}).get("hydra_ddpw"), "exit_after_raise")
+    rows.append(("Failure: command exits <= 0.5 s after the rank raised (median)",
+                 "not measured" if exit_s is None else f"{exit_s:.2f} s", None if exit_s is None else exit_s <= 0.5))
+
+    steady_rows = data.get("steady", {}).get("rows", {})
+    for mb in ("1", "64"):
+        ours = _median(steady_rows.get("hydra_ddpw"), mb)
+        other = _median(steady_rows.get("torchrun"), mb)
+        text = f"Steady state: all_reduce {mb} MB within 5% of torchrun"
+        if ours is None or other is None:
+            rows.append((text, "not measured", None))
+        else:
+            rows.append((text, f"{ours / other:.3f}x ({ours * 1e3:.2f} ms vs {other * 1e3:.2f} ms)",
+                         ours <= 1.05 * other))
+
+    lazy = data.get("footprint", {}).get("rows", {}).get("hydra_ddpw_lazy")
+    if lazy and "error" not in lazy:
+        rss = lazy["peak_rss_mb"]["median"]
+        rows.append(("Controller does not import torch (app importing torch in the task)",
+                     "imports torch" if lazy["imported_torch"] else "torch not imported", not lazy["imported_torch"]))
+        rows.append(("Controller peak RSS <= 120 MB (app importing torch in the task)", f"{rss:.0f} MB", rss <= 120))
+    else:
+        rows.append(("Controller does not import torch; peak RSS <= 120 MB", "not measured", None))
+    return rows
+
+
+# Markdown --------------------------------------------------------------------------------------------
+
+def _fmt(cell: Optional[Data], metric: str, scale: float = 1.0, digits: int = 2) -> str:
+    if cell is None:
+        return ""
+    if "error" in cell:
+        return "failed"
+    return Stats.from_dict(cell[metric]).fmt(scale, digits)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _errors(rows: Data, labels: Dict[str, str]) -> List[str]:
+    """A line per row that failed (a whole row, or any of its cells), with the reason."""
+    lines = []
+    for key, row in rows.items():
+        if "error" in row:
+            reasons = [row["error"]]
+        else:
+            reasons = [cell["error"] for cell in row.values() if isinstance(cell, dict) and "error" in cell]
+        if reasons:
+            lines.append(f"- {labels.get(key, key)} failed: `{reasons[0]}`")
+    return lines + ([""] if lines else [])
+
+
+def markdown(data: Data, reps: int, quick: bool) -> str:
+    """results.md."""
+    env = data["environment"]
+    v = env["versions"]
+    out = [
+        "# hydra-ddpw benchmarks",
+        "",
+        f"Written by `python benchmarks/run.py{' --quick' if quick else ''}` on {env['date']}"
+        f" (hydra-ddpw at {env['commit']}).",
+        "",
+        f"- Machine: {env['cpu']}, {env['cores']} cores, {env['memory_gib']} GiB, {env['os']}, no GPU used",
+        f"- Python {env['python']}, torch {v['torch']}, hydra-core {v['hydra-core']}, omegaconf {v['omegaconf']}, "
+        f"submitit {v['submitit']}, cloudpickle {v['cloudpickle']}, ddpw {v['ddpw']}, "
+        f"hydra-submitit-launcher {v['hydra-submitit-launcher']}",
+        f"- Each figure: median (min–max) of {reps} runs, in seconds unless said otherwise; runs interleaved "
+        "across commands, after one unmeasured warm-up run of each.",
+        "- The job everywhere: a gloo process group (made by hydra-ddpw before the task; by the task "
+        "elsewhere), one all_reduce, a barrier. CPU ranks, gloo.",
+        "",
+    ]
+    quiet = data.get("quiet")
+    if quiet:
+        out.insert(-1, f"- CPU idle just before each run: median {quiet['median_idle']:.0%}, lowest "
+                       f"{quiet['min_idle']:.0%}; {quiet['busy_runs']} of {quiet['runs']} runs started on a busy "
+                       f"machine (below {quiet['threshold']:.0%} idle after waiting).")
+    if quick:
+        out += ["**Quick smoke run: too few repetitions to judge the targets.**", ""]
+    out += ["## Targets (issue 6)", ""]
+    marks = {True: "met", False: "**not met**", None: "-"}
+    out += _table(["target", "measured (same run)", ""], [(t, m, marks[ok]) for t, m, ok in targets(data)])
+    if "launch" in data:
+        out += _launch_md(data["launch"])
+    if "sweep" in data:
+        out += _sweep_md(data["sweep"])
+    if "failure" in data:
+        out += _failure_md(data["failure"])
+    if "steady" in data:
+        out += _steady_md(data["steady"])
+    if "footprint" in data:
+        out += _footprint_md(data["footprint"])
+    if "scale" in data:
+        out += _scale_md(data["scale"])
+    return "\n".join(out)
+
+
+def _launch_md(launch: Data) -> List[str]:
+    sizes = launch["sizes"]
+    tools = launch["tools"]
+    out = ["## 1. Launch", "",
+           "Whole command: from the command's start to its exit. In the task: until the last rank entered the "
+           "task function. Ready: until the last rank has its process group (for hydra-ddpw the same moment as "
+           "in the task, since it makes the group before the task; elsewhere the task makes it).", "",
+           "![launch](launch.png)", ""]
+    for metric, title in (("wall", "Whole command"), ("entry", "All ranks in the task"),
+                          ("ready", "All ranks ready (process group made)")):
+        out += [f"**{title}** (s)", ""]
+        rows = []
+        for key, row in launch["rows"].items():
+            rows.append([tools[key]["label"], *[_fmt(row.get(str(n)), metric) for n in sizes]])
+        out += _table(["ranks", *[str(n) for n in sizes]], rows)
+    out += _errors(launch["rows"], {k: t["label"] for k, t in tools.items()})
+    out += ["Commands:", ""] + [f"- {t['label']}: {t['note']}" for t in tools.values()] + [""]
+    return out
+
+
+def _sweep_md(sweep: Data) -> List[str]:
+    n = sweep["n_jobs"]
+    out = [f"## 2. Sweep: {n} jobs x {sweep['n_ranks']} ranks", "",
+           f"Per job: (total - first job) / {n - 1}, the first job ending when its last rank finished. "
+           "Interval: median time between the ends of consecutive jobs.", ""]
+    rows = [[sweep["labels"][k], _fmt(r, "total"), _fmt(r, "first"), _fmt(r, "per_job"), _fmt(r, "interval")]
+            for k, r in sweep["rows"].items()]
+    out += _table(["", "total", "first job", "per job after the first", "interval"], rows)
+    out += _errors(sweep["rows"], sweep["labels"])
+    out += ["hydra-submitit-launcher's local executor starts every job of the sweep at once (16 processes on "
+            "this machine); torchrun runs one command per job (no Hydra).", ""]
+    return out
+
+
+def _failure_md(failure: Data) -> List[str]:
+    out = [f"## 3. Failure ({failure['n_ranks']} ranks)", "",
+           "Rank 1 writes the time and raises just after its process group is made; rank 0 goes on to an "
+           "all_reduce. Measured: from rank 1's raise to the command's exit.", ""]
+    rows = [[failure["labels"][k], _fmt(r, "exit_after_raise"), _fmt(r, "wall"),
+             ", ".join(str(c) for c in r.get("exit_codes", []))] for k, r in failure["rows"].items()]
+    out += _table(["", "raise -> exit", "whole command", "exit code"], rows)
+    return out + _errors(failure["rows"], failure["labels"])
+
+
+def _steady_md(steady: Data) -> List[str]:
+    out = [f"## 4. Steady state ({steady['n_ranks']} ranks)", "",
+           "Rank 0's median time of one all_reduce of a float32 tensor (3 warm-up calls, then 50 timed calls "
+           "for 1 MB and 10 for 64 MB, each after a barrier), in milliseconds.", ""]
+    rows = [[steady["labels"][k], _fmt(r, "1", 1e3), _fmt(r, "64", 1e3)] for k, r in steady["rows"].items()]
+    out += _table(["", "1 MB", "64 MB"], rows)
+    return out + _errors(steady["rows"], steady["labels"])
+
+
+def _footprint_md(fp: Data) -> List[str]:
+    out = [f"## 5. Controller footprint ({fp['n_ranks']} ranks)", "",
+           "Peak RSS (VmHWM) of the command's own process, the one the user started (for hydra-ddpw the Hydra "
+           "process; for torchrun its agent; for mp.spawn the parent), polled every 20 ms while the ranks run "
+           "and hold for a second; torch imported: libtorch mapped in that process while the ranks ran.", ""]
+    rows = []
+    for key, r in fp["rows"].items():
+        torch_text = "" if "error" in r else {True: "yes", False: "no", None: "varied"}[r["imported_torch"]]
+        rows.append([fp["labels"][key], _fmt(r, "peak_rss_mb", digits=0), torch_text])
+    out += _table(["", "peak RSS (MB)", "torch imported"], rows)
+    out += ["An app that imports torch at the top makes its Hydra process import torch before any launcher runs; "
+            "the same app importing torch inside the task shows what the launcher itself costs the controller.", ""]
+    return out + _errors(fp["rows"], fp["labels"])
+
+
+def _scale_md(scale: Data) -> List[str]:
+    row = scale["row"]
+    fits = scale["slope_s_per_rank"]
+    out = [f"## 6. Scale: {scale['label']}", "", "![scale](scale.png)", ""]
+    out += _table(["ranks", "whole command", "all ranks ready"],
+                  [[str(n), _fmt(row.get(str(n)), "wall"), _fmt(row.get(str(n)), "ready")] for n in scale["sizes"]])
+
+    def s(value: Optional[float]) -> str:
+        return "-" if value is None else f"{value:.3f} s"
+
+    out += [f"Growth per extra rank (least-squares slope of the medians): whole command {s(fits['wall']['up_to_8'])} "
+            f"over 1-8 ranks, {s(fits['wall']['all'])} over all; ranks ready {s(fits['ready']['up_to_8'])} over "
+            f"1-8 ranks, {s(fits['ready']['all'])} over all.", ""]
+    return out + _errors({"scale": row}, {"scale": scale["label"]})
+
+
+# Plots -----------------------------------------------------------------------------------------------
+
+def plots(data: Data, folder: Path) -> List[Path]:
+    """launch.png (and scale.png, sweep.png when there is data for them); the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    if "launch" in data:
+        written.append(_plot_launch(plt, data["launch"], folder / "launch.png"))
+    if "scale" in data:
+        written.append(_plot_scale(plt, data["scale"], folder / "scale.png"))
+    if "sweep" in data or "failure" in data:
+        written.append(_plot_sweep_failure(plt, data, folder / "sweep_failure.png"))
+    return written
+
+
+def _series(row: Data, sizes: Sequence[int], metric: str) -> Tuple[List[int], List[float], List[List[float]]]:
+    xs, ys, err_lo, err_hi = [], [], [], []
+    for n in sizes:
+        cell = row.get(str(n))
+        if cell and "error" not in cell:
+            st = cell[metric]
+            xs.append(n)
+            ys.append(st["median"])
+            err_lo.append(st["median"] - st["min"])
+            err_hi.append(st["max"] - st["median"])
+    return xs, ys, [err_lo, err_hi]
+
+
+def _plot_launch(plt: Any, launch: Data, path: Path) -> Path:
+    sizes = launch["sizes"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharey=True)
+    for ax, metric, title in ((axes[0], "wall", "Whole command"), (axes[1], "ready", "Until every rank is ready")):
+        for key, row in launch["rows"].items():
+            label = launch["tools"][key]["label"]
+            xs, ys, err = _series(row, sizes, metric)
+            if not xs:
+                continue
+            if key == "hydra_plain":
+                ax.axhline(ys[0], color="grey", linestyle="--", label=label)
+                continue
+            bold = key.startswith("hydra_ddpw") or key == "wrapper"
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label, linewidth=2.5 if bold else 1.2)
+        ax.set_title(f"{title} (median, min-max)")
+        ax.set_xlabel("ranks")
+        ax.set_xticks(sizes)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("seconds")
+    axes[0].set_ylim(bottom=0)
+    axes[1].legend(fontsize=8, loc="upper left")
+    fig.suptitle("Launching a trivial distributed job (gloo init + all_reduce + barrier), CPU ranks")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_scale(plt: Any, scale: Data, path: Path) -> Path:
+    sizes = scale["sizes"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for metric, label in (("wall", "whole command"), ("ready", "every rank ready")):
+        xs, ys, err = _series(scale["row"], sizes, metric)
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("seconds")
+    ax.set_xticks(sizes)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(f"{scale['label']}: launch time by number of ranks")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_sweep_failure(plt: Any, data: Data, path: Path) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    panels = (("sweep", "per_job", "Sweep: overhead per job after the first"),
+              ("failure", "exit_after_raise", "Failure: rank raises -> command exits"))
+    for ax, (section, metric, title) in zip(axes, panels):
+        part = data.get(section)
+        if not part:
+            ax.set_visible(False)
+            continue
+        names, ys, err = [], [], [[], []]
+        for key, row in part["rows"].items():
+            if "error" in row:
+                continue
+            st = row[metric]
+            names.append(part["labels"][key])
+            ys.append(st["median"])
+            err[0].append(st["median"] - st["min"])
+            err[1].append(st["max"] - st["median"])
+        ax.barh(names, ys, xerr=err, capsize=3, color="tab:blue")
+        ax.set_xlabel("seconds (median, min-max)")
+        ax.set_title(title)
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def quiet_summary(idle: Sequence[float], threshold: float) -> Data:
+    """How quiet the machine was before the runs."""
+    if not idle:
+        return {}
+    ordered = sorted(idle)
+    return {"runs": len(idle), "median_idle": ordered[len(ordered) // 2], "min_idle": ordered[0],
+            "busy_runs": sum(1 for x in idle if x < threshold), "threshold": threshold}
+
+
+def console_summary(data: Data) -> str:
+    """The targets as lines of text, for the end of a run."""
+    marks = {True: "met", False: "NOT MET", None: "-"}
+    return "\n".join(f"{marks[ok]:8} {t}: {m}" for t, m, ok in targets(data))
+
+
+if __name__ == "__main__":  # pragma: no cover - run.py is the entry point
+    sys.exit("run `python benchmarks/run.py`")

@@ -1,0 +1,233 @@
+"""The six measurements of the suite. Each returns plain data (JSON-ready) that report.py renders.
+
+Repetitions are interleaved (rep 1 of every command, then rep 2, ...) so that a slow spell of the
+machine spreads over all commands instead of landing on one; each command runs once unmeasured first,
+so every measured run finds the same warm file caches.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from suite.harness import CommandFailed, Run, Stats, run_command
+from suite.tools import (
+    FAILURE_TOOLS,
+    FOOTPRINT_TOOLS,
+    HYDRA_DDPW,
+    LAUNCH_TOOLS,
+    STEADY_TOOLS,
+    SWEEP_TOOLS,
+    Tool,
+    sweep_argv,
+)
+
+Data = Dict[str, Any]
+Case = Tuple[str, Callable[[], Any]]
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _measure(cases: Sequence[Case], reps: int, what: str) -> Dict[str, List[Any] | str]:
+    """Run every case once unmeasured, then `reps` times interleaved; per case its values, or the
+    error text of a case that failed (it is not run again)."""
+    out: Dict[str, List[Any] | str] = {}
+    for key, fn in cases:
+        _progress(f"[{what}] warm-up {key}")
+        try:
+            fn()
+            out[key] = []
+        except CommandFailed as exc:
+            out[key] = _reason(exc)
+            _progress(f"[{what}] {key} failed: {out[key]}")
+    for rep in range(reps):
+        for key, fn in cases:
+            values = out[key]
+            if isinstance(values, str):
+                continue
+            _progress(f"[{what}] {rep + 1}/{reps} {key}")
+            try:
+                values.append(fn())
+            except CommandFailed as exc:
+                out[key] = _reason(exc)
+                _progress(f"[{what}] {key} failed: {out[key]}")
+    return out
+
+
+def _reason(exc: Exception) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error" in line]
+    return (errors[-1] if errors else lines[-1] if lines else "failed").strip()[:300]
+
+
+def _stats(values: Iterable[float]) -> Data:
+    return Stats.of(list(values)).to_dict()
+
+
+# 1. Launch -------------------------------------------------------------------------------------------
+
+def launch(sizes: Sequence[int], reps: int, tools: Sequence[Tool] = LAUNCH_TOOLS) -> Data:
+    """Whole-command wall time, and time until every rank is in the task (entry) and has its process
+    group (ready), for each tool and rank count."""
+    cases: List[Case] = []
+    for tool in tools:
+        for n in sizes:
+            if tool.supports(n):
+                cases.append((f"{tool.key}:{n}", lambda tool=tool, n=n: _launch_once(tool, n)))
+    measured = _measure(cases, reps, "launch")
+    rows: Data = {}
+    for key, values in measured.items():
+        tool_key, n = key.split(":")
+        row = rows.setdefault(tool_key, {})
+        if isinstance(values, str):
+            row[n] = {"error": values}
+        else:
+            row[n] = {metric: _stats(v[metric] for v in values) for metric in ("wall", "entry", "ready")}
+    return {"sizes": list(sizes), "rows": rows,
+            "tools": {t.key: {"label": t.label, "note": t.note} for t in tools}}
+
+
+def _launch_once(tool: Tool, n: int) -> Dict[str, float]:
+    run = run_command(tool.argv(n, "trivial"))
+    _expect_ranks(run, n)
+    return {"wall": run.wall_s, "entry": run.since_start("entry"), "ready": run.since_start("ready")}
+
+
+def _expect_ranks(run: Run, n: int, tags: int = 1) -> None:
+    if len(run.marks) != n * tags:
+        raise CommandFailed(f"expected {n * tags} rank records, found {len(run.marks)}:\n{run.output_tail}")
+
+
+# 2. Sweep --------------------------------------------------------------------------------------------
+
+def sweep(n_jobs: int, n_ranks: int, reps: int) -> Data:
+    """A sweep of `n_jobs` jobs of `n_ranks` ranks: total time, the first job, and the overhead of each
+    job after the first."""
+    cases: List[Case] = [(key, lambda key=key: _sweep_once(key, n_jobs, n_ranks)) for key in SWEEP_TOOLS]
+    measured = _measure(cases, reps, "sweep")
+    rows: Data = {}
+    for key, values in measured.items():
+        if isinstance(values, str):
+            rows[key] = {"error": values}
+        else:
+            rows[key] = {metric: _stats(v[metric] for v in values) for metric in values[0]}
+    return {"n_jobs": n_jobs, "n_ranks": n_ranks, "rows": rows, "labels": dict(SWEEP_TOOLS)}
+
+
+def _sweep_once(tool_key: str, n_jobs: int, n_ranks: int) -> Dict[str, float]:
+    # Commands after the first follow at once: they are part of one measured sweep.
+    runs = [run_command(argv, quiet_first=k == 0) for k, argv in enumerate(sweep_argv(tool_key, n_jobs, n_ranks))]
+    start, end = runs[0].start, runs[-1].end
+    marks = [m for run in runs for m in run.marks]
+    combined = Run(start=start, end=end, returncode=0, marks=marks)
+    _expect_ranks(combined, n_ranks, n_jobs)
+    done = [combined.since_start("done", f"job{k}") for k in range(n_jobs)]
+    total = end - start
+    return {
+        "total": total,
+        "first": done[0],
+        "per_job": (total - done[0]) / (n_jobs - 1),
+        "interval": statistics.median(sorted(done)[k] - sorted(done)[k - 1] for k in range(1, n_jobs)),
+    }
+
+
+# 3. Failure ------------------------------------------------------------------------------------------
+
+def failure(n_ranks: int, reps: int, tools: Sequence[Tool] = FAILURE_TOOLS) -> Data:
+    """Rank 1 raises right after its process group is up: seconds from its raise to the command's exit."""
+    cases: List[Case] = [(t.key, lambda t=t: _failure_once(t, n_ranks)) for t in tools]
+    measured = _measure(cases, reps, "failure")
+    rows: Data = {}
+    for key, values in measured.items():
+        if isinstance(values, str):
+            rows[key] = {"error": values}
+        else:
+            rows[key] = {"exit_after_raise": _stats(v["exit_after_raise"] for v in values),
+                         "wall": _stats(v["wall"] for v in values),
+                         "exit_codes": sorted({v["rc"] for v in values})}
+    return {"n_ranks": n_ranks, "rows": rows, "labels": {t.key: t.label for t in tools}}
+
+
+def _failure_once(tool: Tool, n: int) -> Dict[str, float]:
+    run = run_command(tool.argv(n, "fail"), expect_ok=False)
+    raised = [m["raise"] for m in run.marks if "raise" in m]
+    if not raised:
+        raise CommandFailed(f"no rank recorded its raise:\n{run.output_tail}")
+    return {"exit_after_raise": run.end - raised[0], "wall": run.wall_s, "rc": run.returncode}
+
+
+# 4. Steady state -------------------------------------------------------------------------------------
+
+def steady(n_ranks: int, reps: int, tools: Sequence[Tool] = STEADY_TOOLS) -> Data:
+    """Median all_reduce time per size (rank 0's median over the timed iterations), per tool."""
+    cases: List[Case] = [(t.key, lambda t=t: _steady_once(t, n_ranks)) for t in tools]
+    measured = _measure(cases, reps, "steady")
+    rows: Data = {}
+    for key, values in measured.items():
+        if isinstance(values, str):
+            rows[key] = {"error": values}
+        else:
+            rows[key] = {mb: _stats(v[mb] for v in values) for mb in values[0]}
+    return {"n_ranks": n_ranks, "rows": rows, "labels": {t.key: t.label for t in tools}}
+
+
+def _steady_once(tool: Tool, n: int) -> Dict[str, float]:
+    run = run_command(tool.argv(n, "allreduce"))
+    _expect_ranks(run, n)
+    rank0 = next(m for m in run.marks if m["rank"] == 0)
+    return {mb: float(seconds) for mb, seconds in rank0["allreduce_s"].items()}
+
+
+# 5. Controller footprint -----------------------------------------------------------------------------
+
+def footprint(n_ranks: int, reps: int, tools: Sequence[Tool] = FOOTPRINT_TOOLS) -> Data:
+    """Peak RSS of the command's own process (the controller) while `n_ranks` ranks run (each holds
+    for a second after its work), and whether it had imported torch."""
+    cases: List[Case] = [(t.key, lambda t=t: _footprint_once(t, n_ranks)) for t in tools]
+    measured = _measure(cases, reps, "footprint")
+    rows: Data = {}
+    for key, values in measured.items():
+        if isinstance(values, str):
+            rows[key] = {"error": values}
+        else:
+            seen = {v["imported_torch"] for v in values}
+            rows[key] = {"peak_rss_mb": _stats(v["peak_rss_mb"] for v in values),
+                         "imported_torch": seen.pop() if len(seen) == 1 else None}
+    return {"n_ranks": n_ranks, "rows": rows, "labels": {t.key: t.label for t in tools}}
+
+
+def _footprint_once(tool: Tool, n: int) -> Dict[str, Any]:
+    run = run_command(tool.argv(n, "hold"), watch_controller=True, ranks_expected=n)
+    if run.peak_rss_mb is None:
+        raise CommandFailed("the controller's RSS could not be read")
+    return {"peak_rss_mb": run.peak_rss_mb, "imported_torch": run.imported_torch}
+
+
+# 6. Scale --------------------------------------------------------------------------------------------
+
+def scale(sizes: Sequence[int], reps: int, tool: Tool = HYDRA_DDPW) -> Data:
+    """Launch time of this launcher from 1 to many ranks, and its growth per extra rank."""
+    data = launch(sizes, reps, tools=(tool,))
+    row = data["rows"][tool.key]
+    ok = [n for n in sizes if "error" not in row[str(n)]]
+    fits = {}
+    for metric in ("wall", "ready"):
+        points = [(n, row[str(n)][metric]["median"]) for n in ok]
+        fits[metric] = {
+            "all": slope(points),
+            "up_to_8": slope([(n, y) for n, y in points if n <= 8]),
+        }
+    return {"sizes": list(sizes), "row": row, "label": tool.label, "slope_s_per_rank": fits}
+
+
+def slope(points: Sequence[Tuple[int, float]]) -> Optional[float]:
+    """Least-squares slope of y over x (seconds per extra rank); None with fewer than two points."""
+    if len(points) < 2:
+        return None
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None

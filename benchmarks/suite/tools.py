@@ -1,0 +1,110 @@
+"""The launchers under comparison, each as the command a user would type for N ranks.
+
+Every command runs the same rank work (apps/rank_work.py) in a given mode; see apps/ for the scripts.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from suite.harness import APPS, python_argv
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A way to start N ranks: `argv(n_ranks, mode)` is its command."""
+
+    key: str
+    label: str
+    argv: Callable[[int, str], List[str]]
+    ranks: Optional[Tuple[int, ...]] = None
+    """The only rank counts it runs at (None: any)."""
+    note: str = ""
+
+    def supports(self, n_ranks: int) -> bool:
+        """Whether this tool is run with `n_ranks` ranks."""
+        return self.ranks is None or n_ranks in self.ranks
+
+
+def _torchrun(n: int, *script_args: str) -> List[str]:
+    # `python -m torch.distributed.run` is what the `torchrun` entry point runs.
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *script_args]
+
+
+HYDRA_DDPW = Tool(
+    "hydra_ddpw", "hydra-ddpw (Hydra app)",
+    lambda n, mode: python_argv("hydra_app.py", f"platform.n_procs_per_node={n}", f"mode={mode}"),
+    note="`python hydra_app.py platform.n_procs_per_node=N`; the app imports torch at the top",
+)
+HYDRA_DDPW_LAZY = Tool(
+    "hydra_ddpw_lazy", "hydra-ddpw (Hydra app, torch imported in the task)",
+    lambda n, mode: python_argv("hydra_app_lazy.py", f"platform.n_procs_per_node={n}", f"mode={mode}"),
+    note="the same app importing torch only inside the task: the controller never imports torch",
+)
+WRAPPER = Tool(
+    "wrapper", "hydra-ddpw Wrapper API",
+    lambda n, mode: python_argv("wrapper_app.py", str(n), mode),
+    note="`Wrapper(Platform(n_procs_per_node=N)).start(task)` from a script, no Hydra",
+)
+TORCHRUN = Tool(
+    "torchrun", "torchrun",
+    lambda n, mode: _torchrun(n, str(APPS / "plain_script.py"), mode),
+    note="`torchrun --standalone --nproc_per_node=N plain_script.py` (no Hydra)",
+)
+TORCHRUN_HYDRA = Tool(
+    "torchrun_hydra", "torchrun + Hydra app",
+    lambda n, mode: _torchrun(n, str(APPS / "hydra_app.py"), "hydra/launcher=basic", f"mode={mode}"),
+    note="torchrun running the Hydra app in every rank (Hydra composes the config once per rank)",
+)
+MP_SPAWN = Tool(
+    "mp_spawn", "torch.multiprocessing.spawn",
+    lambda n, mode: python_argv("mp_spawn_app.py", str(n), mode),
+    note="`mp.spawn(fn, nprocs=N)` (start method spawn)",
+)
+DDPW = Tool(
+    "ddpw", "ddpw Wrapper",
+    lambda n, mode: python_argv("ddpw_app.py", str(n), mode),
+    note="ddpw 5.3 `Wrapper(Platform(device='gpu', n_gpus=N))` with torch.cuda.device_count() "
+         "reporting N to ddpw (it runs one process on `device='cpu'`); fork start method, its default",
+)
+SUBMITIT = Tool(
+    "submitit", "hydra-submitit-launcher (local, 2 tasks)",
+    lambda n, mode: python_argv("hydra_app.py", "-m", "hydra/launcher=submitit_local",
+                                f"hydra.launcher.tasks_per_node={n}", f"mode={mode}"),
+    ranks=(2,),
+    note="`python hydra_app.py -m hydra/launcher=submitit_local hydra.launcher.tasks_per_node=2`",
+)
+HYDRA_PLAIN = Tool(
+    "hydra_plain", "plain Hydra run, 1 process (floor)",
+    lambda n, mode: python_argv("hydra_app.py", "hydra/launcher=basic", f"mode={mode}"),
+    ranks=(1,),
+    note="`python hydra_app.py hydra/launcher=basic`: one process, a world of one",
+)
+
+LAUNCH_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, WRAPPER, TORCHRUN, TORCHRUN_HYDRA, MP_SPAWN, DDPW,
+                                SUBMITIT, HYDRA_PLAIN)
+FAILURE_TOOLS: Sequence[Tool] = (HYDRA_DDPW, WRAPPER, TORCHRUN, MP_SPAWN)
+FOOTPRINT_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, WRAPPER, TORCHRUN, MP_SPAWN)
+STEADY_TOOLS: Sequence[Tool] = (HYDRA_DDPW, TORCHRUN)
+
+
+def sweep_argv(tool_key: str, n_jobs: int, n_ranks: int) -> List[List[str]]:
+    """The command(s) that run a sweep of `n_jobs` jobs of `n_ranks` ranks each, run one after another."""
+    jobs = f"job=range(0,{n_jobs})"
+    if tool_key == "hydra_ddpw":
+        return [python_argv("hydra_app.py", "-m", jobs, f"platform.n_procs_per_node={n_ranks}")]
+    if tool_key == "submitit":
+        return [python_argv("hydra_app.py", "-m", jobs, "hydra/launcher=submitit_local",
+                            f"hydra.launcher.tasks_per_node={n_ranks}")]
+    if tool_key == "torchrun":
+        return [_torchrun(n_ranks, str(APPS / "plain_script.py"), "trivial", f"job{k}") for k in range(n_jobs)]
+    raise KeyError(tool_key)
+
+
+SWEEP_TOOLS = {
+    "hydra_ddpw": "hydra-ddpw multirun (`-m job=range(0,N)`)",
+    "torchrun": "torchrun once per job",
+    "submitit": "hydra-submitit-launcher local multirun",
+}

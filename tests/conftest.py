@@ -1,0 +1,32 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Iterator
+
+import pytest
+
+from tests.slurm.cluster import local_cluster, skip_reason
+
+
+@pytest.fixture(scope="session")
+def slurm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, str]]:
+    """A private two-node SLURM cluster (nodes n1, n2; partitions debug and cpu2) for the whole test
+    session, its client variables (SLURM_CONF) set in this process's environment, so every SLURM
+    client and every app the tests start talks to it. Skips, with how to enable it, where no cluster
+    can be started."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with local_cluster(tmp_path_factory.mktemp("slurm")) as env:
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            yield env
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value

@@ -1,0 +1,48 @@
+"""examples/wrapper_notebook.ipynb executed by a real Jupyter kernel (nbclient + ipykernel): functions
+defined in cells run on the ranks, and with caller_rank the kernel itself trains rank 0's model."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import List
+
+import nbformat
+from nbclient import NotebookClient
+
+NOTEBOOK = Path(__file__).parent.parent / "examples" / "wrapper_notebook.ipynb"
+
+
+def outputs_of(cell: nbformat.NotebookNode) -> List[str]:
+    """The text a code cell showed: its prints and its value."""
+    texts = []
+    for output in cell.outputs:
+        if output.output_type == "stream" and output.name == "stdout":
+            texts.append(output.text)
+        elif output.output_type == "execute_result":
+            texts.append(output.data["text/plain"])
+    return texts
+
+
+def _after(lines: List[str], label: str) -> str:
+    """What follows `label` on the line that starts with it."""
+    return next(line for line in lines if line.startswith(label))[len(label):]
+
+
+def test_notebook_runs_wrapper_in_a_real_kernel(tmp_path: Path) -> None:
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(
+        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+
+    assert ast.literal_eval(outputs_of(code[1])[-1]) == ["hi from rank 0 of 2", "hi from rank 1 of 2"]
+    assert ast.literal_eval(outputs_of(code[2])[-1]) == [0.5, 0.5]
+
+    printed = "".join(outputs_of(code[3])).splitlines()
+    losses = ast.literal_eval(_after(printed, "final losses by rank:"))
+    weight = ast.literal_eval(_after(printed, "trained weight in this notebook:"))
+    assert len(losses) == 2 and max(losses) < 1e-3
+    assert abs(weight[0][0] - 2.0) < 0.01 and abs(weight[0][1] + 3.0) < 0.01  # the kernel's own model was trained
+    assert len(list((tmp_path / "ddpw_logs").iterdir())) == 3  # a log folder per call

@@ -1,0 +1,273 @@
+"""`hydra/launcher=ddpw_slurm` on a real SLURM cluster started for the session (two nodes n1, n2;
+partitions debug and cpu2; see tests/slurm/cluster.sh), run as a user runs it:
+`python tests/apps/slurm_app.py [-m] ...` with the cluster's SLURM_CONF in the environment.
+
+Tests that need the cluster take the `slurm_env` fixture and are skipped, with the reason and how to
+enable them, where it cannot be started. The dry run, the checks of what may reach the sbatch script
+and the result logic need no cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+from hydra.core.utils import JobReturn, JobStatus
+
+from ddpw_conf import ConfigError, Platform
+from ddpw_conf.launcher import SlurmLauncherConf
+from ddpw_runtime.results import RankFailure, RankResult
+from ddpw_runtime.slurm_results import NodeOutcome, SlurmJobError, job_return, root_cause
+from ddpw_runtime.slurm_script import sbatch_parameters
+from tests.helpers import job_dirs, leftover, run_app, seen, start_app, wait_for
+
+APP = "slurm_app.py"
+MANIFEST = "ddpw_slurm_jobs.json"
+
+
+def run(cwd: Path, *overrides: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The SLURM test app, run to its end."""
+    return run_app(cwd, *overrides, app=APP, timeout=timeout)
+
+
+def manifest(output_dir: Path) -> List[Dict[str, Any]]:
+    """The jobs the launcher recorded as submitted in `output_dir` (a run dir or a sweep dir)."""
+    return json.loads((output_dir / MANIFEST).read_text())["jobs"]
+
+
+def slurm(*command: str) -> str:
+    """Run a SLURM client against the test cluster (never without its SLURM_CONF: a client without it
+    looks for the controller in DNS)."""
+    assert os.environ.get("SLURM_CONF"), "SLURM clients need the test cluster's SLURM_CONF"
+    return subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+def seen_files(job: Path, prefix: str) -> Dict[int, dict]:
+    """`<prefix>_rank_<k>.json` of a job dir, by rank."""
+    return {int(p.stem.rsplit("_", 1)[1]): json.loads(p.read_text()) for p in job.glob(f"{prefix}_rank_*.json")}
+
+
+# ----------------------------------------------------------------------------- on the cluster
+def test_one_node_two_ranks(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+    proc = run(tmp_path)  # a plain run: the `ddpw` node makes it go through the launcher
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    assert job.relative_to(tmp_path).parts[0] == "outputs"  # where a plain run puts it
+    ranks = seen(job)
+    assert sorted(ranks) == [0, 1]
+    (submitted,) = manifest(job)
+    for data in ranks.values():
+        assert data["world_size"] == 2 and data["rank_sum"] == 1.0 and data["node_rank"] == 0
+        assert data["output_dir"] == str(job)  # HydraConfig works in every rank
+        assert data["env"]["SLURM_JOB_ID"] == submitted["slurm_job_id"] == data["run_id"]
+        assert data["env"]["MASTER_ADDR"] == "127.0.0.1"  # one node: loopback
+        assert data["threads"] == 1  # one CPU per rank asked for, and used
+        assert data["restart_count"] == 0
+    assert (job / ".hydra" / "config.yaml").exists()
+    assert {p.name for p in job.glob("rank_*.log")} == {"rank_0.log", "rank_1.log"}
+    assert "hello from rank 0" in proc.stdout  # rank 0's output, echoed while the job runs
+    assert "hello from rank 1" not in proc.stdout + proc.stderr
+    assert leftover(ranks) == []
+
+
+def test_two_nodes_one_rank_each_all_reduce_across_nodes(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+    proc = run(tmp_path, "platform.n_nodes=2", "platform.n_procs_per_node=1")
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)  # node 0 alone writes .hydra/
+    ranks = seen(job)
+    assert {r: d["env"]["SLURM_NODEID"] for r, d in ranks.items()} == {0: "0", 1: "1"}
+    assert {r: d["node_rank"] for r, d in ranks.items()} == {0: 0, 1: 1}
+    assert {d["rank_sum"] for d in ranks.values()} == {1.0}  # gloo all_reduce across the two nodes
+    job_id = int(ranks[0]["env"]["SLURM_JOB_ID"])
+    for data in ranks.values():
+        assert data["env"]["MASTER_ADDR"] == "n1"  # the first node of the allocation
+        assert data["env"]["MASTER_PORT"] == str(20000 + job_id % 20000)
+        assert data["output_dir"] == str(job)
+    assert leftover(ranks) == []
+
+
+def test_partition_sweep_submits_one_job_per_partition(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+    proc = run(tmp_path, "-m", "platform.partition=debug,cpu2", "platform.n_procs_per_node=1")
+    assert proc.returncode == 0, proc.stderr
+    jobs = job_dirs(tmp_path)
+    assert [seen(job)[0]["env"]["SLURM_JOB_PARTITION"] for job in jobs] == ["debug", "cpu2"]
+    ids = [entry["slurm_job_id"] for entry in manifest(jobs[0].parent)]
+    assert len(set(ids)) == 2 and not any("_" in i for i in ids)  # two submissions, no array
+
+
+def test_jobs_with_equal_resources_go_out_as_one_job_array(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+    proc = run(tmp_path, "-m", "lr=1,2,3,4", "platform.n_procs_per_node=1")
+    assert proc.returncode == 0, proc.stderr
+    jobs = job_dirs(tmp_path)
+    assert [seen(job)[0]["lr"] for job in jobs] == [1, 2, 3, 4]
+    ids = [entry["slurm_job_id"] for entry in manifest(jobs[0].parent)]
+    array = ids[0].split("_")[0]
+    assert ids == [f"{array}_{k}" for k in range(4)]  # one sbatch, tasks 0..3
+    assert [seen(job)[0]["run_id"] for job in jobs] == ids
+
+
+def test_rank_failure_on_the_second_node_is_the_reported_root_cause(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc = run(tmp_path, "platform.n_nodes=2", "platform.n_procs_per_node=1", "behaviour=raise", "fail_rank=1")
+    assert proc.returncode == 1
+    assert time.monotonic() - start < 60  # not the peers' store or collective timeout
+    assert "rank 1 (node 1) failed: ValueError: rank asked to fail" in proc.stderr
+    assert "--- traceback of rank 1 ---" in proc.stderr
+    assert 'raise ValueError("rank asked to fail")' in proc.stderr
+    assert "waiting for clients" not in proc.stderr and "Connection closed" not in proc.stderr
+    assert leftover(seen(job_dirs(tmp_path)[0])) == []
+
+
+def test_cancelled_job_is_reported_as_cancelled(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = start_app(tmp_path, "behaviour=wait", f"hydra.run.dir={out}", app=APP)
+    try:
+        wait_for(lambda: len(list(out.glob("running_rank_*"))) == 2, timeout=90, what="both ranks to run")
+        (submitted,) = manifest(out)
+        slurm("scancel", submitted["slurm_job_id"])
+        start = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert time.monotonic() - start < 15  # sacct's state, not submitit's wait for a result file
+    assert f"SLURM job {submitted['slurm_job_id']} was cancelled" in stderr
+    wait_for(lambda: leftover(seen(out)) == [], timeout=10, what="the ranks to be gone")
+
+
+def test_preempted_job_is_requeued_and_resumes_from_its_checkpoint(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    overrides = ("behaviour=checkpoint", "hydra.launcher.max_restarts=1", "platform.n_nodes=2",
+                 "platform.n_procs_per_node=1", f"hydra.run.dir={out}")
+    proc = start_app(tmp_path, *overrides, app=APP)
+    try:
+        wait_for(lambda: len(list(out.glob("running_rank_*"))) == 2, timeout=90, what="both ranks to run")
+        (submitted,) = manifest(out)
+        job_id = submitted["slurm_job_id"]
+        slurm("scancel", "--signal=USR2", job_id)  # what SLURM sends before a time limit or preemption
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    saved = seen_files(out, "checkpoint")
+    assert sorted(saved) == [0, 1]  # every rank, on both nodes, saved on the first run
+    assert all(s["restart_count"] == 0 and s["step"] > 0 for s in saved.values())
+    resumed = seen_files(out, "resumed")
+    assert {r: d["resumed_from"] for r, d in resumed.items()} == saved
+    assert {d["restart_count"] for d in resumed.values()} == {1}
+    ranks = seen(out)  # written again by the restart, in the same output dir, with the same run id
+    assert {(d["restart_count"], d["run_id"], d["env"]["TORCHELASTIC_RESTART_COUNT"]) for d in ranks.values()} == {
+        (1, job_id, "1")
+    }
+    assert leftover(ranks) == []
+
+
+def test_fire_and_forget_returns_at_once_with_a_manifest(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run(tmp_path, "hydra.launcher.fire_and_forget=true", "platform.n_procs_per_node=1", f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stderr
+    (submitted,) = manifest(out)
+    assert submitted["output_dir"] == str(out)
+    wait_for(lambda: (out / "seen_rank_0.json").exists(), timeout=60, what="the job to run on its own")
+    assert seen(out)[0]["run_id"] == submitted["slurm_job_id"]
+
+
+# ----------------------------------------------------------------------------- no cluster needed
+def test_dry_run_prints_the_sbatch_script_and_plan_and_submits_nothing(tmp_path: Path) -> None:
+    proc = run(
+        tmp_path, "-m", "lr=1,2", "platform.n_nodes=2", "platform.n_procs_per_node=1", "platform.n_cpus_per_node=2",
+        "platform.mem_per_node=4", "hydra.launcher.dry_run=true", "hydra.launcher.qos=high",
+        "hydra.launcher.setup=[module load cuda]", "+platform.slurm_additional_parameters.comment=hello",
+    )
+    assert proc.returncode == 0, proc.stderr
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=2",
+                 "#SBATCH --partition=debug", "#SBATCH --time=5", "#SBATCH --mem=4GB", "#SBATCH --qos=high",
+                 "#SBATCH --comment=hello", "#SBATCH --signal=USR2@90", "#SBATCH --array=0-1%2",
+                 "\nmodule load cuda\n", "--kill-on-bad-exit=1", "-m submitit.core._submit"):
+        assert line in proc.stdout
+    assert proc.stdout.count("=== sbatch script") == 1  # equal resources: one array
+    assert "--- job #0: lr=1" in proc.stdout and "--- job #1: lr=2" in proc.stdout
+    assert "tcp://<first node of the allocation>:<20000 + SLURM job id % 20000>" in proc.stdout
+    assert not list(tmp_path.rglob(MANIFEST)) and not list(tmp_path.rglob(".submitit"))
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("hydra.launcher.setup=['echo ok\nscancel --user=root']", "hydra.launcher.setup[0]"),
+        ("hydra.launcher.qos='high --wrap=evil'", "hydra.launcher.qos"),
+    ],
+)
+def test_values_that_would_change_the_sbatch_script_are_refused(tmp_path: Path, override: str, key: str) -> None:
+    proc = run(tmp_path, "hydra.launcher.dry_run=true", override)
+    assert proc.returncode == 1
+    assert f"{key}=" in proc.stderr and "#!/bin/bash" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "options, platform, key",
+    [
+        ({"setup": ["module load cuda\r#SBATCH --x"]}, {}, "hydra.launcher.setup[0]"),
+        ({"account": "-A other"}, {}, "hydra.launcher.account"),
+        ({"exclude": "n1\nn2"}, {}, "hydra.launcher.exclude"),
+        ({"constraint": "a100 --wrap=x"}, {}, "hydra.launcher.constraint"),
+        ({"submitit_folder": "logs/%A_%a"}, {}, "hydra.launcher.submitit_folder"),
+        ({"max_restarts": 1, "interrupt_grace_s": 120}, {}, "hydra.launcher.interrupt_grace_s"),
+        ({}, {"name": "job\n#SBATCH --x"}, "platform.name"),
+        ({}, {"partition": "debug --qos=high"}, "platform.partition"),
+        ({}, {"slurm_additional_parameters": {"comment": "x\n#SBATCH --x"}},
+         "platform.slurm_additional_parameters.comment"),
+        ({}, {"slurm_additional_parameters": {"ntasks-per-node": 4}}, "platform.slurm_additional_parameters"),
+        ({}, {"slurm_additional_parameters": {"wrap x": 1}}, "platform.slurm_additional_parameters"),
+        ({}, {"device": "cpu"}, "platform.device"),
+        ({"max_restarts": 1}, {"timeout_min": 1}, "hydra.launcher.signal_delay_s"),
+    ],
+)
+def test_every_value_for_the_sbatch_script_is_checked(options: dict, platform: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        SlurmLauncherConf(**options).validate()
+        SlurmLauncherConf(**options).validate_platform(Platform(**{"device": "slurm", **platform}).validate())
+    assert info.value.key == key
+
+
+def test_sbatch_parameters_follow_the_platform() -> None:
+    options = SlurmLauncherConf(account="proj")
+    gpus = Platform(device="slurm", n_nodes=4, n_gpus_per_node=8, mem_per_node=64, timeout_min=90.5, partition="a100")
+    params = sbatch_parameters(gpus, options)
+    assert params["nodes"] == 4 and params["ntasks_per_node"] == 1 and params["gpus_per_node"] == 8
+    assert params["cpus_per_task"] == 8 and params["mem"] == "64GB" and params["time"] == 91
+    assert params["partition"] == "a100" and params["account"] == "proj"
+    cpus = Platform(device="slurm", n_gpus_per_node=0, n_procs_per_node=4, n_cpus_per_node=16)
+    assert "gpus_per_node" not in sbatch_parameters(cpus, options)
+    assert sbatch_parameters(cpus, options)["cpus_per_task"] == 16
+    gres = Platform(device="slurm", n_gpus_per_node=2, slurm_additional_parameters={"gres": "gpu:a100:2"})
+    assert "gpus_per_node" not in sbatch_parameters(gres, options)  # the user's gres asks for them
+
+
+def _failure(rank: int, node: int, message: str, at: float) -> NodeOutcome:
+    result = RankResult(rank, False, error_type="RuntimeError", error_message=message, finished_at=at)
+    failure = RankFailure(rank, node, 1, "RuntimeError", message, "", None, [result])
+    return NodeOutcome(node, 0, [], failure, at)
+
+
+def test_root_cause_is_the_earliest_own_failure_on_any_node() -> None:
+    lost = _failure(0, 0, "Connection closed by peer", at=1.0)  # earlier, but only lost its peer
+    own = _failure(3, 1, "bad batch", at=2.0)
+    later = _failure(5, 2, "another", at=3.0)
+    assert root_cause([lost, later, own]) is own.failure
+    assert root_cause([lost]) is lost.failure
+
+
+def test_a_cancelled_job_is_reported_as_cancelled_not_as_a_lost_connection() -> None:
+    lost = _failure(0, 0, "Connection closed by peer", at=1.0)
+    ended = SlurmJobError("SLURM job 7 was cancelled")
+    ret = job_return(JobReturn(status=JobStatus.FAILED), 2, "CANCELLED by 0", {0: lost}, {}, ended)
+    assert ret.status is JobStatus.FAILED and ret._return_value is ended
+    ok = NodeOutcome(0, 0, ["a"], job_return=JobReturn(status=JobStatus.COMPLETED, _return_value="a"))
+    done = job_return(ok.job_return, 2, "COMPLETED", {0: ok, 1: NodeOutcome(1, 0, ["b"])}, {}, ended)  # type: ignore[arg-type]
+    assert done.return_value == "a" and done.rank_values == ["a", "b"]  # type: ignore[attr-defined]

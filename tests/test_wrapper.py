@@ -1,0 +1,247 @@
+"""`Wrapper` and `@wrapper` without Hydra: values by rank, failures, upon_finish, caller_rank,
+task_context and threads per rank; real ranks on gloo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List
+
+import pytest
+
+import ddpw_runtime
+from ddpw_runtime import ConfigError, Platform, RankFailure, Wrapper, wrapper
+from tests.helpers import alive
+
+TWO = Platform(n_procs_per_node=2)
+FINISHED: List[int] = []
+
+
+def record_finish() -> None:
+    """The `upon_finish` of the tests: counts its calls in the caller."""
+    FINISHED.append(os.getpid())
+
+
+def who(x: int, y: int = 0) -> tuple:
+    print(f"rank {ddpw_runtime.rank()} says {x + y}")
+    return ddpw_runtime.rank(), ddpw_runtime.world_size(), x + y, os.getpid()
+
+
+def write_pid_then_fail_on(rank: int, folder: str) -> None:
+    Path(folder, f"pid_{ddpw_runtime.rank()}").write_text(str(os.getpid()))
+    ddpw_runtime.barrier()
+    if ddpw_runtime.rank() == rank:
+        raise KeyError("missing thing")
+    ddpw_runtime.barrier()
+
+
+@wrapper(TWO)
+def decorated_at_module_level(x: int) -> int:
+    """A decorated function importable by reference: must run its body on the ranks, not start a job."""
+    return 100 * ddpw_runtime.rank() + x
+
+
+def test_start_returns_every_rank_value_indexed_by_rank(tmp_path: Path) -> None:
+    values = Wrapper(TWO, log_dir=tmp_path).start(who, 3, y=4)
+    assert [v[:3] for v in values] == [(0, 2, 7), (1, 2, 7)]
+    assert values[0][3] != values[1][3] != os.getpid()
+    assert "rank 1 says 7" in (tmp_path / "rank_1.log").read_text()
+
+
+def test_default_log_dir_is_a_new_folder_per_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    runner = Wrapper(Platform())
+    runner.start(who, 1)
+    first = runner.last_log_dir
+    runner.start(who, 2)
+    assert first is not None and runner.last_log_dir is not None and first != runner.last_log_dir
+    assert first.parent == runner.last_log_dir.parent == tmp_path / "ddpw_logs"
+    assert "rank 0 says 1" in (first / "rank_0.log").read_text()
+    assert "rank 0 says 2" in (runner.last_log_dir / "rank_0.log").read_text()
+
+
+def test_decorator_returns_every_rank_value(tmp_path: Path) -> None:
+    @wrapper(TWO, log_dir=tmp_path)
+    def plus_rank(x: int) -> int:
+        return x + ddpw_runtime.rank()
+
+    assert plus_rank(10) == [10, 11]
+    assert plus_rank.__name__ == "plus_rank"
+
+
+def test_decorated_module_function_runs_once_per_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert decorated_at_module_level(5) == [5, 105]
+
+
+def test_failure_raises_rank_failure_naming_the_root_cause(tmp_path: Path) -> None:
+    with pytest.raises(RankFailure) as info:
+        Wrapper(TWO, log_dir=tmp_path).start(write_pid_then_fail_on, 1, str(tmp_path))
+    failure = info.value
+    assert failure.rank == 1 and failure.error_type == "KeyError"
+    assert isinstance(failure.__cause__, KeyError) and failure.__cause__.args == ("missing thing",)
+    assert "in write_pid_then_fail_on" in str(failure) and 'raise KeyError("missing thing")' in str(failure)
+    pids = [int((tmp_path / f"pid_{rank}").read_text()) for rank in (0, 1)]
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_upon_finish_runs_once_in_the_caller_after_success_only(tmp_path: Path) -> None:
+    platform = Platform(n_procs_per_node=2, upon_finish="tests.test_wrapper:record_finish")
+    FINISHED.clear()
+    Wrapper(platform, log_dir=tmp_path).start(who, 1)
+    assert FINISHED == [os.getpid()]
+    with pytest.raises(RankFailure):
+        Wrapper(platform, log_dir=tmp_path).start(write_pid_then_fail_on, 0, str(tmp_path))
+    assert FINISHED == [os.getpid()]
+
+
+def test_threads_per_rank_split_n_cpus_per_node(tmp_path: Path) -> None:
+    def threads() -> tuple:
+        import torch
+
+        return torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]
+
+    assert Wrapper(Platform(n_procs_per_node=2, n_cpus_per_node=4), log_dir=tmp_path).start(threads) == [(2, "2")] * 2
+    assert Wrapper(Platform(n_procs_per_node=2, n_cpus_per_node=2), log_dir=tmp_path).start(threads) == [(1, "1")] * 2
+
+
+@contextmanager
+def marked(name: str) -> Iterator[None]:
+    """A task context: sets DDPW_TEST_CONTEXT=<name>:<rank> while the task runs."""
+    os.environ["DDPW_TEST_CONTEXT"] = f"{name}:{ddpw_runtime.rank()}"
+    try:
+        yield
+    finally:
+        del os.environ["DDPW_TEST_CONTEXT"]
+
+
+def read_mark() -> str:
+    return os.environ.get("DDPW_TEST_CONTEXT", "unset")
+
+
+def test_task_context_is_entered_around_the_task_on_every_rank(tmp_path: Path) -> None:
+    runner = Wrapper(TWO, log_dir=tmp_path, task_context=lambda: marked("ctx"))
+    assert runner.start(read_mark) == ["ctx:0", "ctx:1"]
+
+
+def test_task_context_is_left_after_the_task(tmp_path: Path) -> None:
+    runner = Wrapper(TWO, log_dir=tmp_path, caller_rank=True, task_context=lambda: marked("ctx"))
+    assert runner.start(read_mark) == ["ctx:0", "ctx:1"]
+    assert "DDPW_TEST_CONTEXT" not in os.environ
+
+
+def train_in_place(model: object, steps: int) -> object:
+    import torch
+
+    ddp = ddpw_runtime.wrap_model(model)
+    optimiser = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(ddpw_runtime.rank())
+    for _ in range(steps):
+        x = torch.randn(16, 2, generator=generator)
+        loss = ((ddp(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return threading.Lock() if ddpw_runtime.rank() == 0 else os.getpid()
+
+
+def test_caller_rank_trains_the_callers_own_model(tmp_path: Path) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    before = model.weight.detach().clone()
+    threads = torch.get_num_threads()
+    excepthook = sys.excepthook
+    values = Wrapper(TWO, log_dir=tmp_path, caller_rank=True).start(train_in_place, model, 50)
+    assert isinstance(values[0], type(threading.Lock()))  # rank 0's value itself, never pickled
+    assert not alive(values[1])
+    assert not torch.equal(model.weight, before)
+    torch.testing.assert_close(model.weight.detach(), torch.ones(1, 2), atol=0.05, rtol=0)
+    assert not dist.is_initialized()
+    assert "RANK" not in os.environ and "TORCHELASTIC_USE_AGENT_STORE" not in os.environ
+    assert torch.get_num_threads() == threads
+    assert sys.excepthook is excepthook
+    with pytest.raises(RuntimeError, match="not inside a rank"):
+        ddpw_runtime.rank()
+
+
+def test_caller_rank_runs_rank_zero_in_this_process_and_again(tmp_path: Path) -> None:
+    runner = Wrapper(TWO, log_dir=tmp_path, caller_rank=True)
+    for x in (1, 2):
+        values = runner.start(who, x)
+        assert [v[:3] for v in values] == [(0, 2, x), (1, 2, x)]
+        assert values[0][3] == os.getpid() != values[1][3]
+
+
+def raise_given_on_rank_0(error: Exception, folder: str) -> None:
+    Path(folder, f"pid_{ddpw_runtime.rank()}").write_text(str(os.getpid()))
+    ddpw_runtime.barrier()
+    if ddpw_runtime.rank() == 0:
+        raise error
+    ddpw_runtime.barrier()
+
+
+def test_caller_rank_failure_on_rank_zero_stops_the_others(tmp_path: Path) -> None:
+    error = ValueError("rank 0 broke")
+    runner = Wrapper(TWO, log_dir=tmp_path, caller_rank=True)
+    with pytest.raises(RankFailure) as info:
+        runner.start(raise_given_on_rank_0, error, str(tmp_path))
+    failure = info.value
+    assert failure.rank == 0 and failure.__cause__ is error
+    assert failure.results[1] is None or not failure.results[1].ok  # stopped, or lost its peer
+    assert not alive(int((tmp_path / "pid_1").read_text()))
+    assert [v[0] for v in runner.start(who, 0)] == [0, 1]
+
+
+def refuse_on_rank_1() -> str:
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("cannot rebuild on rank 1")
+    return "rebuilt"
+
+
+class FailsToUnpickleOnRank1:
+    """An argument that rank 1 cannot unpickle: rank 1 fails before it joins the process group."""
+
+    def __reduce__(self) -> tuple:
+        return (refuse_on_rank_1, ())
+
+
+def test_caller_rank_does_not_wait_for_a_rank_that_failed_before_joining(tmp_path: Path) -> None:
+    runner = Wrapper(TWO, log_dir=tmp_path, caller_rank=True)
+    with pytest.raises(RankFailure) as info:
+        runner.start(who, FailsToUnpickleOnRank1())
+    failure = info.value
+    assert failure.rank == 1 and "cannot rebuild on rank 1" in str(failure)
+    assert failure.results[0] is not None and failure.results[0].is_secondary
+    assert [v[0] for v in runner.start(who, 0)] == [0, 1]
+
+
+def test_bad_platform_fails_when_the_wrapper_is_made() -> None:
+    with pytest.raises(ConfigError, match=r"platform\.layout\.tensor=3"):
+        Wrapper(Platform(n_procs_per_node=2, layout={"tensor": 3}))
+    with pytest.raises(ConfigError, match=r"platform\.ipc_protocol='file'.*caller_rank"):
+        Wrapper(Platform(n_procs_per_node=2, ipc_protocol="file"), caller_rank=True)
+
+
+PYTHON_C = """
+import ddpw_runtime
+from ddpw_runtime import Platform, Wrapper
+def square(x):
+    return (ddpw_runtime.rank(), x * x)
+print(Wrapper(Platform(n_procs_per_node=2), log_dir="logs").start(square, 7))
+"""
+
+
+def test_works_from_python_c(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PYTHON_C], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[(0, 49), (1, 49)]" in done.stdout
