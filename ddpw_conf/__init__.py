@@ -1,7 +1,7 @@
 """Structured configs of hydra-ddpw: `Platform`, `Device`, launcher options; never imports torch."""
 
 from ddpw_conf.errors import ConfigError
-from ddpw_conf.launcher import LocalLauncherConf
+from ddpw_conf.launcher import LocalLauncherConf, SlurmLauncherConf
 from ddpw_conf.layout import Layout
 from ddpw_conf.platform import Device, Platform, platform_from_config
 from ddpw_conf.store import register_configs
@@ -11,6 +11,7 @@ __all__ = [
     "Device",
     "Layout",
     "LocalLauncherConf",
+    "SlurmLauncherConf",
     "Platform",
     "platform_from_config",
     "register_configs",

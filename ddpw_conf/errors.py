@@ -19,3 +19,6 @@ class ConfigError(ValueError, CompactHydraException):
         self.value = value
         self.fix = fix
         super().__init__(f"{key}={value!r}: {fix}")
+
+    def __reduce__(self) -> tuple:
+        return (ConfigError, (self.key, self.value, self.fix))

@@ -23,7 +23,9 @@ class LocalLauncherConf:
     dry_run: bool = False
     """Print each job's platform and launch plan instead of starting anything."""
     stop_grace_s: float = 1.0
-    """Seconds a rank gets to exit after SIGTERM before it is killed, when the job stops early."""
+    """Seconds a rank gets to exit after SIGTERM before it is killed, when another rank failed."""
+    interrupt_grace_s: float = 10.0
+    """Seconds the ranks get after Ctrl-C or SIGTERM (passed on to them) before they are killed."""
 
 
 # Values that end up in the sbatch script. Patterns are applied with `fullmatch` (`match` with `$`

@@ -11,12 +11,14 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 MODE_RESOLVER = "ddpw_mode"
 SWEEP_DIR_RESOLVER = "ddpw_sweep_dir"
 _MULTIRUN_FLAGS = ("-m", "--multirun")
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def started_with_multirun_flag() -> bool:
@@ -34,6 +36,21 @@ def _sweep_dir(enabled: Any, run_dir: str, sweep_dir: str) -> str:
 
 def _truthy(value: Any) -> bool:
     return value is True or str(value).lower() == "true"
+
+
+def lone_run(config: DictConfig, n_jobs: int, initial_job_idx: int) -> bool:
+    """Whether a launch of `n_jobs` jobs is the whole of a plain run: one job, started without `-m`,
+    with Hydra's basic sweeper and nothing to sweep (in the overrides or `hydra.sweeper.params`). Such
+    a job goes to the run dir itself, where a normal run puts its output; the jobs of any sweep, the
+    first included, get one subdir each (a sweeper may launch its first job alone, as
+    `hydra.sweeper.max_batch_size=1` or Optuna's `n_jobs=1` do)."""
+    if n_jobs != 1 or initial_job_idx != 0 or config.hydra.sweep.dir != config.hydra.run.dir:
+        return False
+    if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
+        return False
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    overrides = [*config.hydra.overrides.task, *(f"{key}={value}" for key, value in params.items())]
+    return not any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides))
 
 
 def register_resolvers() -> None:

@@ -16,7 +16,17 @@ PRESETS: Dict[str, Platform] = {
     "mps": Platform(device="mps"),
     "slurm": Platform(device="slurm", n_gpus_per_node=1),
 }
-"""Platform presets by name; each is also a `platform` config group option."""
+"""Platform presets by name: the default `platform` node each launcher option brings."""
+
+PRESET_FIELDS = ("device", "n_gpus_per_node")
+"""The fields a `platform=<name>` option sets. Only these: an option selected with `+platform=gpu` is
+merged after the primary config, and a whole Platform would reset every field set there; the schema
+(type checking) comes from the launcher option's `platform` node, which is merged first."""
+
+
+def preset_option(name: str) -> Dict[str, Any]:
+    """The `platform=<name>` config group option: the preset's `PRESET_FIELDS`."""
+    return {key: getattr(PRESETS[name], key) for key in PRESET_FIELDS}
 
 LOCAL_LAUNCHERS = {"ddpw_cpu": "cpu", "ddpw_gpu": "gpu", "ddpw_mps": "mps"}
 """Local launcher options and the platform preset each brings as the default `platform` node."""
@@ -41,8 +51,8 @@ def register_configs() -> None:
     register_resolvers()
     store = ConfigStore.instance()
     store.store(name="ddpw", node=RUN_MODE_NODE, package="_global_", provider="hydra-ddpw")
-    for name, platform in PRESETS.items():
-        store.store(group="platform", name=name, node=platform, provider="hydra-ddpw")
+    for name in PRESETS:
+        store.store(group="platform", name=name, node=preset_option(name), provider="hydra-ddpw")
     launchers = [(LocalLauncherConf, LOCAL_LAUNCHERS), (SlurmLauncherConf, SLURM_LAUNCHERS)]
     for conf, options in launchers:
         for name, preset in options.items():

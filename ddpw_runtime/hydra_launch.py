@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any, List, Sequence
 
@@ -20,32 +21,52 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ddpw_conf import Platform, platform_from_config
+from ddpw_conf.run_mode import lone_run
 from ddpw_runtime.engine import check, describe, run_ranks
+from ddpw_runtime.job_summary import JobConsole
 
 log = logging.getLogger(__name__)
 
 
 class RankTask:
     """The task `run_job` calls in the controller: runs the user's task on every rank and returns
-    rank 0's value; every rank's value is kept in `rank_values`."""
+    rank 0's value; every rank's value is kept in `rank_values`. Prints the job's start line and end
+    summary (`job_summary`); `job_idx` is the job's number in the sweep."""
 
-    def __init__(self, task_function: TaskFunction, platform: Platform, stop_grace_s: float) -> None:
+    def __init__(
+        self, task_function: TaskFunction, platform: Platform, stop_grace_s: float, interrupt_grace_s: float,
+        job_idx: int = 0,
+    ) -> None:
         self.task_function = task_function
+        self.job_idx = job_idx
         self.platform = platform
         self.stop_grace_s = stop_grace_s
+        self.interrupt_grace_s = interrupt_grace_s
         self.rank_values: List[Any] = []
 
     def __call__(self, cfg: DictConfig) -> Any:
-        output_dir = Path(HydraConfig.get().runtime.output_dir)
-        results = run_ranks(
-            self.task_function,
-            (cfg,),
-            {},
-            self.platform,
-            log_dir=output_dir,
-            hydra_state=cloudpickle.dumps(Singleton.get_state()),
-            stop_grace_s=self.stop_grace_s,
+        runtime = HydraConfig.get().runtime
+        output_dir = Path(runtime.output_dir)
+        console = JobConsole(
+            self.job_idx, self.platform.world_size, self.platform.device, output_dir, Path(runtime.cwd)
         )
+        console.started()
+        started = time.monotonic()
+        try:
+            results = run_ranks(
+                self.task_function,
+                (cfg,),
+                {},
+                self.platform,
+                log_dir=output_dir,
+                hydra_state=cloudpickle.dumps(Singleton.get_state()),
+                stop_grace_s=self.stop_grace_s,
+                interrupt_grace_s=self.interrupt_grace_s,
+            )
+        except Exception as error:
+            console.failed(error, time.monotonic() - started)
+            raise
+        console.completed(time.monotonic() - started)
         self.rank_values = [r.value if r.value_text is None else r.value_text for r in results]
         return self.rank_values[0]
 
@@ -63,13 +84,14 @@ def launch(
     initial_job_idx: int,
     dry_run: bool,
     stop_grace_s: float,
+    interrupt_grace_s: float,
 ) -> List[JobReturn]:
     """Run each job of a batch as a distributed job; one JobReturn per job, in order."""
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     # A lone job of a plain run (the `ddpw` node points the sweep dir at the run dir) lands in the
     # run dir itself, where a normal run would put it.
-    run_like = len(job_overrides) == 1 and initial_job_idx == 0 and config.hydra.sweep.dir == config.hydra.run.dir
+    run_like = lone_run(config, len(job_overrides), initial_job_idx)
     jobs = []
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
         sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
@@ -88,7 +110,7 @@ def launch(
                   f"{describe(platform, out_dir)}")
             runs.append(JobReturn(overrides=list(overrides), cfg=sweep_config, status=JobStatus.COMPLETED))
             continue
-        task = RankTask(task_function, platform, stop_grace_s)
+        task = RankTask(task_function, platform, stop_grace_s, interrupt_grace_s, job_idx=idx)
         try:
             ret = run_job(
                 hydra_context=hydra_context,

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ddpw_runtime import context
+from ddpw_runtime.client_libraries import library_environment, tell_imported_libraries
 from ddpw_runtime.payload import RankPayload, read_payload, write_atomically
 from ddpw_runtime.plan import LaunchPlan
 from ddpw_runtime.results import RankResult
@@ -96,6 +97,7 @@ def _enter_caller_state(payload: RankPayload, rank: int, local_rank: int) -> Non
     os.environ.clear()
     os.environ.update(payload.env)
     os.environ.update(rank_environment(plan, rank, local_rank))
+    tell_imported_libraries(rank)
     os.chdir(payload.cwd)
     sys.path[:] = payload.sys_path
     if payload.hydra_state is not None:
@@ -105,13 +107,14 @@ def _enter_caller_state(payload: RankPayload, rank: int, local_rank: int) -> Non
 def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict:
     """The variables torchrun sets for a rank, so libraries inside the task see a launched job; on a
     single-node job over loopback, gloo and NCCL are kept on the loopback interface too (unless the
-    user chose an interface)."""
+    user chose an interface); plus what Lightning and accelerate look for (`client_libraries`)."""
     local_only = plan.platform.n_nodes == 1 and plan.master_addr.startswith("127.") and sys.platform == "linux"
     interfaces = {
         name: "lo" for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if local_only and name not in os.environ
     }
     return {
         **interfaces,
+        **library_environment(plan.device),
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),
         "WORLD_SIZE": str(plan.world_size),

@@ -85,7 +85,8 @@ class RankFailure(RuntimeError):
     """A distributed job failed; describes the rank that failed first (the root cause).
 
     `rank`, `node`, `exit_code`, `error_type`, `error_message`, `traceback_text` and `log_file` say
-    what happened; `results` holds what every rank sent back (None for ranks that sent nothing).
+    what happened; `results` holds what every rank sent back (None for ranks that sent nothing), and
+    `exit_codes` every rank's exit code by rank, where known (negative: killed by that signal).
     """
 
     def __init__(
@@ -98,6 +99,7 @@ class RankFailure(RuntimeError):
         traceback_text: str,
         log_file: Optional[str],
         results: List[Optional[RankResult]],
+        exit_codes: Optional[Dict[int, int]] = None,
     ) -> None:
         self.rank = rank
         self.node = node
@@ -107,6 +109,7 @@ class RankFailure(RuntimeError):
         self.traceback_text = traceback_text
         self.log_file = log_file
         self.results = results
+        self.exit_codes = dict(exit_codes or {})
         super().__init__(self._describe())
 
     def _describe(self) -> str:
@@ -124,7 +127,7 @@ class RankFailure(RuntimeError):
         return (
             RankFailure,
             (self.rank, self.node, self.exit_code, self.error_type, self.error_message,
-             self.traceback_text, self.log_file, self.results),
+             self.traceback_text, self.log_file, self.results, self.exit_codes),
         )
 
 

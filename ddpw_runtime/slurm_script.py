@@ -78,9 +78,10 @@ def sbatch_script(params: Dict[str, Any], folder: Path, array_size: int = 1) -> 
 
 
 def rendezvous(platform: Platform, first_host: str, job_id: str) -> Tuple[Optional[str], Optional[int]]:
-    """Where the ranks of a job meet, as `run_ranks` takes it: (None, None) for one node (loopback and
-    a free port, unless the platform says otherwise); the first node of the allocation and a port
-    derived from the job id for several nodes. `platform.master_addr` / `master_port` win."""
+    """Where the ranks of a job meet, as `run_ranks` takes it (`master_addr`, `master_port`): (None,
+    None) for one node (loopback and a free port); the first node of the allocation and a port derived
+    from the job id for several nodes. `platform.master_addr` / `master_port`, which `run_ranks`
+    applies, win over both."""
     if platform.n_nodes == 1:
         return None, None
     return first_host, PORT_BASE + int(job_id) % PORT_SPAN

@@ -33,6 +33,7 @@ from ddpw_runtime.console import ConsoleEcho
 log = logging.getLogger(__name__)
 
 MANIFEST = "ddpw_slurm_jobs.json"
+"""The manifest of submitted jobs (SLURM job id, output dir, node logs per job), in the sweep dir."""
 _POLL_S = 0.5
 _SACCT_MIN_S, _SACCT_MAX_S = 2.0, 30.0
 _LOG_TAIL_LINES = 20
@@ -51,6 +52,7 @@ class _Job:
     slurm: Any = None
     """The submitit Job, once submitted."""
     state: str = ""
+    """How SLURM ended the job (a sacct state), or "" when every node returned before sacct said so."""
     outcomes: Dict[int, slurm_results.NodeOutcome] = field(default_factory=dict)
     node_errors: Dict[int, str] = field(default_factory=dict)
 
@@ -98,7 +100,7 @@ def launch(
             job.slurm.cancel(check=False)
         log.error(f"Interrupted: cancelled SLURM job(s) {', '.join(job.slurm.job_id for job in jobs)}")
         raise SystemExit(130) from None
-    return [_collect(job, options) for job in jobs]
+    return [_collect(job) for job in jobs]
 
 
 def _prepare(
@@ -236,7 +238,7 @@ def _wait(jobs: List[_Job]) -> None:
             next_sacct = now + min(_SACCT_MAX_S, max(_SACCT_MIN_S, (now - start) / 10))
         for job in [job for job in pending if _ended(job, watcher)]:
             pending.remove(job)
-            log.info(f"#{job.idx} : SLURM job {job.slurm.job_id} ended ({job.state})")
+            log.info(f"#{job.idx} : SLURM job {job.slurm.job_id} ended ({job.state or 'every node returned'})")
         if not pending:
             return
         time.sleep(_POLL_S)
@@ -251,7 +253,7 @@ def _ended(job: _Job, watcher: Any) -> bool:
     outcomes, errors = _read_results(tasks)
     if not ended and (errors or len(slurm_results.latest(outcomes)) < len(tasks)):
         return False  # a result left by an earlier run of a requeued job; wait for this run's
-    job.state = state if ended else "COMPLETED"
+    job.state = state if ended else ""  # every node returned; SLURM may not have recorded the end yet
     job.outcomes, job.node_errors = slurm_results.latest(outcomes), errors
     return True
 
@@ -270,13 +272,13 @@ def _read_results(tasks: List[Any]) -> Tuple[Dict[int, slurm_results.NodeOutcome
     return outcomes, errors
 
 
-def _collect(job: _Job, options: SlurmLauncherConf) -> JobReturn:
+def _collect(job: _Job) -> JobReturn:
     node0 = job.outcomes.get(0)
     ret = node0.job_return if node0 is not None else None
     ret = ret if ret is not None else _return(job, JobStatus.FAILED, None)
     restarts = max([o.attempt for o in job.outcomes.values()], default=0)
     ended = slurm_results.state_error(job.slurm.job_id, job.state, str(job.slurm.paths.folder), restarts)
-    if not job.outcomes and not job.node_errors and job.state.split()[0] not in ("CANCELLED", "TIMEOUT"):
+    if not job.outcomes and not job.node_errors and not job.state.startswith(("CANCELLED", "TIMEOUT")):
         ended = slurm_results.SlurmJobError(f"{ended}{_stderr_tail(job)}")
     return slurm_results.job_return(ret, job.platform.n_nodes, job.state, job.outcomes, job.node_errors, ended)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from ddpw_runtime.payload import RankPayload
 from ddpw_runtime.plan import LaunchPlan
@@ -32,6 +32,8 @@ class _Exits:
     seen_at: Dict[int, float] = field(default_factory=dict)
     stopped: Dict[int, bool] = field(default_factory=dict)
     """Ranks that were still running when the job was stopped."""
+    signals_sent: Set[int] = field(default_factory=set)
+    """Signals sent to the ranks."""
 
 
 class _Ranks:
@@ -47,6 +49,7 @@ class _Ranks:
 
     def send(self, sig: int, group: bool = True) -> None:
         """Send `sig` to every running rank (and, with `group`, to what it started)."""
+        self.exits.signals_sent.add(sig)
         for pid in self.running():
             try:
                 os.killpg(pid, sig) if group else os.kill(pid, sig)
@@ -204,7 +207,13 @@ def _root_cause(
     lost its peers), the earliest first."""
 
     def own_failure(rank: int) -> bool:
+        # A rank counted as stopped may have died on its own before its exit was seen (a segfault or
+        # SIGKILL whose peer's "connection closed" exit came in first): with no result, an exit that no
+        # signal the launcher sent explains is its own failure.
         result = results[rank]
+        code = exits.codes.get(rank)
+        if result is None and code is not None and -code not in exits.signals_sent:
+            return True
         return not exits.stopped.get(rank) or (result is not None and not result.ok)
 
     def when(rank: int) -> float:
@@ -231,6 +240,7 @@ def _root_cause(
         traceback_text=text,
         log_file=str(log_file),
         results=[results.get(r) for r in plan.global_ranks],
+        exit_codes=exits.codes,
     )
     original = result.original_exception() if result is not None else None
     failure.__cause__ = original

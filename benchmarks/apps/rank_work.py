@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 MARKS_ENV = "BENCH_MARKS"
 ALLREDUCE_SIZES_MB = (1, 64)
 ALLREDUCE_WARMUP = 3
-ALLREDUCE_ITERS = {1: 50, 64: 10}
+ALLREDUCE_ITERS = {1: 200, 64: 20}
 HOLD_S = 1.0
 
 
@@ -51,6 +51,8 @@ def run(mode: str = "trivial", tag: str = "job0", fail_rank: int = 1) -> Dict[st
         raise RankAskedToFail(f"rank {rank} was asked to fail")
     if mode == "allreduce":
         marks["allreduce_s"] = {str(mb): time_allreduce(mb) for mb in ALLREDUCE_SIZES_MB}
+        marks["allreduce_warmup"] = ALLREDUCE_WARMUP
+        marks["allreduce_iters"] = {str(mb): n for mb, n in ALLREDUCE_ITERS.items()}
     dist.all_reduce(torch.ones(1))
     dist.barrier()
     marks["done"] = time.time()

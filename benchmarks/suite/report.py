@@ -256,9 +256,11 @@ def _failure_md(failure: Data) -> List[str]:
 
 
 def _steady_md(steady: Data) -> List[str]:
+    iters = steady.get("iters", {})
     out = [f"## 4. Steady state ({steady['n_ranks']} ranks)", "",
-           "Rank 0's median time of one all_reduce of a float32 tensor (3 warm-up calls, then 50 timed calls "
-           "for 1 MB and 10 for 64 MB, each after a barrier), in milliseconds.", ""]
+           f"Rank 0's median time of one all_reduce of a float32 tensor ({steady.get('warmup', '?')} warm-up "
+           f"calls, then {iters.get('1', '?')} timed calls for 1 MB and {iters.get('64', '?')} for 64 MB, each "
+           "after a barrier), in milliseconds.", ""]
     rows = [[steady["labels"][k], _fmt(r, "1", 1e3), _fmt(r, "64", 1e3)] for k, r in steady["rows"].items()]
     out += _table(["", "1 MB", "64 MB"], rows)
     return out + _errors(steady["rows"], steady["labels"])

@@ -33,34 +33,43 @@ def _progress(text: str) -> None:
 
 def _measure(cases: Sequence[Case], reps: int, what: str) -> Dict[str, List[Any] | str]:
     """Run every case once unmeasured, then `reps` times interleaved; per case its values, or the
-    error text of a case that failed (it is not run again)."""
+    reason it failed. A failed run is tried once more (a busy machine can make a rendezvous time
+    out); a case that fails twice in a row is dropped, keeping the reason."""
     out: Dict[str, List[Any] | str] = {}
     for key, fn in cases:
         _progress(f"[{what}] warm-up {key}")
-        try:
-            fn()
-            out[key] = []
-        except CommandFailed as exc:
-            out[key] = _reason(exc)
-            _progress(f"[{what}] {key} failed: {out[key]}")
+        failure = _try_twice(fn, f"[{what}] {key}")
+        out[key] = failure if isinstance(failure, str) else []
     for rep in range(reps):
         for key, fn in cases:
             values = out[key]
             if isinstance(values, str):
                 continue
             _progress(f"[{what}] {rep + 1}/{reps} {key}")
-            try:
-                values.append(fn())
-            except CommandFailed as exc:
-                out[key] = _reason(exc)
-                _progress(f"[{what}] {key} failed: {out[key]}")
+            value = _try_twice(fn, f"[{what}] {key}")
+            if isinstance(value, str):
+                out[key] = value
+            else:
+                values.append(value)
     return out
 
 
+def _try_twice(fn: Callable[[], Any], name: str) -> Any:
+    """`fn()`, tried again once if it fails; the reason (a str) when both tries failed."""
+    for attempt in (1, 2):
+        try:
+            return fn()
+        except CommandFailed as exc:
+            _progress(f"{name} failed (try {attempt} of 2):\n{exc}")
+            reason = _reason(exc)
+    return reason
+
+
 def _reason(exc: Exception) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    errors = [line for line in lines if "Error" in line or "error" in line]
-    return (errors[-1] if errors else lines[-1] if lines else "failed").strip()[:300]
+    """The most telling line of a failure's output."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line and "error_file" not in line]
+    return (errors[-1] if errors else lines[-1] if lines else "failed")[:300]
 
 
 def _stats(values: Iterable[float]) -> Data:
@@ -163,7 +172,8 @@ def _failure_once(tool: Tool, n: int) -> Dict[str, float]:
 
 def steady(n_ranks: int, reps: int, tools: Sequence[Tool] = STEADY_TOOLS) -> Data:
     """Median all_reduce time per size (rank 0's median over the timed iterations), per tool."""
-    cases: List[Case] = [(t.key, lambda t=t: _steady_once(t, n_ranks)) for t in tools]
+    settings: Data = {}
+    cases: List[Case] = [(t.key, lambda t=t: _steady_once(t, n_ranks, settings)) for t in tools]
     measured = _measure(cases, reps, "steady")
     rows: Data = {}
     for key, values in measured.items():
@@ -171,13 +181,14 @@ def steady(n_ranks: int, reps: int, tools: Sequence[Tool] = STEADY_TOOLS) -> Dat
             rows[key] = {"error": values}
         else:
             rows[key] = {mb: _stats(v[mb] for v in values) for mb in values[0]}
-    return {"n_ranks": n_ranks, "rows": rows, "labels": {t.key: t.label for t in tools}}
+    return {"n_ranks": n_ranks, "rows": rows, "labels": {t.key: t.label for t in tools}, **settings}
 
 
-def _steady_once(tool: Tool, n: int) -> Dict[str, float]:
+def _steady_once(tool: Tool, n: int, settings: Data) -> Dict[str, float]:
     run = run_command(tool.argv(n, "allreduce"))
     _expect_ranks(run, n)
     rank0 = next(m for m in run.marks if m["rank"] == 0)
+    settings.update(warmup=rank0["allreduce_warmup"], iters=rank0["allreduce_iters"])
     return {mb: float(seconds) for mb, seconds in rank0["allreduce_s"].items()}
 
 

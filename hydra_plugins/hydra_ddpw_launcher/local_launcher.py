@@ -13,10 +13,17 @@ from omegaconf import DictConfig
 class LocalLauncher(Launcher):
     """Runs every job of a sweep as a distributed job on this machine (see `ddpw_runtime.hydra_launch`)."""
 
-    def __init__(self, launch_in_run_mode: bool = True, dry_run: bool = False, stop_grace_s: float = 1.0) -> None:
-        self.launch_in_run_mode = launch_in_run_mode
+    def __init__(
+        self,
+        launch_in_run_mode: bool = True,
+        dry_run: bool = False,
+        stop_grace_s: float = 1.0,
+        interrupt_grace_s: float = 10.0,
+    ) -> None:
+        self.launch_in_run_mode = launch_in_run_mode  # read by the `ddpw` config node, kept for --info
         self.dry_run = dry_run
         self.stop_grace_s = stop_grace_s
+        self.interrupt_grace_s = interrupt_grace_s
         self.config: Optional[DictConfig] = None
         self.task_function: Optional[TaskFunction] = None
         self.hydra_context: Optional[HydraContext] = None
@@ -34,5 +41,5 @@ class LocalLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         return launch(
             self.hydra_context, self.task_function, self.config, job_overrides, initial_job_idx,
-            dry_run=self.dry_run, stop_grace_s=self.stop_grace_s,
+            dry_run=self.dry_run, stop_grace_s=self.stop_grace_s, interrupt_grace_s=self.interrupt_grace_s,
         )

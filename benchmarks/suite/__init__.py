@@ -1,0 +1,1 @@
+"""The parts of the benchmark suite: harness, tools, sections, report (see benchmarks/README.md)."""

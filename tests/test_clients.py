@@ -1,0 +1,75 @@
+"""Lightning, accelerate and a torchrun-style script inside ddpw's ranks: the training code of
+`examples/lightning_train.py`, `accelerate_train.py` and `torchrun_style.py`, run by the launcher on 2
+CPU ranks (`tests/apps/*_app.py`), each rank reporting what the library saw."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict
+
+from tests.helpers import job_dirs, leftover, run_app, seen
+
+
+def run_client(tmp_path: Path, app: str, epochs: int) -> Dict[int, dict]:
+    """Run `app` (one job, 2 ranks, examples/conf/config.yaml) and return what each rank reported,
+    after checking the launch: the rank starter's only children are the 2 ranks, and the ranks
+    started no process of their own (no second launch)."""
+    proc = run_app(tmp_path, f"epochs={epochs}", app=app)
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    ranks = seen(job)
+    assert sorted(ranks) == [0, 1]
+    pids = sorted(r["pid"] for r in ranks.values())
+    assert len(set(pids)) == 2
+    for data in ranks.values():
+        assert data["siblings"] == pids, data
+        assert data["children"] == [], data
+        assert data["world_size"] == 2
+    assert sorted(p.name for p in job.glob("rank_*.log")) == ["rank_0.log", "rank_1.log"]
+    assert leftover(ranks) == []
+    return ranks
+
+
+def test_lightning_trainer_joins_the_launched_ranks(tmp_path: Path) -> None:
+    ranks = run_client(tmp_path, "lightning_app.py", epochs=2)
+    for rank, data in ranks.items():
+        assert data["cluster_environment"] == "TorchElasticEnvironment"  # found a launched job
+        assert data["strategy"] == "DDPStrategy"
+        assert data["lightning_world_size"] == 2 and data["num_devices"] == 2
+        assert data["lightning_global_rank"] == rank and data["lightning_local_rank"] == rank
+        assert data["same_process_group"]  # ddpw's group, not a second one
+        assert data["rank_zero_only_before_trainer"] == rank  # right before any Trainer exists
+        assert data["global_step"] == 2 * 23  # 2 epochs of 1437 samples / 2 ranks / batch 32
+        assert data["weights_equal_on_every_rank"]  # DDP kept the replicas in step
+        assert data["accuracy"] > 0.5
+    assert ranks[0]["accuracy"] == ranks[1]["accuracy"]
+
+
+def test_accelerate_sees_every_rank_and_gathers(tmp_path: Path) -> None:
+    ranks = run_client(tmp_path, "accelerate_app.py", epochs=1)
+    for rank, data in ranks.items():
+        assert data["distributed_type"] == "DistributedType.MULTI_CPU"
+        assert data["num_processes"] == 2
+        assert data["process_index"] == rank and data["local_process_index"] == rank
+        assert data["is_main_process"] == (rank == 0)
+        assert data["gathered"] == [1, 11]  # every rank's tensor, in rank order
+        assert data["accuracy"] > 0.5
+    assert ranks[0]["accuracy"] == ranks[1]["accuracy"]  # gather_for_metrics: all of the validation set
+
+
+def test_torchrun_style_script_assumptions_hold(tmp_path: Path) -> None:
+    ranks = run_client(tmp_path, "torchrun_app.py", epochs=1)
+    ports = {data["env"]["MASTER_PORT"] for data in ranks.values()}
+    run_ids = {data["env"]["TORCHELASTIC_RUN_ID"] for data in ranks.values()}
+    assert len(ports) == 1 and len(run_ids) == 1 and None not in run_ids
+    for rank, data in ranks.items():
+        env = data["env"]
+        assert int(env["RANK"]) == data["dist_rank"] == rank
+        assert int(env["LOCAL_RANK"]) == data["local_rank"] == rank
+        assert int(env["WORLD_SIZE"]) == data["dist_world_size"] == 2
+        assert env["LOCAL_WORLD_SIZE"] == "2" and env["GROUP_RANK"] == "0"
+        assert env["ROLE_RANK"] == str(rank) and env["ROLE_WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        # The group exists already: an unguarded call is refused by torch, as documented.
+        assert data["second_init"] == "ValueError: trying to initialize the default process group twice!"
+        assert data["accuracy"] > 0.5
