@@ -20,7 +20,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ddpw_conf import Platform, platform_from_config
+from ddpw_conf import LocalLauncherConf, Platform, platform_from_config
 from ddpw_conf.run_mode import lone_run
 from ddpw_runtime.engine import check, describe, run_ranks
 from ddpw_runtime.job_summary import JobConsole
@@ -82,9 +82,7 @@ def launch(
     config: DictConfig,
     job_overrides: Sequence[Sequence[str]],
     initial_job_idx: int,
-    dry_run: bool,
-    stop_grace_s: float,
-    interrupt_grace_s: float,
+    options: LocalLauncherConf,
 ) -> List[JobReturn]:
     """Run each job of a batch as a distributed job; one JobReturn per job, in order."""
     setup_globals()
@@ -103,14 +101,14 @@ def launch(
     runs: List[JobReturn] = []
     for idx, overrides, sweep_config, platform in jobs:
         shown = " ".join(filter_overrides(overrides))
-        log.info(f"#{idx} : {shown} ({platform.world_size} rank(s) on {platform.device})".replace(" :  (", " : ("))
-        if dry_run:
+        log.info(f"#{idx} : {shown}")
+        if options.dry_run:
             out_dir = _job_dir(sweep_config, run_like)
             print(f"--- job #{idx}: {shown or '(no overrides)'} (dry run, nothing started)\n"
                   f"{describe(platform, out_dir)}")
             runs.append(JobReturn(overrides=list(overrides), cfg=sweep_config, status=JobStatus.COMPLETED))
             continue
-        task = RankTask(task_function, platform, stop_grace_s, interrupt_grace_s, job_idx=idx)
+        task = RankTask(task_function, platform, options.stop_grace_s, options.interrupt_grace_s, job_idx=idx)
         try:
             ret = run_job(
                 hydra_context=hydra_context,

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ddpw_conf import Platform, platform_from_config
 from ddpw_conf.launcher import SlurmLauncherConf
+from ddpw_conf.run_mode import lone_run
 from ddpw_runtime import slurm_results, slurm_script
 from ddpw_runtime.console import ConsoleEcho
 
@@ -75,7 +76,7 @@ def launch(
     options.validate()
     # A lone job of a plain run (the `ddpw` node points the sweep dir at the run dir) lands in the run
     # dir itself, where a normal run would put it.
-    run_like = len(job_overrides) == 1 and initial_job_idx == 0 and config.hydra.sweep.dir == config.hydra.run.dir
+    run_like = lone_run(config, len(job_overrides), initial_job_idx)
     jobs = [
         _prepare(hydra_context, config, list(overrides), idx, run_like, options)
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx)

@@ -3,9 +3,10 @@
 With `spawn_method=forkserver` it holds torch imported and forks each rank from itself, so a sweep pays
 the torch import once, not once per rank per job; with `spawn` it starts a fresh interpreter per rank.
 The user's script is never re-imported in a rank: the task travels by value (cloudpickle). When the
-controller has imported torch already (a training script usually has), the starter is a fork of the
-controller, made while it has no other thread and no CUDA context, so the ranks find torch and the
-user's imports loaded; otherwise it is a fresh interpreter that imports torch.
+controller has imported a CPU build of torch already (a training script usually has), the starter is a
+fork of the controller, made while it has a single thread, so the ranks find torch and the user's
+imports loaded; otherwise (a CUDA build, where a forked copy of a process that touched CUDA cannot use
+it) it is a fresh interpreter that imports torch.
 
 Every rank is the leader of its own process group, so stopping it also stops what it started. When the
 controller goes away (even by SIGKILL) the starter sees its socket close, kills every rank and exits;
@@ -207,12 +208,16 @@ class RankStarter:
 
 
 def _can_fork_controller() -> bool:
-    """Whether this process can safely be forked into a starter: torch imported, CUDA not
-    initialised, and no other threads (forking a threaded process can copy a held lock)."""
+    """Whether this process can safely be forked into a starter: torch imported, a build without CUDA
+    (with CUDA, merely counting GPUs makes torch refuse CUDA in forked children, and that cannot be
+    seen from here), and a single OS thread (forking a threaded process can copy a held lock)."""
     torch = sys.modules.get("torch")
-    if torch is None or threading.active_count() != 1:
+    if torch is None or torch.version.cuda is not None:
         return False
-    return not torch.cuda.is_initialized()
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except FileNotFoundError:
+        return threading.active_count() == 1
 
 
 _starters: Dict[bool, RankStarter] = {}

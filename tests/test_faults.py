@@ -131,3 +131,25 @@ def test_a_failed_job_leaves_nothing_that_breaks_the_next(tmp_path: Path) -> Non
     jobs = job_dirs(tmp_path)
     assert len(jobs) == 4
     assert all(sorted(seen(job)) == [0, 1] for job in jobs)  # every job ran, failures did not leak
+
+
+class _FailsToArrive:
+    """An argument that cannot be rebuilt in a rank: the rank fails before its process group exists."""
+
+    def __reduce__(self) -> tuple:
+        return (_refuse, ())
+
+
+def _refuse() -> None:
+    raise RuntimeError("argument could not be rebuilt in the rank")
+
+
+def test_a_rank_failing_before_the_process_group_exists_is_reported(tmp_path: Path) -> None:
+    import pytest
+
+    from ddpw_runtime import RankFailure
+
+    with pytest.raises(RankFailure) as info:
+        run_ranks(print, (_FailsToArrive(),), {}, Platform(n_procs_per_node=2, verbose=False), tmp_path)
+    assert "argument could not be rebuilt in the rank" in str(info.value)
+    assert info.value.rank in (0, 1)

@@ -28,7 +28,7 @@ QUIET_IDLE = 0.85
 """A run starts only once the CPUs were at least this idle over QUIET_WINDOW_S (other work on the
 machine would skew the timings), or after QUIET_MAX_WAIT_S of waiting."""
 QUIET_WINDOW_S = 0.3
-QUIET_MAX_WAIT_S = 300.0
+QUIET_MAX_WAIT_S = 60.0
 
 
 class CommandFailed(RuntimeError):

@@ -75,6 +75,8 @@ def misbehave(behaviour: str) -> object:
         raise ValueError("rank asked to fail")
     if behaviour == "exit":
         os._exit(3)
+    if behaviour == "sysexit":
+        sys.exit(4)
     if behaviour == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if behaviour == "segfault":
