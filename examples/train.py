@@ -14,36 +14,26 @@ import hydra
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
-from sklearn.datasets import load_digits
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import ddpw_runtime
+from digits_data import digits_split, mlp
 
 log = logging.getLogger(__name__)
-
-
-def digits(device: torch.device) -> tuple:
-    """The digits data set as (train, validation) tensor data sets; the same split on every rank."""
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x / 16.0, dtype=torch.float32)
-    y = torch.tensor(y, dtype=torch.long)
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    x, y = x[order], y[order]
-    split = int(0.8 * len(x))
-    return TensorDataset(x[:split], y[:split]), (x[split:].to(device), y[split:].to(device))
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def train(cfg: DictConfig) -> float:
     """Train for `cfg.epochs` epochs; returns the validation accuracy."""
     device = ddpw_runtime.device()
-    train_set, (val_x, val_y) = digits(device)
+    train_set, val_set = digits_split()
+    val_x, val_y = (t.to(device) for t in val_set.tensors)
     sampler = DistributedSampler(train_set, shuffle=True, seed=0)
     loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler)
-    model = nn.Sequential(nn.Linear(64, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, 10)).to(device)
+    model = mlp(cfg.hidden).to(device)
     model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     optimiser = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()

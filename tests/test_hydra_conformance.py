@@ -161,7 +161,9 @@ def test_info_plugins_lists_launcher(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     launchers = out.stdout.split("Launcher:", 1)[1].split("Sweeper:", 1)[0]
     assert "LocalLauncher" in launchers.split(), out.stdout
-    assert "hydra_plugins.hydra_ddpw_launcher.local_launcher" in out.stdout, out.stdout
+    # Another installed plugin may have a class of the same name; ours is the one discovery finds here.
+    found = {f"{c.__module__}.{c.__qualname__}" for c in Plugins.instance().discover(Launcher)}
+    assert "hydra_plugins.hydra_ddpw_launcher.local_launcher.LocalLauncher" in found
     out = subprocess.run(
         [sys.executable, str(app), "--info", "defaults", "hydra/launcher=ddpw_cpu"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
