@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import traceback
+import warnings
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Dict, List, Optional, Set, Tuple
@@ -144,7 +145,9 @@ class RankStarter:
         if preload and _can_fork_controller():
             # torch (and the user's own imports) are loaded here already: a forked copy of this
             # process is a ready starter, with no second torch import.
-            self.pid = os.fork()
+            with warnings.catch_warnings():  # Python 3.12+ warns about native threads; see above
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self.pid = os.fork()
             if self.pid == 0:
                 ours.close()
                 try:
@@ -210,14 +213,10 @@ class RankStarter:
 def _can_fork_controller() -> bool:
     """Whether this process can safely be forked into a starter: torch imported, a build without CUDA
     (with CUDA, merely counting GPUs makes torch refuse CUDA in forked children, and that cannot be
-    seen from here), and a single OS thread (forking a threaded process can copy a held lock)."""
+    seen from here), and no Python thread but this one (forking one can copy a held lock). Native
+    worker pools (OpenBLAS, OpenMP) handle fork themselves, as in every DataLoader worker."""
     torch = sys.modules.get("torch")
-    if torch is None or torch.version.cuda is not None:
-        return False
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except FileNotFoundError:
-        return threading.active_count() == 1
+    return torch is not None and torch.version.cuda is None and threading.active_count() == 1
 
 
 _starters: Dict[bool, RankStarter] = {}
