@@ -1,7 +1,7 @@
 """The hydra-ddpw benchmark suite (issue 6): this launcher side by side with the tools users would pick.
 
     pip install -c constraints.txt -e ".[bench]"
-    python benchmarks/run.py            # the full suite (about 30 minutes on 2 cores)
+    python benchmarks/run.py            # the full suite (about 45 minutes on 2 cores)
     python benchmarks/run.py --quick    # a smoke run: 1 repetition, fewer rank counts, a shorter sweep
 
 Writes benchmarks/results/results.md (tables, the issue's targets, machine and versions),
@@ -53,9 +53,8 @@ def main(argv: List[str]) -> int:
     """Run the chosen sections, then write the report."""
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    raw = args.out / "raw.json"
     if args.report_only:
-        data = json.loads(raw.read_text())
+        data = json.loads((args.out / "raw.json").read_text())
     else:
         reps = args.reps or (1 if args.quick else 5)
         data = {"environment": report.environment(), "reps": reps, "quick": args.quick}
@@ -65,12 +64,17 @@ def main(argv: List[str]) -> int:
             data[name] = steps[name]()
             data["quiet"] = report.quiet_summary(harness.quiet_log, harness.QUIET_IDLE)
             print(f"[{name}] done in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
-            raw.write_text(json.dumps(data, indent=1))
-    (args.out / "results.md").write_text(report.markdown(data, data["reps"], data["quick"]))
-    for path in report.plots(data, args.out):
-        print(f"wrote {path.relative_to(args.out.parent) if args.out == RESULTS else path}")
-    print(f"wrote results.md in {args.out}\n{report.console_summary(data)}")
+            write(data, args.out)  # after every section, so a long run leaves what it has measured
+    write(data, args.out)
+    print(f"wrote results.md, raw.json and the plots in {args.out}\n{report.console_summary(data)}")
     return 0
+
+
+def write(data: Dict[str, Any], out: Path) -> None:
+    """raw.json, results.md and the plots of `data`."""
+    (out / "raw.json").write_text(json.dumps(data, indent=1))
+    (out / "results.md").write_text(report.markdown(data, data["reps"], data["quick"]))
+    report.plots(data, out)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence
 APPS = Path(__file__).resolve().parent.parent / "apps"
 COMMAND_TIMEOUT_S = 600.0
 _POLL_S = 0.02
-_OUTPUT_TAIL = 2000
+_OUTPUT_TAIL = 4000
 QUIET_IDLE = 0.85
 """A run starts only once the CPUs were at least this idle over QUIET_WINDOW_S (other work on the
 machine would skew the timings), or after QUIET_MAX_WAIT_S of waiting."""
@@ -84,6 +84,8 @@ def run_command(
 
     `watch_controller`: poll the command's own process for its peak RSS, and look once, when
     `ranks_expected` ranks have written their marks (they are running then), whether it mapped libtorch.
+    `quiet_first`: wait for a quiet machine first (see `wait_for_quiet`); off for the commands of a
+    sweep that follow the first, since they belong to one measured sweep.
     """
     workdir = Path(tempfile.mkdtemp(prefix="ddpw-bench-"))
     marks_dir = workdir / "marks"

@@ -31,12 +31,15 @@ def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _measure(cases: Sequence[Case], reps: int, what: str) -> Dict[str, List[Any] | str]:
-    """Run every case once unmeasured, then `reps` times interleaved; per case its values, or the
-    reason it failed. A failed run is tried once more (a busy machine can make a rendezvous time
-    out); a case that fails twice in a row is dropped, keeping the reason."""
+def _measure(cases: Sequence[Case], reps: int, what: str, warm_up: bool = True) -> Dict[str, List[Any] | str]:
+    """Run every case once unmeasured (unless not `warm_up`), then `reps` times interleaved; per case
+    its values, or the reason it failed. A failed run is tried once more (a busy machine can make a
+    rendezvous time out); a case that fails twice in a row is dropped, keeping the reason."""
     out: Dict[str, List[Any] | str] = {}
     for key, fn in cases:
+        if not warm_up:
+            out[key] = []
+            continue
         _progress(f"[{what}] warm-up {key}")
         failure = _try_twice(fn, f"[{what}] {key}")
         out[key] = failure if isinstance(failure, str) else []
@@ -116,7 +119,8 @@ def sweep(n_jobs: int, n_ranks: int, reps: int) -> Data:
     """A sweep of `n_jobs` jobs of `n_ranks` ranks: total time, the first job, and the overhead of each
     job after the first."""
     cases: List[Case] = [(key, lambda key=key: _sweep_once(key, n_jobs, n_ranks)) for key in SWEEP_TOOLS]
-    measured = _measure(cases, reps, "sweep")
+    # No warm-up run: each sweep is long, and its first job already pays any cold start.
+    measured = _measure(cases, reps, "sweep", warm_up=False)
     rows: Data = {}
     for key, values in measured.items():
         if isinstance(values, str):
