@@ -31,6 +31,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=None, help="repetitions per figure (default 5; 1 with --quick)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="sections to run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for results.md, the plots and raw.json")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="skip the unmeasured first run of each command (caches already warm)")
     parser.add_argument("--report-only", action="store_true", help="redraw results.md and plots from raw.json")
     return parser.parse_args(argv)
 
@@ -57,7 +59,8 @@ def main(argv: List[str]) -> int:
         data = json.loads((args.out / "raw.json").read_text())
     else:
         reps = args.reps or (1 if args.quick else 5)
-        data = {"environment": report.environment(), "reps": reps, "quick": args.quick}
+        data = {"environment": report.environment(), "reps": reps, "quick": args.quick, "warm_up": not args.no_warm_up}
+        sections.WARM_UP = not args.no_warm_up
         steps = plan(args.quick, reps)
         for name in args.only:
             began = time.monotonic()

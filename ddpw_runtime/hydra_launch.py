@@ -13,16 +13,16 @@ import time
 from pathlib import Path
 from typing import Any, List, Sequence
 
-import cloudpickle
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ddpw_conf import LocalLauncherConf, Platform, platform_from_config
 from ddpw_conf.run_mode import lone_run
+from ddpw_runtime import hydra_state
 from ddpw_runtime.engine import check, describe, run_ranks
+from ddpw_runtime.job_configs import forget_unused, job_config
 from ddpw_runtime.job_summary import JobConsole
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class RankTask:
                 {},
                 self.platform,
                 log_dir=output_dir,
-                hydra_state=cloudpickle.dumps(Singleton.get_state()),
+                hydra_state=hydra_state.pack(),
                 stop_grace_s=self.stop_grace_s,
                 interrupt_grace_s=self.interrupt_grace_s,
             )
@@ -91,12 +91,15 @@ def launch(
     # run dir itself, where a normal run would put it.
     run_like = lone_run(config, len(job_overrides), initial_job_idx)
     jobs = []
-    for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-        sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
-        with open_dict(sweep_config):
-            sweep_config.hydra.job.id = idx
-            sweep_config.hydra.job.num = idx
-        jobs.append((idx, overrides, sweep_config, job_platform(sweep_config)))
+    try:
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            sweep_config = job_config(hydra_context, config, overrides)
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = idx
+                sweep_config.hydra.job.num = idx
+            jobs.append((idx, overrides, sweep_config, job_platform(sweep_config)))
+    finally:
+        forget_unused(hydra_context)
 
     runs: List[JobReturn] = []
     for idx, overrides, sweep_config, platform in jobs:

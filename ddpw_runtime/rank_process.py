@@ -138,11 +138,12 @@ def _restore_hydra(state: bytes, rank: int) -> None:
     """Restore HydraConfig and resolvers, then the job logging (file handlers on rank 0 only, so the
     job log gets each line once)."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.core.singleton import Singleton
     from hydra.core.utils import configure_log
     from omegaconf import OmegaConf
 
-    Singleton.set_state(cloudpickle.loads(state))
+    from ddpw_runtime import hydra_state
+
+    hydra_state.restore(state)
     hydra_cfg = HydraConfig.get()
     logging_cfg = OmegaConf.to_container(hydra_cfg.job_logging, resolve=True) if hydra_cfg.job_logging else None
     if isinstance(logging_cfg, dict) and rank != 0:
@@ -225,6 +226,15 @@ def _timeout(plan: LaunchPlan) -> Any:
     from datetime import timedelta
 
     return timedelta(minutes=plan.platform.collective_timeout_min)
+
+
+def warm_up() -> None:
+    """Import, once in the rank starter, what every rank would otherwise import for itself as it
+    starts: numpy's random module (torch loads numpy but not it), which seeding needs."""
+    try:
+        import numpy.random  # noqa: F401
+    except ImportError:
+        pass
 
 
 def _seed(seed: int) -> None:

@@ -131,14 +131,14 @@ class _NodeRun:
 
     def _load(self) -> Tuple[Any, Any, Any]:
         """Hydra's state first, then the job (its config needs the state to unpickle)."""
-        from hydra.core.singleton import Singleton
         from hydra.core.utils import setup_globals
         from omegaconf import open_dict, read_write
 
         from ddpw_conf.run_mode import register_resolvers
+        from ddpw_runtime import hydra_state
 
         sys.path[:0] = [path for path in self.spec.sys_path if path not in sys.path]
-        Singleton.set_state(cloudpickle.loads(self.spec.hydra_state))
+        hydra_state.restore(self.spec.hydra_state)
         setup_globals()
         register_resolvers()
         hydra_context, task_function, config = cloudpickle.loads(self.spec.job)
@@ -233,8 +233,8 @@ class _NodeTask:
 
     def __call__(self, cfg: Any) -> Any:
         from hydra.core.hydra_config import HydraConfig
-        from hydra.core.singleton import Singleton
 
+        from ddpw_runtime import hydra_state
         from ddpw_runtime.engine import run_ranks
 
         run = self.run
@@ -245,7 +245,7 @@ class _NodeTask:
             results = run_ranks(
                 self.task_function, (cfg,), {}, self.platform,
                 log_dir=Path(HydraConfig.get().runtime.output_dir),
-                hydra_state=cloudpickle.dumps(Singleton.get_state()),
+                hydra_state=hydra_state.pack(),
                 stop_grace_s=run.spec.stop_grace_s,
                 node_rank=run.node,
                 master_addr=self.master_addr,

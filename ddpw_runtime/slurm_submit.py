@@ -20,7 +20,6 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import cloudpickle
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -28,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from ddpw_conf import Platform, platform_from_config
 from ddpw_conf.launcher import SlurmLauncherConf
 from ddpw_conf.run_mode import lone_run
-from ddpw_runtime import slurm_results, slurm_script
+from ddpw_runtime import hydra_state, slurm_results, slurm_script
 from ddpw_runtime.console import ConsoleEcho
 
 log = logging.getLogger(__name__)
@@ -170,7 +169,7 @@ def _submit(
 
     from ddpw_runtime.slurm_node import SlurmNode
 
-    hydra_state = cloudpickle.dumps(Singleton.get_state())
+    state = hydra_state.pack()
     submitted: List[_Job] = []
     for group in groups:
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=options.max_restarts)
@@ -178,7 +177,7 @@ def _submit(
         nodes = [
             SlurmNode(
                 job=cloudpickle.dumps((hydra_context, task_function, job.config)),
-                hydra_state=hydra_state,
+                hydra_state=state,
                 sys_path=list(sys.path),
                 platform=slurm_script.node_platform(job.platform),
                 run_like=run_like,

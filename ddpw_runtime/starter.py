@@ -53,7 +53,9 @@ class _Server:
         self.children: Set[int] = set()
         self.pid = os.getpid()
         if preload:
-            import ddpw_runtime.rank_process  # noqa: F401 - imports torch and torch.distributed once
+            from ddpw_runtime.rank_process import warm_up  # imports torch and torch.distributed once
+
+            warm_up()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)

@@ -183,7 +183,8 @@ def markdown(data: Data, reps: int, quick: bool) -> str:
         f"submitit {v['submitit']}, cloudpickle {v['cloudpickle']}, ddpw {v['ddpw']}, "
         f"hydra-submitit-launcher {v['hydra-submitit-launcher']}",
         f"- Each figure: median (min–max) of {reps} runs, in seconds unless said otherwise; runs interleaved "
-        "across commands, after one unmeasured warm-up run of each.",
+        "across commands" + (", after one unmeasured warm-up run of each." if data.get("warm_up", True)
+                             else " (no warm-up runs: the caches were warm from an earlier run)."),
         "- The job everywhere: a gloo process group (made by hydra-ddpw before the task; by the task "
         "elsewhere), one all_reduce, a barrier. CPU ranks, gloo.",
         "",

@@ -25,6 +25,8 @@ from suite.tools import (
 
 Data = Dict[str, Any]
 Case = Tuple[str, Callable[[], Any]]
+WARM_UP = True
+"""Run each command once unmeasured before the measured runs (run.py --no-warm-up turns it off)."""
 
 
 def _progress(text: str) -> None:
@@ -37,7 +39,7 @@ def _measure(cases: Sequence[Case], reps: int, what: str, warm_up: bool = True) 
     rendezvous time out); a case that fails twice in a row is dropped, keeping the reason."""
     out: Dict[str, List[Any] | str] = {}
     for key, fn in cases:
-        if not warm_up:
+        if not (warm_up and WARM_UP):
             out[key] = []
             continue
         _progress(f"[{what}] warm-up {key}")

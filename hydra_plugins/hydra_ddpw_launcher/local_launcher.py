@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from hydra.core.utils import JobReturn
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
 
 from ddpw_conf.launcher import LocalLauncherConf
 from hydra_plugins.hydra_ddpw_launcher.base import DdpwLauncher
@@ -14,6 +16,14 @@ class LocalLauncher(DdpwLauncher[LocalLauncherConf]):
     """Runs every job of a sweep as a distributed job on this machine (see `ddpw_runtime.hydra_launch`)."""
 
     options_type = LocalLauncherConf
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        """Keep what `launch` needs; the sweep's checks and this launcher compose each job's config
+        once between them (`ddpw_runtime.job_configs`)."""
+        from ddpw_runtime.job_configs import compose_once
+
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        compose_once(hydra_context)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Run each job as a distributed job; one JobReturn per job."""
