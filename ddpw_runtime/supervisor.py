@@ -23,7 +23,10 @@ _LOG_TAIL_LINES = 40
 
 
 _STACK_DUMP_WAIT_S = 0.1
-"""Time given to faulthandler to write a rank's stacks (SIGUSR1) before the rank is stopped."""
+"""Longest wait for faulthandler to write a rank's stacks (SIGUSR1) before the rank is stopped."""
+_STACK_DUMP_QUIET_S = 0.01
+"""A rank's stacks count as written once its log grew and then did not change for this long."""
+_STACK_DUMP_POLL_S = 0.002
 
 
 @dataclass
@@ -39,8 +42,9 @@ class _Exits:
 class _Ranks:
     """The running ranks of one node: their pids, exits, and how to stop them."""
 
-    def __init__(self, starter: RankStarter) -> None:
+    def __init__(self, starter: RankStarter, log_files: Dict[int, Path]) -> None:
         self.starter = starter
+        self.log_files = log_files
         self.pids: Dict[int, int] = {}
         self.exits = _Exits()
 
@@ -65,11 +69,14 @@ class _Ranks:
 
     def begin_stop(self, sig: int = signal.SIGTERM) -> None:
         """Dump the stacks of the running ranks into their logs, then send them `sig`."""
-        for pid in self.running():
-            self.exits.stopped[self.pids[pid]] = True
-        if self.running():
+        running = [self.pids[pid] for pid in self.running()]
+        for rank in running:
+            self.exits.stopped[rank] = True
+        if running:
+            logs = [self.log_files[rank] for rank in running]
+            before = [_size(log) for log in logs]
             self.send(signal.SIGUSR1, group=False)
-            time.sleep(_STACK_DUMP_WAIT_S)
+            _wait_for_dumps(logs, before)
         self.send(sig)
 
     def wait(self, stop_grace_s: float, time_limit_s: float) -> bool:
@@ -122,6 +129,28 @@ class _Ranks:
                 self.record(event)
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _wait_for_dumps(logs: List[Path], before: List[int]) -> None:
+    """Wait until every log in `logs` grew past its size `before` and has then been quiet for
+    `_STACK_DUMP_QUIET_S` (faulthandler has written the stacks), at most `_STACK_DUMP_WAIT_S`."""
+    start = time.monotonic()
+    last, changed_at = before, start
+    while time.monotonic() - start < _STACK_DUMP_WAIT_S:
+        time.sleep(_STACK_DUMP_POLL_S)
+        sizes = [_size(log) for log in logs]
+        now = time.monotonic()
+        if sizes != last:
+            last, changed_at = sizes, now
+        elif all(size > old for size, old in zip(sizes, before)) and now - changed_at >= _STACK_DUMP_QUIET_S:
+            return
+
+
 @contextmanager
 def _sigterm_raises() -> Iterator[None]:
     """While supervising, SIGTERM raises `Terminated` (in the main thread only) so the ranks are
@@ -162,7 +191,7 @@ def run_node(
     plan = payload.plan
     first = plan.global_ranks[0]
     ranks = plan.global_ranks if local_ranks is None else [first + local_rank for local_rank in local_ranks]
-    job = _Ranks(starter)
+    job = _Ranks(starter, {rank: plan.log_file(rank) for rank in ranks})
     with _sigterm_raises():
         try:
             for rank in ranks:

@@ -4,7 +4,7 @@ Each rank calls `run(mode, ...)` first thing in its task. It records `time.time(
 a gloo process group exists (hydra-ddpw has made one already; under torchrun, mp.spawn or submitit the
 rank makes it here from what its launcher set), does the work of `mode`, and writes one JSON file of
 timestamps to the folder named by the environment variable `BENCH_MARKS` (the benchmark driver sets it
-and every launcher passes its environment on to the ranks).
+and every launcher passes its environment on to the ranks). A group it made, it destroys at the end.
 
 Modes:
   trivial    one all_reduce of a 1-element tensor, then a barrier (the job every launcher is timed on)
@@ -42,6 +42,7 @@ def run(mode: str = "trivial", tag: str = "job0", fail_rank: int = 1) -> Dict[st
     import torch
     import torch.distributed as dist
 
+    made_here = not dist.is_initialized()
     rank, world = ensure_process_group()
     marks: Dict[str, Any] = {"rank": rank, "world_size": world, "entry": entry, "ready": time.time(),
                              "pid": os.getpid(), "ppid": os.getppid()}
@@ -59,6 +60,8 @@ def run(mode: str = "trivial", tag: str = "job0", fail_rank: int = 1) -> Dict[st
     write_marks(tag, rank, marks)
     if mode == "hold":
         time.sleep(HOLD_S)
+    if made_here:  # as torch asks of a script that made its group (hydra-ddpw destroys the one it made)
+        dist.destroy_process_group()
     return marks
 
 
