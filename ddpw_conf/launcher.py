@@ -1,31 +1,81 @@
-"""Options of the Hydra launchers (`hydra.launcher.*`), as structured configs."""
+"""Options of the Hydra launchers (`hydra.launcher.*`), as structured configs.
+
+`LauncherOptions` holds what both launchers share and checks it; `LocalLauncherConf` and
+`SlurmLauncherConf` add their own options and checks. Every launcher calls `validate()` before anything
+starts.
+"""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import List, Optional
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from ddpw_conf.errors import ConfigError
 from ddpw_conf.platform import Device, Platform
 
+LOCAL_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.local_launcher.DdpwLocalLauncher"
+SLURM_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.slurm_launcher.DdpwSlurmLauncher"
+
 
 @dataclass
-class LocalLauncherConf:
-    """Options of `hydra/launcher=ddpw_cpu|ddpw_gpu|ddpw_mps`: ranks on this machine.
+class LauncherOptions:
+    """What every ddpw launcher takes under `hydra.launcher`. The job's resources are not here but in
+    the job config's `platform` node, so they can be swept."""
 
-    The job's resources are not here but in the job config's `platform` node, so they can be swept.
-    """
-
-    _target_: str = "hydra_plugins.hydra_ddpw_launcher.local_launcher.LocalLauncher"
-    launch_in_run_mode: bool = True
-    """Start the ranks in a plain run (no `-m`) too; needs `- ddpw` in the primary config's defaults."""
     dry_run: bool = False
     """Print each job's platform and launch plan instead of starting anything."""
     stop_grace_s: float = 1.0
     """Seconds a rank gets to exit after SIGTERM before it is killed, when another rank failed."""
     interrupt_grace_s: float = 10.0
     """Seconds the ranks get after Ctrl-C or SIGTERM (passed on to them) before they are killed."""
+    max_restarts: int = 0
+    """How many times a failed job is started again (locally, as torchrun's `--max-restarts`; on SLURM,
+    a job that was preempted or reached its time limit is requeued)."""
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> LauncherOptions:
+        """These options from `hydra.launcher` as Hydra gives them (plain values or config nodes); an
+        unknown key is refused with the known ones."""
+        from omegaconf import OmegaConf
+
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"hydra.launcher.{unknown[0]}", options[unknown[0]],
+                              f"no such option; the options are {', '.join(sorted(known - {'_target_'}))}")
+        return cls(**{k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for k, v in options.items()})
+
+    def validate(self) -> LauncherOptions:
+        """Raise `ConfigError` for an option that cannot run; returns self."""
+        if not isinstance(self.dry_run, bool):
+            raise ConfigError("hydra.launcher.dry_run", self.dry_run, "use true or false")
+        for key in ("interrupt_grace_s", "stop_grace_s"):
+            _seconds(key, getattr(self, key))
+        _integer("max_restarts", self.max_restarts, 0)
+        return self
+
+
+@dataclass
+class LocalLauncherConf(LauncherOptions):
+    """Options of `hydra/launcher=ddpw_cpu|ddpw_gpu|ddpw_mps`: ranks on this machine."""
+
+    _target_: str = LOCAL_LAUNCHER
+    max_parallel_jobs: int | None = 1
+    """Jobs of a sweep that may run side by side, each on devices of its own: an integer, or null for
+    as many as this machine's GPUs (GPU jobs) or CPUs (CPU jobs that set `platform.n_cpus_per_node`) fit."""
+
+    def validate(self) -> LocalLauncherConf:
+        """Raise `ConfigError` for an option that cannot run; returns self."""
+        super().validate()
+        if self.max_parallel_jobs is not None:
+            _integer("max_parallel_jobs", self.max_parallel_jobs, 1, " or null (as many as fit)")
+        return self
+
+    def validate_platform(self, platform: Platform) -> None:
+        """Raise `ConfigError` for a (validated) platform that cannot run on this machine."""
+        platform.validate_local()
 
 
 # Values that end up in the sbatch script. Patterns are applied with `fullmatch` (`match` with `$`
@@ -56,48 +106,43 @@ _MANAGED_BY = {
 
 
 @dataclass
-class SlurmLauncherConf:
+class SlurmLauncherConf(LauncherOptions):
     """Options of `hydra/launcher=ddpw_slurm`: each job runs on SLURM nodes, submitted with submitit.
 
     The job's resources (nodes, ranks, GPUs, CPUs, memory, partition, time limit, name, extra sbatch
-    options) are in the job config's `platform` node, so they can be swept; these options hold what is
-    the same for every job of a run.
+    options) are in the job config's `platform` node; these options hold what is the same for every
+    job of a run. `max_restarts` requeues a job preempted or at its time limit.
     """
 
-    _target_: str = "hydra_plugins.hydra_ddpw_launcher.slurm_launcher.SlurmLauncher"
-    launch_in_run_mode: bool = True
-    """Submit in a plain run (no `-m`) too; needs `- ddpw` in the primary config's defaults."""
-    dry_run: bool = False
-    """Print each job's sbatch script and launch plan instead of submitting anything."""
+    _target_: str = SLURM_LAUNCHER
+    interrupt_grace_s: float = 30.0
+    """Seconds the ranks get after SIGTERM (requeue, cancel, time limit) before they are killed."""
     fire_and_forget: bool = False
     """Submit, write the manifest (`ddpw_slurm_jobs.json` in the sweep dir) and return at once."""
     submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
     """Where submitit keeps each SLURM job's script, pickles and node logs; `%j` is the job id."""
-    qos: Optional[str] = None
+    qos: str | None = None
     """sbatch `--qos`."""
-    account: Optional[str] = None
+    account: str | None = None
     """sbatch `--account`."""
-    constraint: Optional[str] = None
+    constraint: str | None = None
     """sbatch `--constraint` (node features, such as `a100|h100`)."""
-    exclude: Optional[str] = None
+    exclude: str | None = None
     """sbatch `--exclude` (nodes not to use, such as `n[1-3]`)."""
-    setup: List[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
     """Shell lines run in the batch script before the nodes start (`module load ...`); one line each."""
     array_parallelism: int = 256
     """At most this many jobs of one job array run at once."""
-    max_restarts: int = 0
-    """Requeue a job preempted or at its time limit up to this many times (0: never)."""
     signal_delay_s: int = 90
     """SLURM warns a job (USR2) this many seconds before its time limit; with `max_restarts` > 0
     the ranks then get SIGTERM to save a checkpoint, and the job is requeued."""
-    interrupt_grace_s: float = 30.0
-    """Seconds the ranks get after SIGTERM (requeue, cancel, time limit) before they are killed."""
-    stop_grace_s: float = 1.0
-    """Seconds a rank gets to exit after SIGTERM before it is killed, when another rank failed."""
 
-    def validate(self) -> "SlurmLauncherConf":
+    def validate(self) -> SlurmLauncherConf:
         """Raise `ConfigError` for an option that cannot run or would add lines or options to the
         sbatch script; returns self."""
+        super().validate()
+        if not isinstance(self.fire_and_forget, bool):
+            raise ConfigError("hydra.launcher.fire_and_forget", self.fire_and_forget, "use true or false")
         for key, pattern, example in (
             ("qos", _SLURM_WORD, "high"),
             ("account", _SLURM_WORD, "my_project"),
@@ -121,14 +166,8 @@ class SlurmLauncherConf:
                     f"hydra.launcher.setup[{index}]", line,
                     "each entry is one shell line; put each command in its own entry",
                 )
-        for key, minimum in (("array_parallelism", 1), ("max_restarts", 0), ("signal_delay_s", 1)):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise ConfigError(f"hydra.launcher.{key}", value, f"use an integer >= {minimum}")
-        for key in ("interrupt_grace_s", "stop_grace_s"):
-            value = getattr(self, key)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"hydra.launcher.{key}", value, "use a number of seconds >= 0")
+        _integer("array_parallelism", self.array_parallelism, 1)
+        _integer("signal_delay_s", self.signal_delay_s, 1)
         if self.max_restarts and self.interrupt_grace_s >= self.signal_delay_s:
             raise ConfigError(
                 "hydra.launcher.interrupt_grace_s", self.interrupt_grace_s,
@@ -166,3 +205,21 @@ class SlurmLauncherConf:
                 f"SLURM's warning would come at once, before any work (platform.timeout_min={platform.timeout_min}), "
                 "and every run would be requeued; use fewer seconds than the time limit has",
             )
+
+
+def _seconds(key: str, value: Any) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"hydra.launcher.{key}", value, "use a number of seconds >= 0")
+
+
+def _integer(key: str, value: Any, minimum: int, alternative: str = "") -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"hydra.launcher.{key}", value, f"use an integer >= {minimum}{alternative}")
+
+
+def selected_options(launcher: Mapping[str, Any] | None) -> LauncherOptions | None:
+    """The options of the selected launcher (the `hydra.launcher` node) when it is a ddpw launcher,
+    else None."""
+    target = launcher.get("_target_") if launcher is not None else None
+    kind = {LOCAL_LAUNCHER: LocalLauncherConf, SLURM_LAUNCHER: SlurmLauncherConf}.get(str(target))
+    return kind.from_mapping(launcher).validate() if kind is not None and launcher is not None else None

@@ -60,7 +60,8 @@ class Platform:
 
     name: str = "ddpw"
     device: str = "cpu"
-    partition: str = "general"
+    partition: Optional[str] = None
+    """SLURM partition; None: the cluster's default partition (no `--partition` line)."""
     n_nodes: int = 1
     n_gpus_per_node: int = 0
     n_procs_per_node: Optional[int] = None
@@ -188,16 +189,25 @@ class Platform:
             )
         return self
 
+    def validate_local(self) -> None:
+        """Raise `ConfigError` unless every rank can run on this machine (one node)."""
+        if self.n_nodes > 1:
+            raise ConfigError(
+                "platform.n_nodes", self.n_nodes,
+                "ranks started here run on this machine only; use n_nodes=1, or hydra/launcher=ddpw_slurm "
+                "for several nodes",
+            )
+
     def _validate_names(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
             raise ConfigError(
                 "platform.name", self.name, "use 1-128 letters, digits, '_', '.', '+' or '-', "
                 "starting with a letter or digit",
             )
-        if not isinstance(self.partition, str) or not _NAME.fullmatch(self.partition):
+        if self.partition is not None and (not isinstance(self.partition, str) or not _NAME.fullmatch(self.partition)):
             raise ConfigError(
                 "platform.partition", self.partition, "use a SLURM partition name: 1-128 letters, digits, "
-                "'_', '.', '+' or '-', starting with a letter or digit",
+                "'_', '.', '+' or '-', starting with a letter or digit; or null for the cluster's default partition",
             )
         if self.upon_finish is not None and (
             not isinstance(self.upon_finish, str) or not _IMPORT_PATH.fullmatch(self.upon_finish)

@@ -1,65 +1,54 @@
-"""Registration of the schemas, presets and launcher options in Hydra's ConfigStore."""
+"""Registration of the launcher options in Hydra's ConfigStore.
+
+Each launcher option (`hydra/launcher=ddpw_cpu|ddpw_gpu|ddpw_mps|ddpw_slurm`, package `_global_`) brings
+everything a repo that knows nothing of hydra-ddpw needs: the launcher, the callback that makes a plain
+run start the ranks (`ddpw_runtime.hydra_jobs.plain_run`), and a default `platform` node (a whole
+`Platform`, that launcher's device), so `platform.n_gpus_per_node=4` needs no `+` and a repo's own
+`platform` presets are type-checked. Nothing else is registered where apps that do not select a ddpw
+launcher would see it (no `platform` config group), except the empty `ddpw` node, which configs
+written for hydra-ddpw 0.1 list in their defaults.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
 from ddpw_conf.launcher import LocalLauncherConf, SlurmLauncherConf
 from ddpw_conf.platform import Platform
-from ddpw_conf.run_mode import RUN_MODE_NODE, register_resolvers
 
-PRESETS: Dict[str, Platform] = {
-    "cpu": Platform(device="cpu"),
-    "gpu": Platform(device="gpu", n_gpus_per_node=1),
-    "mps": Platform(device="mps"),
-    "slurm": Platform(device="slurm", n_gpus_per_node=1),
+LAUNCHERS: dict[str, tuple[Any, Platform, str]] = {
+    "ddpw_cpu": (LocalLauncherConf, Platform(device="cpu"), "ddpw_runtime.hydra_jobs.plain_run.PlainRun"),
+    "ddpw_gpu": (LocalLauncherConf, Platform(device="gpu", n_gpus_per_node=1),
+                 "ddpw_runtime.hydra_jobs.plain_run.PlainRun"),
+    "ddpw_mps": (LocalLauncherConf, Platform(device="mps"), "ddpw_runtime.hydra_jobs.plain_run.PlainRun"),
+    "ddpw_slurm": (SlurmLauncherConf, Platform(device="slurm", n_gpus_per_node=1),
+                   "ddpw_runtime.slurm.plain_run.SlurmPlainRun"),
 }
-"""Platform presets by name: the default `platform` node each launcher option brings."""
+"""Each launcher option: its options schema, the `platform` node it brings, its plain-run callback."""
 
-PRESET_FIELDS = ("device", "n_gpus_per_node")
-"""The fields a `platform=<name>` option sets. Only these: an option selected with `+platform=gpu` is
-merged after the primary config, and a whole Platform would reset every field set there; the schema
-(type checking) comes from the launcher option's `platform` node, which is merged first."""
+CALLBACK_KEY = "ddpw_plain_run"
+"""The key of the plain-run callback under `hydra.callbacks`."""
 
 
-def preset_option(name: str) -> Dict[str, Any]:
-    """The `platform=<name>` config group option: the preset's `PRESET_FIELDS`."""
-    return {key: getattr(PRESETS[name], key) for key in PRESET_FIELDS}
-
-LOCAL_LAUNCHERS = {"ddpw_cpu": "cpu", "ddpw_gpu": "gpu", "ddpw_mps": "mps"}
-"""Local launcher options and the platform preset each brings as the default `platform` node."""
-
-SLURM_LAUNCHERS = {"ddpw_slurm": "slurm"}
-"""SLURM launcher options and the platform preset each brings as the default `platform` node."""
-
-RUN_MODE_CHECK = {"ddpw_run_mode_check": {"_target_": "ddpw_conf.run_mode.RunModeCheck"}}
-
-
-def launcher_node(launcher: Any, preset: str) -> Dict[str, Any]:
-    """A `hydra/launcher` option (package `_global_`): the launcher, its run-mode check and a default
-    `platform`, so `platform.*` overrides need no `+` even when the user config has no platform."""
+def launcher_node(launcher: Any, platform: Platform, callback: str) -> dict[str, Any]:
+    """A `hydra/launcher` option (package `_global_`)."""
     return {
-        "hydra": {"launcher": launcher, "callbacks": RUN_MODE_CHECK},
-        "platform": PRESETS[preset],
+        "hydra": {"launcher": launcher, "callbacks": {CALLBACK_KEY: {"_target_": callback}}},
+        "platform": platform,
     }
 
 
 def register_configs() -> None:
     """Register everything; safe to call more than once."""
-    register_resolvers()
     store = ConfigStore.instance()
-    store.store(name="ddpw", node=RUN_MODE_NODE, package="_global_", provider="hydra-ddpw")
-    for name in PRESETS:
-        store.store(group="platform", name=name, node=preset_option(name), provider="hydra-ddpw")
-    launchers = [(LocalLauncherConf, LOCAL_LAUNCHERS), (SlurmLauncherConf, SLURM_LAUNCHERS)]
-    for conf, options in launchers:
-        for name, preset in options.items():
-            store.store(
-                group="hydra/launcher",
-                name=name,
-                node=launcher_node(conf, preset),
-                package="_global_",
-                provider="hydra-ddpw",
-            )
+    store.store(name="ddpw", node={}, package="_global_", provider="hydra-ddpw")
+    for name, (conf, platform, callback) in LAUNCHERS.items():
+        store.store(
+            group="hydra/launcher",
+            name=name,
+            node=launcher_node(conf, platform, callback),
+            package="_global_",
+            provider="hydra-ddpw",
+        )

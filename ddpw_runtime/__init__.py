@@ -6,8 +6,10 @@ Importing this package never imports torch; the helpers import it when called.
 """
 
 from ddpw_conf import ConfigError, Device, Layout, Platform
-from ddpw_runtime.collectives import all_to_all, average
-from ddpw_runtime.context import (
+from ddpw_runtime.errors import JobTimedOut, RankFailure, SlurmJobError
+from ddpw_runtime.launch.records import RankResult
+from ddpw_runtime.rank.collectives import all_to_all, average
+from ddpw_runtime.rank.context import (
     barrier,
     device,
     group,
@@ -22,18 +24,19 @@ from ddpw_runtime.context import (
     run_id,
     world_size,
 )
-from ddpw_runtime.data import distributed_sampler, to_device
-from ddpw_runtime.ddp import no_sync, unwrap_model, wrap_model
-from ddpw_runtime.results import RankFailure, RankResult
+from ddpw_runtime.rank.data import distributed_sampler, to_device
+from ddpw_runtime.rank.ddp import no_sync, unwrap_model, wrap_model
 from ddpw_runtime.wrapper import Wrapper, wrapper
 
 __all__ = [
     "ConfigError",
     "Device",
+    "JobTimedOut",
     "Layout",
     "Platform",
     "RankFailure",
     "RankResult",
+    "SlurmJobError",
     "Wrapper",
     "all_to_all",
     "average",

@@ -18,7 +18,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, List, Optional, TypeVar, Union
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ddpw_conf import Platform
 
@@ -45,7 +46,8 @@ class Wrapper:
     `contextlib.contextmanager`, `functools.partial(torch.autocast, "cuda")`, ...), entered around the
     task on every rank after the rank is set up, so it may call `ddpw_runtime.rank()` or `device()`.
 
-    `stop_grace_s`: after a failure, how long the other ranks get between SIGTERM and SIGKILL.
+    `stop_grace_s`: after a failure, how long the other ranks get between SIGTERM and SIGKILL;
+    `interrupt_grace_s`: after Ctrl-C or SIGTERM, how long the ranks get to finish before they are killed.
 
     The platform is validated here, so a bad configuration fails before anything starts.
     """
@@ -54,29 +56,32 @@ class Wrapper:
         self,
         platform: Platform,
         *,
-        log_dir: Optional[Union[str, Path]] = None,
+        log_dir: str | Path | None = None,
         caller_rank: bool = False,
-        task_context: Optional[Callable[[], AbstractContextManager]] = None,
+        task_context: Callable[[], AbstractContextManager[Any]] | None = None,
         stop_grace_s: float = 1.0,
+        interrupt_grace_s: float = 10.0,
     ) -> None:
         # The engine is imported here, not at the top: `ddpw_runtime` imports this module, and the
-        # starter and rank processes run as `python -m ddpw_runtime.<module>`, which must not find
-        # themselves imported already.
-        from ddpw_runtime import caller_rank as in_caller
-        from ddpw_runtime.engine import check
+        # starter and rank processes run as `python -m ddpw_runtime.<package>.<module>`, which must not
+        # find themselves imported already.
+        from ddpw_runtime.launch.caller_rank import check_caller_rank
+        from ddpw_runtime.launch.engine import check
 
         check(platform)
+        platform.validate_local()
         if caller_rank:
-            in_caller.check(platform)
+            check_caller_rank(platform)
         self.platform = platform
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.caller_rank = caller_rank
         self.task_context = task_context
         self.stop_grace_s = stop_grace_s
-        self.last_log_dir: Optional[Path] = None
+        self.interrupt_grace_s = interrupt_grace_s
+        self.last_log_dir: Path | None = None
         """The log folder of the latest `start`."""
 
-    def start(self, target: Callable[..., _R], *args: Any, **kwargs: Any) -> List[_R]:
+    def start(self, target: Callable[..., _R], *args: Any, **kwargs: Any) -> list[_R]:
         """Run `target(*args, **kwargs)` on every rank; every rank's return value, indexed by global rank.
 
         `target` and the arguments travel to the ranks with cloudpickle: functions defined in
@@ -85,24 +90,18 @@ class Wrapper:
         (see the module docstring) when any rank fails, and calls `platform.upon_finish` once after
         a successful run.
         """
-        from ddpw_runtime.engine import run_ranks
+        from ddpw_runtime.launch.engine import NodeJob, run_ranks
+        from ddpw_runtime.launch.payload import TaskCall
+        from ddpw_runtime.launch.supervisor import Grace
 
         log_dir = self.log_dir if self.log_dir is not None else default_log_dir()
         self.last_log_dir = log_dir.resolve()
         task: Callable[..., _R] = target if self.task_context is None else InContext(target, self.task_context)
-        results = run_ranks(
-            task,
-            args,
-            kwargs,
-            self.platform,
-            log_dir,
-            stop_grace_s=self.stop_grace_s,
-            caller_rank=self.caller_rank,
-        )
-        return [result.value if result.value_text is None else result.value_text for result in results]
+        job = NodeJob(self.platform, log_dir, Grace(self.stop_grace_s, self.interrupt_grace_s))
+        return run_ranks(TaskCall(task, args, kwargs), job, caller_rank=self.caller_rank)
 
 
-def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]], Callable[..., List[_R]]]:
+def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]], Callable[..., list[_R]]]:
     """Decorator: calling the decorated function runs it on every rank of `platform` and returns every
     rank's value (a list indexed by global rank). `options` are those of `Wrapper`.
 
@@ -112,11 +111,11 @@ def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]],
         values = train(0.1)
     """
 
-    def decorate(fn: Callable[..., _R]) -> Callable[..., List[_R]]:
+    def decorate(fn: Callable[..., _R]) -> Callable[..., list[_R]]:
         runner = Wrapper(platform, **options)
 
         @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> List[_R]:
+        def run(*args: Any, **kwargs: Any) -> list[_R]:
             return runner.start(fn, *args, **kwargs)
 
         return run
@@ -129,7 +128,7 @@ class InContext:
     """`target` called inside a fresh `context()` (the `task_context` of `Wrapper`)."""
 
     target: Callable[..., Any]
-    context: Callable[[], AbstractContextManager]
+    context: Callable[[], AbstractContextManager[Any]]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Enter `context()`, call `target`, leave the context."""

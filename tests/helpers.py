@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 import time
-from typing import Callable, Dict, List
+from typing import Any, Callable, Dict, List
 
 APPS = Path(__file__).parent / "apps"
 
@@ -70,3 +70,11 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "
 def open_fds() -> int:
     """How many file descriptors this process has open."""
     return len(os.listdir("/proc/self/fd"))
+
+
+def run_ranks(target: Callable[..., Any], *args: Any, platform: Any, log_dir: Path) -> List[Any]:
+    """The engine called directly: `target(*args)` on every rank of `platform`; every rank's value."""
+    from ddpw_runtime.launch.engine import NodeJob, run_ranks as run
+    from ddpw_runtime.launch.payload import TaskCall
+
+    return run(TaskCall(target, args), NodeJob(platform, log_dir))

@@ -11,19 +11,19 @@ from tests.helpers import job_dirs, leftover, run_app, seen
 
 
 def run_client(tmp_path: Path, app: str, epochs: int) -> Dict[int, dict]:
-    """Run `app` (one job, 2 ranks, examples/conf/config.yaml) and return what each rank reported,
-    after checking the launch: the rank starter's only children are the 2 ranks, and the ranks
-    started no process of their own (no second launch)."""
+    """Run `app` (a plain run: one job, 2 ranks, examples/conf/config.yaml) and return what each rank
+    reported, after checking the launch: rank 0 is the program itself, whose only child is the rank
+    starter; the starter's only child is rank 1; rank 1 started no process of its own, so the library
+    launched nothing more."""
     proc = run_app(tmp_path, f"epochs={epochs}", app=app)
     assert proc.returncode == 0, proc.stderr
     (job,) = job_dirs(tmp_path)
     ranks = seen(job)
     assert sorted(ranks) == [0, 1]
-    pids = sorted(r["pid"] for r in ranks.values())
-    assert len(set(pids)) == 2
+    starter = ranks[1]["ppid"]
+    assert ranks[0]["children"] == [starter], ranks[0]
+    assert ranks[1]["siblings"] == [ranks[1]["pid"]] and ranks[1]["children"] == [], ranks[1]
     for data in ranks.values():
-        assert data["siblings"] == pids, data
-        assert data["children"] == [], data
         assert data["world_size"] == 2
     assert sorted(p.name for p in job.glob("rank_*.log")) == ["rank_0.log", "rank_1.log"]
     assert leftover(ranks) == []

@@ -1,6 +1,7 @@
-"""Research-repo config patterns with the ddpw launcher: platform presets (ddpw's and a repo's own,
-type-checked), Hydra's job environment and runtime values in every rank, `--cfg` / `--info`, and the
-dry run. The app is `tests/apps/patterns_app.py` (config `patterns.yaml`, presets in `conf/platform/`)."""
+"""Research-repo config patterns with the ddpw launcher: a repo's own platform presets (type-checked by
+the launcher option's `platform` node), Hydra's job environment and runtime values in every rank,
+`--cfg` / `--info`, and the dry run. The app is `tests/apps/patterns_app.py` (config `patterns.yaml`,
+presets in `conf/platform/`)."""
 
 from __future__ import annotations
 
@@ -56,18 +57,17 @@ def test_a_repo_preset_env_and_hydra_values_reach_every_rank(tmp_path: Path) -> 
 
 def test_presets_from_the_command_line_replace_the_repo_default(tmp_path: Path) -> None:
     platform = job_config(tmp_path, "platform=a100")["platform"]
-    # a100.yaml extends ddpw's `gpu` preset, and its own values win.
     assert (platform["name"], platform["device"], platform["n_gpus_per_node"]) == ("a100", "gpu", 8)
     assert (platform["n_cpus_per_node"], platform["mem_per_node"]) == (64, 512)
-    platform = job_config(tmp_path, "platform=slurm")["platform"]
-    assert (platform["name"], platform["device"], platform["n_gpus_per_node"]) == ("ddpw", "slurm", 1)
+    # Fields a preset does not set keep the schema's defaults (the launcher option's `platform` node).
+    assert (platform["n_nodes"], platform["timeout_min"]) == (1, 2880)
     assert nothing_started(tmp_path)
 
 
 def test_an_appended_preset_keeps_the_platform_values_of_the_config(tmp_path: Path) -> None:
     # conf/config.yaml has no `platform` entry in its defaults list (so `+`), and sets
-    # platform.n_procs_per_node: 2, which the `gpu` preset (device and GPU count only) keeps.
-    platform = job_config(tmp_path, "--config-name", "config", "+platform=gpu")["platform"]
+    # platform.n_procs_per_node: 2, which the `one_gpu` preset (device and GPU count only) keeps.
+    platform = job_config(tmp_path, "--config-name", "config", "+platform=one_gpu")["platform"]
     assert (platform["device"], platform["n_gpus_per_node"], platform["n_procs_per_node"]) == ("gpu", 1, 2)
 
 
@@ -98,7 +98,7 @@ def test_cfg_and_info_behave_as_with_any_launcher(tmp_path: Path) -> None:
     proc = run_patterns(tmp_path, "--cfg", "hydra")
     assert proc.returncode == 0, proc.stderr
     hydra_cfg = yaml.safe_load(proc.stdout)["hydra"]
-    assert hydra_cfg["launcher"]["_target_"] == "hydra_plugins.hydra_ddpw_launcher.local_launcher.LocalLauncher"
+    assert hydra_cfg["launcher"]["_target_"] == "hydra_plugins.hydra_ddpw_launcher.local_launcher.DdpwLocalLauncher"
     assert hydra_cfg["job"]["env_set"] == {"DDPW_TEST_SET": "set-by-hydra", "DDPW_TEST_COPY": COPIED}
     assert hydra_cfg["runtime"]["choices"]["platform"] == "two_cpus"
     proc = run_patterns(tmp_path, "--info")
@@ -109,13 +109,13 @@ def test_cfg_and_info_behave_as_with_any_launcher(tmp_path: Path) -> None:
 
 
 def test_dry_run_prints_each_jobs_resolved_platform_and_plan(tmp_path: Path) -> None:
-    proc = run_patterns(tmp_path, "-m", "platform=two_cpus,cpu", "hydra.launcher.dry_run=true")
+    proc = run_patterns(tmp_path, "-m", "platform=two_cpus,one_cpu", "hydra.launcher.dry_run=true")
     assert proc.returncode == 0, proc.stderr
     first, second = proc.stdout.split("--- job #1")
     assert "--- job #0: platform=two_cpus (dry run, nothing started)" in first
     assert "world size      : 2 (1 node(s) x 2 rank(s))" in first and "threads per rank: 1" in first
     assert "name                        : two-cpus" in first and "rank logs       :" in first
     assert "world size      : 1 (1 node(s) x 1 rank(s))" in second
-    assert "name                        : ddpw" in second
+    assert "name                        : one-cpu" in second
     assert "[ddpw] job #" not in proc.stdout  # the start line is for jobs that start
     assert nothing_started(tmp_path)

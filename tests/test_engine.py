@@ -10,8 +10,7 @@ import pytest
 
 from ddpw_conf import Platform
 from ddpw_runtime import RankFailure
-from ddpw_runtime.engine import run_ranks
-from tests.helpers import alive
+from tests.helpers import alive, run_ranks
 
 
 def rank_and_pid(offset: int) -> tuple:
@@ -52,21 +51,19 @@ def raises_on_rank_1() -> None:
 
 
 def test_every_rank_value_comes_back_in_rank_order(tmp_path: Path) -> None:
-    results = run_ranks(rank_and_pid, (10,), {}, Platform(n_procs_per_node=3), tmp_path)
-    assert [r.value[0] for r in results] == [10, 11, 12]
-    assert all(r.ok for r in results)
-    assert not any(alive(r.value[1]) for r in results)
+    values = run_ranks(rank_and_pid, 10, platform=Platform(n_procs_per_node=3), log_dir=tmp_path)
+    assert [v[0] for v in values] == [10, 11, 12]
+    assert not any(alive(v[1]) for v in values)
 
 
 def test_unpicklable_value_comes_back_as_text(tmp_path: Path) -> None:
-    (result,) = run_ranks(returns_a_lock, (), {}, Platform(), tmp_path)
-    assert result.ok and result.value is None
-    assert "lock" in result.value_text and "not picklable" in result.value_text
+    (value,) = run_ranks(returns_a_lock, platform=Platform(), log_dir=tmp_path)
+    assert isinstance(value, str) and "lock" in value and "not picklable" in value
 
 
 def test_odd_exception_class_comes_back_as_text(tmp_path: Path) -> None:
     with pytest.raises(RankFailure) as info:
-        run_ranks(raises_odd_error_on_rank_1, (), {}, Platform(n_procs_per_node=2), tmp_path)
+        run_ranks(raises_odd_error_on_rank_1, platform=Platform(n_procs_per_node=2), log_dir=tmp_path)
     failure = info.value
     assert failure.rank == 1
     assert failure.error_type.endswith("OddError") and failure.error_message == "odd 1 2"
@@ -75,7 +72,7 @@ def test_odd_exception_class_comes_back_as_text(tmp_path: Path) -> None:
 
 def test_failure_carries_the_original_exception_and_every_result(tmp_path: Path) -> None:
     with pytest.raises(RankFailure) as info:
-        run_ranks(raises_on_rank_1, (), {}, Platform(n_procs_per_node=2), tmp_path)
+        run_ranks(raises_on_rank_1, platform=Platform(n_procs_per_node=2), log_dir=tmp_path)
     failure = info.value
     assert isinstance(failure.__cause__, KeyError)
     assert failure.log_file == str(tmp_path / "rank_1.log")
@@ -84,10 +81,10 @@ def test_failure_carries_the_original_exception_and_every_result(tmp_path: Path)
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_both_start_methods_run_the_ranks(tmp_path: Path, method: str) -> None:
-    results = run_ranks(rank_and_pid, (0,), {}, Platform(n_procs_per_node=2, spawn_method=method), tmp_path)
-    assert [r.value[0] for r in results] == [0, 1]
+    values = run_ranks(rank_and_pid, 0, platform=Platform(n_procs_per_node=2, spawn_method=method), log_dir=tmp_path)
+    assert [v[0] for v in values] == [0, 1]
 
 
 def test_file_rendezvous_uses_a_private_file_and_removes_it(tmp_path: Path) -> None:
-    results = run_ranks(rank_and_pid, (0,), {}, Platform(n_procs_per_node=2, ipc_protocol="file"), tmp_path)
-    assert [r.value[0] for r in results] == [0, 1]
+    values = run_ranks(rank_and_pid, 0, platform=Platform(n_procs_per_node=2, ipc_protocol="file"), log_dir=tmp_path)
+    assert [v[0] for v in values] == [0, 1]

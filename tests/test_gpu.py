@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from ddpw_conf import ConfigError, Platform
-from ddpw_runtime.engine import check, run_ranks
+from ddpw_runtime.launch.engine import check
+from tests.helpers import run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 EXAMPLE = Path(__file__).parent.parent / "examples" / "train.py"
@@ -33,16 +34,17 @@ def what_the_rank_sees() -> dict:
 
 def test_each_rank_is_bound_to_its_gpu_and_uses_nccl(tmp_path: Path) -> None:
     n = torch.cuda.device_count()
-    results = run_ranks(what_the_rank_sees, (), {}, Platform(device="gpu", n_gpus_per_node=n), tmp_path)
-    assert [r.value["device"] for r in results] == [f"cuda:{k}" for k in range(n)]
-    assert [r.value["current"] for r in results] == list(range(n))
-    assert {r.value["backend"] for r in results} == {"nccl"}
-    assert {r.value["sum"] for r in results} == {n * (n + 1) / 2}
+    values = run_ranks(what_the_rank_sees, platform=Platform(device="gpu", n_gpus_per_node=n), log_dir=tmp_path)
+    assert [v["device"] for v in values] == [f"cuda:{k}" for k in range(n)]
+    assert [v["current"] for v in values] == list(range(n))
+    assert {v["backend"] for v in values} == {"nccl"}
+    assert {v["sum"] for v in values} == {n * (n + 1) / 2}
 
 
 def test_gloo_on_gpu_ranks_works_too(tmp_path: Path) -> None:
-    (result,) = run_ranks(what_the_rank_sees, (), {}, Platform(device="gpu", n_gpus_per_node=1, backend="gloo"), tmp_path)
-    assert result.value["backend"] == "gloo" and result.value["device"] == "cuda:0"
+    (value,) = run_ranks(what_the_rank_sees, platform=Platform(device="gpu", n_gpus_per_node=1, backend="gloo"),
+                         log_dir=tmp_path)
+    assert value["backend"] == "gloo" and value["device"] == "cuda:0"
 
 
 def test_more_gpus_than_present_is_refused() -> None:

@@ -42,7 +42,7 @@ from hydra.test_utils.launcher_common_tests import (
 from hydra.test_utils.test_utils import SweepTaskFunction, integration_test
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hydra_plugins.hydra_ddpw_launcher.local_launcher import LocalLauncher
+from hydra_plugins.hydra_ddpw_launcher.local_launcher import DdpwLocalLauncher
 
 RANKS = (1, 2)
 LAUNCHERS: Dict[str, int] = {f"ddpw_cpu_ranks{n}": n for n in RANKS}
@@ -143,7 +143,7 @@ def hydra_sweep_runner(launcher_name: str) -> Any:
 # ----------------------------------------------------------------------------------------- plugin
 def test_discovery() -> None:
     """Hydra's plugin discovery lists the ddpw launcher."""
-    assert LocalLauncher.__name__ in [x.__name__ for x in Plugins.instance().discover(Launcher)]
+    assert DdpwLocalLauncher.__name__ in [x.__name__ for x in Plugins.instance().discover(Launcher)]
 
 
 def test_info_plugins_lists_launcher(tmp_path: Path) -> None:
@@ -160,10 +160,10 @@ def test_info_plugins_lists_launcher(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     launchers = out.stdout.split("Launcher:", 1)[1].split("Sweeper:", 1)[0]
-    assert "LocalLauncher" in launchers.split(), out.stdout
+    assert "DdpwLocalLauncher" in launchers.split(), out.stdout
     # Another installed plugin may have a class of the same name; ours is the one discovery finds here.
     found = {f"{c.__module__}.{c.__qualname__}" for c in Plugins.instance().discover(Launcher)}
-    assert "hydra_plugins.hydra_ddpw_launcher.local_launcher.LocalLauncher" in found
+    assert "hydra_plugins.hydra_ddpw_launcher.local_launcher.DdpwLocalLauncher" in found
     out = subprocess.run(
         [sys.executable, str(app), "--info", "defaults", "hydra/launcher=ddpw_cpu"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,

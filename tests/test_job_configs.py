@@ -11,7 +11,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.types import HydraContext
 from omegaconf import DictConfig
 
-from ddpw_runtime.job_configs import compose_once, forget_unused, job_config
+from ddpw_runtime.hydra_jobs.compose_once import compose_once, forget_unused, job_config
 from tests.helpers import APPS
 
 

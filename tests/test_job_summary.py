@@ -1,6 +1,7 @@
-"""The console lines of a job (`ddpw_runtime.job_summary`): the start line and end summary as a user
-sees them (a real run, output to a pipe: no colour; to a terminal: coloured), and the summary of
-each kind of failure."""
+"""The console lines of a job (`ddpw_runtime.hydra_jobs.summary`): the start line and end summary as a
+user sees them (a real run, output to a pipe: no colour; to a terminal: coloured), and the summary of
+each kind of failure: the cause in one line and every rank's status (the traceback is in the job's
+error, printed once)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Optional
 
 import pytest
 
-from ddpw_runtime.job_summary import failed_summary, rank_ranges, rank_statuses, use_colour
-from ddpw_runtime.results import JobTimedOut, RankFailure, RankResult
+from ddpw_runtime.errors import JobTimedOut, RankFailure
+from ddpw_runtime.hydra_jobs.summary import failed_summary, rank_ranges, rank_statuses, use_colour
+from ddpw_runtime.launch.outcome import RankOutcome, failure
+from ddpw_runtime.launch.records import RankResult
 from tests.helpers import APPS, run_app
 
 ESC = "\033["
@@ -25,18 +28,14 @@ def raised(exc: BaseException) -> BaseException:
     """`exc` with a real traceback."""
     try:
         raise exc
-    except BaseException as caught:  # noqa: BLE001 - returned to the caller
+    except BaseException as caught:  # returned to the caller
         return caught
 
 
-def failure(rank: int, results: List[Optional[RankResult]], exit_codes: Dict[int, int],
-            traceback_text: Optional[str] = None) -> RankFailure:
-    """A RankFailure as the supervisor builds it, for rank `rank`."""
-    own = results[rank]
-    error_type, message = (own.error_type, own.error_message) if own else ("RankKilled", "killed by SIGSEGV")
-    text = traceback_text if traceback_text is not None else (own.traceback if own else "")
-    return RankFailure(rank, 0, exit_codes.get(rank), error_type, message, text, f"rank_{rank}.log", results,
-                       exit_codes)
+def outcome(rank: int, result: Optional[RankResult], code: Optional[int], stopped: bool = False) -> RankOutcome:
+    """How rank `rank` ended, as the supervisor records it."""
+    signals = frozenset({signal.SIGTERM, signal.SIGKILL}) if stopped else frozenset()
+    return RankOutcome(rank, 0, result, code, stopped, signals, log_file=f"rank_{rank}.log")
 
 
 def test_a_run_prints_a_start_line_and_a_summary_per_job_without_colour_on_a_pipe(tmp_path: Path) -> None:
@@ -48,14 +47,14 @@ def test_a_run_prints_a_start_line_and_a_summary_per_job_without_colour_on_a_pip
     assert "[ddpw] job #1 started: 2 ranks on cpu, output dir multirun/" in out
     completed = [line for line in out.splitlines() if line.startswith("[ddpw] job #0 COMPLETED in ")]
     assert len(completed) == 1 and completed[0].endswith("/0/rank_<k>.log")
-    assert ": ranks 0-1 ok (exit 0); logs multirun/" in completed[0]
+    assert ": ranks 0-1 ok; logs multirun/" in completed[0]
     summary = out[out.index("[ddpw] job #1 FAILED after "):].splitlines()
     assert summary[0].endswith("s: rank 1 failed: ValueError: rank asked to fail")
     assert "  rank 1: FAILED (exit 1)" in summary
     assert any(line.startswith("  rank 0: ") for line in summary)  # stopped, failed too or ok: timing
-    assert "  traceback of rank 1 (first lines):" in summary
-    assert '        raise ValueError("rank asked to fail")' in summary
     assert summary[-1].startswith("  logs: multirun/") and summary[-1].endswith("/1/rank_<k>.log")
+    assert 'raise ValueError("rank asked to fail")' not in out  # the traceback is shown once, in the error
+    assert proc.stderr.count('raise ValueError("rank asked to fail")') == 1
 
 
 def test_a_terminal_gets_colour(tmp_path: Path) -> None:
@@ -106,54 +105,55 @@ def test_rank_ranges() -> None:
     assert rank_ranges([3, 0, 1, 2, 5, 7, 8]) == "0-3, 5, 7-8"
 
 
-def test_summary_of_a_raised_exception_groups_ranks_and_shows_the_first_traceback_lines() -> None:
-    error = raised(ValueError("bad batch"))
-    own = RankResult.failure(1, error)
-    long_text = "\n".join([own.traceback.rstrip()] + [f"  extra line {i}" for i in range(20)])
-    results: List[Optional[RankResult]] = [None, own] + [None] * 6
-    codes = {0: -signal.SIGTERM, 1: 1, **{r: -signal.SIGTERM for r in range(2, 8)}}
-    failed = failure(1, results, codes, traceback_text=long_text)
+def test_summary_of_a_raised_exception_groups_ranks_and_names_the_cause() -> None:
+    own = RankResult.failure(1, raised(ValueError("bad batch")))
+    outcomes = [outcome(r, None, -signal.SIGTERM, stopped=True) for r in range(8)]
+    outcomes[1] = outcome(1, own, 1)
+    failed = failure(outcomes)
+    assert isinstance(failed, RankFailure)
     assert rank_statuses(failed)[1] == "FAILED (exit 1)"
     text = failed_summary(3, failed, 12.34, "multirun/x/3")
-    lines = text.splitlines()
-    assert lines[0] == "[ddpw] job #3 FAILED after 12.3 s: rank 1 failed: ValueError: bad batch"
-    assert "  ranks 0, 2-7: stopped (SIGTERM, exit -15)" in lines
-    assert "  rank 1: FAILED (exit 1)" in lines
-    assert "    Traceback (most recent call last):" in lines
-    assert any(line.startswith("    ... (") and line.endswith(" more lines in rank_1.log)") for line in lines)
-    assert lines[-1] == "  logs: multirun/x/3/rank_<k>.log"
+    assert text.splitlines() == [
+        "[ddpw] job #3 FAILED after 12.3 s: rank 1 failed: ValueError: bad batch",
+        "  ranks 0, 2-7: stopped (SIGTERM, exit -15)",
+        "  rank 1: FAILED (exit 1)",
+        "  logs: multirun/x/3/rank_<k>.log",
+    ]
     assert ESC not in text
     assert ESC in failed_summary(3, failed, 1.0, "multirun/x/3", colour=True)
 
 
-def test_summary_of_a_crashed_rank_shows_its_crash_report_and_the_peers_that_failed_after_it() -> None:
+def test_summary_names_the_peers_that_failed_after_a_crash_and_the_error_shows_the_crash_report(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "rank_1.log"
+    log.write_text("hello\nFatal Python error: Segmentation fault\n\nCurrent thread 0x7f (most recent call "
+                   'first):\n  File "t.py", line 3 in f\n')
     peer = RankResult.failure(0, raised(RuntimeError("Connection closed by peer")))
-    tail = "\n".join([
-        "last lines of rank_1.log:", "hello", "Fatal Python error: Segmentation fault", "",
-        "Current thread 0x7f (most recent call first):", '  File "t.py", line 3 in f',
-    ])
-    failed = failure(1, [peer, None], {0: 1, 1: -signal.SIGSEGV}, traceback_text=tail)
+    crashed = RankOutcome(1, 0, None, -signal.SIGSEGV, log_file=str(log))
+    failed = failure([outcome(0, peer, 1), crashed])
+    assert isinstance(failed, RankFailure)
     lines = failed_summary(0, failed, 0.5, "outputs/d").splitlines()
-    assert lines[0].endswith("rank 1 failed: RankKilled: killed by SIGSEGV")
+    assert lines[0].endswith("rank 1 failed: RankKilled: killed by SIGSEGV (exit code -11)")
     assert "  rank 0: failed too: RuntimeError (exit 1)" in lines
     assert "  rank 1: FAILED (SIGSEGV, exit -11)" in lines
-    start = lines.index("  crash report in rank 1's log (first lines):")
-    assert lines[start + 1] == "    Fatal Python error: Segmentation fault"
-    assert "    hello" not in lines
+    assert failed.log_tail.splitlines()[0] == "Fatal Python error: Segmentation fault"
+    assert "hello" not in failed.log_tail and "--- end of rank 1's log ---" in str(failed)
 
 
-def test_summary_of_a_rank_that_exited_without_a_traceback_shows_its_last_log_lines() -> None:
-    tail = "last lines of rank_0.log:\n" + "\n".join(f"line {i}" for i in range(30))
-    failed = failure(0, [None, RankResult.success(1, 3)], {0: 3, 1: 0}, traceback_text=tail)
+def test_summary_of_a_rank_that_exited_without_a_traceback_and_the_end_of_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "rank_0.log"
+    log.write_text("".join(f"line {i}\n" for i in range(30)))
+    exited = RankOutcome(0, 0, None, 3, log_file=str(log))
+    failed = failure([exited, outcome(1, RankResult.success(1, 3), 0)])
+    assert isinstance(failed, RankFailure)
     lines = failed_summary(0, failed, 0.5, "outputs/d").splitlines()
     assert "  rank 0: FAILED (exit 3)" in lines and "  rank 1: ok (exit 0)" in lines
-    start = lines.index("  last lines of rank 0's log:")
-    assert lines[start + 1] == "    ... (20 earlier lines in rank_0.log)"
-    assert lines[start + 2:start + 12] == [f"    line {i}" for i in range(20, 30)]
+    assert failed.log_tail.splitlines() == [f"line {i}" for i in range(10, 30)]
 
 
 def test_summary_of_another_error_shows_its_message() -> None:
     timed_out = JobTimedOut(5, {0: "step (t.py:3)", 1: "load (t.py:9)"})
     lines = failed_summary(2, timed_out, 300.0, "o").splitlines()
     assert lines[0].startswith("[ddpw] job #2 FAILED after 300.0 s: JobTimedOut: the job ran past its")
-    assert "    rank 1: load (t.py:9)" in lines
+    assert lines[-1] == "  logs: o/rank_<k>.log"

@@ -21,9 +21,11 @@ from hydra.core.utils import JobReturn, JobStatus
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import SlurmLauncherConf
-from ddpw_runtime.results import RankFailure, RankResult
-from ddpw_runtime.slurm_results import NodeOutcome, SlurmJobError, job_return, root_cause
-from ddpw_runtime.slurm_script import sbatch_parameters
+from ddpw_runtime.errors import RankFailure, SlurmJobError
+from ddpw_runtime.launch.outcome import RankOutcome
+from ddpw_runtime.launch.records import RaisedError, RankResult
+from ddpw_runtime.slurm.outcomes import NodeOutcome, job_return
+from ddpw_runtime.slurm.sbatch import sbatch_parameters
 from tests.helpers import job_dirs, leftover, run_app, seen, start_app, wait_for
 
 
@@ -255,25 +257,20 @@ def test_sbatch_parameters_follow_the_platform() -> None:
     assert "gpus_per_node" not in sbatch_parameters(gres, options)  # the user's gres asks for them
 
 
-def _failure(rank: int, node: int, message: str, at: float) -> NodeOutcome:
-    result = RankResult(rank, False, error_type="RuntimeError", error_message=message, finished_at=at)
-    failure = RankFailure(rank, node, 1, "RuntimeError", message, "", None, [result])
-    return NodeOutcome(node, 0, [], failure, at)
-
-
-def test_root_cause_is_the_earliest_own_failure_on_any_node() -> None:
-    lost = _failure(0, 0, "Connection closed by peer", at=1.0)  # earlier, but only lost its peer
-    own = _failure(3, 1, "bad batch", at=2.0)
-    later = _failure(5, 2, "another", at=3.0)
-    assert root_cause([lost, later, own]) is own.failure
-    assert root_cause([lost]) is lost.failure
+def _failed(rank: int, node: int, message: str, at: float) -> NodeOutcome:
+    """A node whose rank `rank` raised `message` at time `at`."""
+    result = RankResult(rank, error=RaisedError("RuntimeError", message, ""), finished_at=at)
+    return NodeOutcome(node, 0, ranks=[RankOutcome(rank, node, result, 1, ended_at=at)])
 
 
 def test_a_cancelled_job_is_reported_as_cancelled_not_as_a_lost_connection() -> None:
-    lost = _failure(0, 0, "Connection closed by peer", at=1.0)
+    lost = _failed(0, 0, "Connection closed by peer", at=1.0)
     ended = SlurmJobError("SLURM job 7 was cancelled")
-    ret = job_return(JobReturn(status=JobStatus.FAILED), 2, "CANCELLED by 0", {0: lost}, {}, ended)
+    ret, _ = job_return(JobReturn(status=JobStatus.FAILED), 2, "CANCELLED by 0", {0: lost}, {}, ended)
     assert ret.status is JobStatus.FAILED and ret._return_value is ended
+    own = _failed(3, 1, "bad batch", at=2.0)
+    ret, _ = job_return(JobReturn(status=JobStatus.FAILED), 2, "CANCELLED by 0", {0: lost, 1: own}, {}, ended)
+    assert isinstance(ret._return_value, RankFailure) and ret._return_value.rank == 3  # a rank's own failure first
     ok = NodeOutcome(0, 0, ["a"], job_return=JobReturn(status=JobStatus.COMPLETED, _return_value="a"))
-    done = job_return(ok.job_return, 2, "COMPLETED", {0: ok, 1: NodeOutcome(1, 0, ["b"])}, {}, ended)  # type: ignore[arg-type]
-    assert done.return_value == "a" and done.rank_values == ["a", "b"]  # type: ignore[attr-defined]
+    done, values = job_return(ok.job_return, 2, "COMPLETED", {0: ok, 1: NodeOutcome(1, 0, ["b"])}, {}, ended)  # type: ignore[arg-type]
+    assert done.return_value == "a" and values == ["a", "b"]

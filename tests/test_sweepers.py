@@ -52,12 +52,3 @@ def test_basic_sweeper_in_batches_numbers_jobs_across_batches(tmp_path: Path) ->
     assert [(t["job_num"], t["x"]) for t in trials] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]
     starts = [line for line in proc.stdout.splitlines() if line.startswith("[ddpw] job #")]
     assert [line.split()[2] for line in starts if "started" in line] == ["#0", "#1", "#2", "#3"]
-
-
-def test_a_sweep_without_m_whose_first_batch_is_one_job_keeps_a_subdir_per_job(tmp_path: Path) -> None:
-    overrides = ("--config-name", "sweep", "x=0,1", "hydra.sweeper.max_batch_size=1")
-    proc = run_app(tmp_path, *overrides, app="sweep_app.py")  # no -m: the `ddpw` node sweeps
-    assert proc.returncode == 0, proc.stderr
-    jobs = job_dirs(tmp_path)
-    assert [job.name for job in jobs] == ["0", "1"]
-    assert jobs[0].parent == jobs[1].parent and jobs[0].parent.relative_to(tmp_path).parts[0] == "outputs"

@@ -205,7 +205,7 @@ def test_bad_config_is_refused_through_platform_from_config(bad: Bad) -> None:
 
 def test_engine_check_refuses_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     """`engine.check` is what the runtime calls first; with the GPU count mocked to 0 it refuses nccl."""
-    from ddpw_runtime import engine
+    from ddpw_runtime.launch import engine
 
     monkeypatch.setattr(engine, "gpus_available", lambda platform: 0)  # mocks only the GPU count
     with pytest.raises(ConfigError) as info:
@@ -218,7 +218,7 @@ def test_engine_check_refuses_before_anything_starts(monkeypatch: pytest.MonkeyP
 
 def test_engine_check_bad_count_on_slurm_is_a_config_error() -> None:
     """The engine asks `uses_gpus` before `validate`; a bad count must still give a ConfigError."""
-    from ddpw_runtime import engine
+    from ddpw_runtime.launch import engine
 
     with pytest.raises(ConfigError) as info:
         engine.check(platform_from_config({"device": "slurm", "n_gpus_per_node": "two"}))
@@ -227,7 +227,7 @@ def test_engine_check_bad_count_on_slurm_is_a_config_error() -> None:
 
 
 def test_engine_check_upon_finish_that_does_not_import() -> None:
-    from ddpw_runtime import engine
+    from ddpw_runtime.launch import engine
 
     with pytest.raises(ConfigError) as info:
         engine.check(Platform(upon_finish="no_such_module_ddpw.sub:fn"))

@@ -218,7 +218,7 @@ def test_caller_rank_does_not_wait_for_a_rank_that_failed_before_joining(tmp_pat
         runner.start(who, FailsToUnpickleOnRank1())
     failure = info.value
     assert failure.rank == 1 and "cannot rebuild on rank 1" in str(failure)
-    assert failure.results[0] is not None and failure.results[0].is_secondary
+    assert failure.outcomes[0].stopped  # rank 0, still joining, was stopped: not a cause
     assert [v[0] for v in runner.start(who, 0)] == [0, 1]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
@@ -12,22 +12,21 @@ from ddpw_conf.launcher import LocalLauncherConf
 from hydra_plugins.hydra_ddpw_launcher.base import DdpwLauncher
 
 
-class LocalLauncher(DdpwLauncher[LocalLauncherConf]):
-    """Runs every job of a sweep as a distributed job on this machine (see `ddpw_runtime.hydra_launch`)."""
+class DdpwLocalLauncher(DdpwLauncher[LocalLauncherConf]):
+    """Runs every job of a sweep as a distributed job on this machine (see `ddpw_runtime.hydra_jobs.local`)."""
 
     options_type = LocalLauncherConf
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep what `launch` needs; the sweep's checks and this launcher compose each job's config
-        once between them (`ddpw_runtime.job_configs`)."""
-        from ddpw_runtime.job_configs import compose_once
+        once between them (`ddpw_runtime.hydra_jobs.compose_once`)."""
+        from ddpw_runtime.hydra_jobs.compose_once import compose_once
 
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         compose_once(hydra_context)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Run each job as a distributed job; one JobReturn per job."""
-        from ddpw_runtime.hydra_launch import launch
+        from ddpw_runtime.hydra_jobs.local import launch
 
-        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        return launch(self.hydra_context, self.task_function, self.config, job_overrides, initial_job_idx, self.options)
+        return launch(*self.launching(), job_overrides, initial_job_idx, self.options)

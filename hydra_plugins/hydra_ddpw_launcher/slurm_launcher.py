@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn
 
@@ -10,14 +10,13 @@ from ddpw_conf.launcher import SlurmLauncherConf
 from hydra_plugins.hydra_ddpw_launcher.base import DdpwLauncher
 
 
-class SlurmLauncher(DdpwLauncher[SlurmLauncherConf]):
-    """Submits every job of a sweep to SLURM and waits for it (see `ddpw_runtime.slurm_submit`)."""
+class DdpwSlurmLauncher(DdpwLauncher[SlurmLauncherConf]):
+    """Submits every job of a sweep to SLURM and waits for it (see `ddpw_runtime.slurm.submit`)."""
 
     options_type = SlurmLauncherConf
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Submit each job (equal resources as one job array) and wait; one JobReturn per job."""
-        from ddpw_runtime.slurm_submit import launch
+        from ddpw_runtime.slurm.submit import launch
 
-        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        return launch(self.hydra_context, self.task_function, self.config, job_overrides, initial_job_idx, self.options)
+        return launch(*self.launching(), job_overrides, initial_job_idx, self.options)

@@ -1,0 +1,127 @@
+"""The errors a user of hydra-ddpw may catch: a failed job (`RankFailure`), a job past its time limit
+(`JobTimedOut`), a SLURM job that ended without its result (`SlurmJobError`).
+
+They are `CompactHydraException`s: Hydra prints their message alone, without the launcher's own frames.
+Their messages carry everything worth showing (the failed rank's traceback, where each rank was).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hydra.errors import CompactHydraException
+
+if TYPE_CHECKING:
+    from ddpw_runtime.launch.records import RankResult
+    from ddpw_runtime.launch.outcome import RankOutcome
+
+
+class RankFailure(RuntimeError, CompactHydraException):
+    """A distributed job failed; describes the rank that failed first (the root cause).
+
+    `rank`, `node`, `exit_code`, `error_type`, `error_message`, `traceback_text` (its traceback, when
+    it raised), `log_tail` (the end of its log, or the crash report there, when it died without one)
+    and `log_file` say what happened. `outcomes` holds every rank's outcome (`RankOutcome`);
+    `results` and `exit_codes` are views of it. The original exception is `__cause__` when it could be
+    sent back.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        node: int,
+        exit_code: int | None,
+        error_type: str,
+        error_message: str,
+        traceback_text: str = "",
+        log_tail: str = "",
+        log_file: str | None = None,
+        outcomes: Sequence[RankOutcome] = (),
+    ) -> None:
+        self.rank = rank
+        self.node = node
+        self.exit_code = exit_code
+        self.error_type = error_type
+        self.error_message = error_message
+        self.traceback_text = traceback_text
+        self.log_tail = log_tail
+        self.log_file = log_file
+        self.outcomes = list(outcomes)
+        super().__init__(self._describe())
+
+    @property
+    def cause(self) -> str:
+        """`Type: message` of the root cause."""
+        return f"{self.error_type}: {self.error_message}" if self.error_message else self.error_type
+
+    @property
+    def results(self) -> list[RankResult | None]:
+        """What every rank sent back, by rank (None for ranks that sent nothing)."""
+        return [outcome.result for outcome in self.outcomes]
+
+    @property
+    def exit_codes(self) -> dict[int, int]:
+        """Every rank's exit code by rank, where known (negative: killed by that signal)."""
+        return {o.rank: o.exit_code for o in self.outcomes if o.exit_code is not None}
+
+    def _describe(self) -> str:
+        parts = [f"rank {self.rank} (node {self.node}) failed: {self.cause}"]
+        if self.traceback_text:
+            parts.append(f"--- traceback of rank {self.rank} ---\n{self.traceback_text.rstrip()}")
+        elif self.log_tail:
+            parts.append(f"--- end of rank {self.rank}'s log ---\n{self.log_tail.rstrip()}")
+        if self.log_file:
+            parts.append(f"(full output of rank {self.rank}: {self.log_file})")
+        return "\n".join(parts)
+
+    def __reduce__(self) -> Any:
+        return (
+            RankFailure,
+            (self.rank, self.node, self.exit_code, self.error_type, self.error_message, self.traceback_text,
+             self.log_tail, self.log_file, self.outcomes),
+        )
+
+
+class JobTimedOut(RuntimeError, CompactHydraException):
+    """The job ran past `platform.timeout_min` and was stopped; `where` maps each rank to the
+    place its stack dump shows it was (also in each rank's log)."""
+
+    def __init__(self, timeout_min: float, where: dict[int, str]) -> None:
+        self.timeout_min = timeout_min
+        self.where = where
+        lines = [f"the job ran past its time limit (platform.timeout_min={timeout_min}) and was stopped; "
+                 "where each rank was:"]
+        lines += [f"  rank {rank}: {place}" for rank, place in sorted(where.items())]
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self) -> Any:
+        return (JobTimedOut, (self.timeout_min, self.where))
+
+
+class SlurmJobError(RuntimeError, CompactHydraException):
+    """A SLURM job ended without every node's result: cancelled, timed out, out of memory, lost a node,
+    or a node controller failed outside the ranks. The message says which, and where the logs are."""
+
+
+class RankStopped(Exception):
+    """Raised inside a rank that runs in the caller's own process (a plain run's rank 0, or
+    `Wrapper(caller_rank=True)`) when the job is stopped around it: another rank failed, or the time
+    limit passed. The job's error names the real cause."""
+
+
+class Interrupted(SystemExit, KeyboardInterrupt):
+    """Ctrl-C in a plain run: raised in the task as a KeyboardInterrupt (`except KeyboardInterrupt`
+    catches it, to save a checkpoint say); when nothing catches it, the program exits 130 without a
+    traceback, as it does after every rank was given the signal and stopped."""
+
+    def __init__(self) -> None:
+        super().__init__(130)
+
+
+class Terminated(SystemExit):
+    """The controller received SIGTERM; its ranks were given the signal and stopped. Exits with 143
+    when not caught, as a process killed by SIGTERM would."""
+
+    def __init__(self) -> None:
+        super().__init__(143)

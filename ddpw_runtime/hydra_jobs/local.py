@@ -1,0 +1,72 @@
+"""The local launcher's launch: one Hydra job = one distributed job on this machine.
+
+Every job is prepared (composed, checked) before the first starts; then Hydra's `run_job` is called
+once per job with a `JobTask`, so the output dir, `.hydra/`, the job log and the callbacks happen
+exactly once per job.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+from ddpw_conf import LocalLauncherConf, Platform
+from ddpw_runtime.hydra_jobs.prepare import PreparedJob, prepare_jobs
+from ddpw_runtime.hydra_jobs.summary import interrupted_line
+from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, JobTask
+from ddpw_runtime.launch.engine import NodeJob, check, describe
+from ddpw_runtime.launch.supervisor import Grace
+
+log = logging.getLogger(__name__)
+
+
+def launch(
+    hydra_context: HydraContext,
+    task_function: TaskFunction,
+    config: DictConfig,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+    options: LocalLauncherConf,
+) -> list[JobReturn]:
+    """Run each job of a batch as a distributed job; one JobReturn per job, in order."""
+    options.validate()
+
+    def check_here(platform: Platform) -> None:
+        check(platform)
+        options.validate_platform(platform)
+
+    jobs = prepare_jobs(hydra_context, config, job_overrides, initial_job_idx, check_here)
+    runs: list[JobReturn] = []
+    for job in jobs:
+        log.info(f"#{job.idx} : {job.shown}")
+        if options.dry_run:
+            print(f"--- job #{job.idx}: {job.shown or '(no overrides)'} (dry run, nothing started)\n"
+                  f"{describe(job.platform, job.output_dir)}")
+            runs.append(DdpwJobReturn(overrides=job.overrides, cfg=job.config, status=JobStatus.COMPLETED))
+            continue
+        runs.append(_run(hydra_context, task_function, job, options))
+        configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    return runs
+
+
+def node_job(job: PreparedJob, options: LocalLauncherConf) -> NodeJob:
+    """How the engine runs `job` with these options."""
+    return NodeJob(job.platform, job.output_dir, Grace(options.stop_grace_s, options.interrupt_grace_s),
+                   max_restarts=options.max_restarts)
+
+
+def _run(hydra_context: HydraContext, task_function: TaskFunction, job: PreparedJob, options: LocalLauncherConf) -> DdpwJobReturn:
+    task = JobTask(task_function, node_job(job, options), job.idx)
+    key, subkey = job.dir_keys
+    try:
+        ret = run_job(hydra_context=hydra_context, task_function=task, config=job.config, job_dir_key=key,
+                      job_subdir_key=subkey)
+    except KeyboardInterrupt:
+        sys.stderr.write(interrupted_line(job.idx) + "\n")
+        raise SystemExit(130) from None
+    return DdpwJobReturn.of(ret, task.values)

@@ -1,0 +1,124 @@
+"""Preparing the jobs of a launch, the same for every ddpw launcher: each job's config composed once,
+its id and number, its `platform` read and checked (every job before the first starts), and its
+output dir and `${now:...}` values pinned, so every rank, every node and every restart of the job
+sees the same ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import configure_log, filter_overrides, setup_globals
+from hydra.types import HydraContext
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
+
+from ddpw_conf import Platform, platform_from_config
+from ddpw_runtime.hydra_jobs.compose_once import forget_unused, job_config
+
+RUN_DIR_KEYS = ("hydra.run.dir", None)
+"""`run_job`'s output dir keys for a plain run: the run dir itself."""
+SWEEP_DIR_KEYS = ("hydra.sweep.dir", "hydra.sweep.subdir")
+"""`run_job`'s output dir keys for a job of a sweep: a subdir of the sweep dir."""
+
+
+@dataclass
+class PreparedJob:
+    """One Hydra job, ready to run."""
+
+    idx: int
+    overrides: list[str]
+    config: DictConfig
+    platform: Platform
+    output_dir: Path
+    dir_keys: tuple[str, str | None] = SWEEP_DIR_KEYS
+
+    @property
+    def shown(self) -> str:
+        """The job's overrides as Hydra shows them (`#3 : lr=0.1 seed=2`)."""
+        return " ".join(filter_overrides(self.overrides))
+
+
+def prepare_jobs(
+    hydra_context: HydraContext,
+    config: DictConfig,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+    check: Callable[[Platform], Any],
+) -> list[PreparedJob]:
+    """Every job of a launch, composed (once, see `compose_once`), numbered, its platform checked by
+    `check` (which raises `ConfigError`), its output dir pinned."""
+    setup_globals()
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    jobs = []
+    try:
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            job_cfg = job_config(hydra_context, config, overrides)
+            with open_dict(job_cfg):
+                job_cfg.hydra.job.id = idx
+                job_cfg.hydra.job.num = idx
+            jobs.append(prepared(job_cfg, idx, list(overrides), check, SWEEP_DIR_KEYS))
+    finally:
+        forget_unused(hydra_context)
+    return jobs
+
+
+def prepared(
+    config: DictConfig, idx: int, overrides: list[str], check: Callable[[Platform], Any], dir_keys: tuple[str, str | None]
+) -> PreparedJob:
+    """One composed job config made a `PreparedJob`: platform checked, output dir and `${now:}` pinned."""
+    with hydra_config_of(config):
+        platform = platform_from_config(OmegaConf.select(config, "platform"))
+    check(platform)
+    output_dir = pin_output_dir(config, dir_keys)
+    pin_now(config)
+    return PreparedJob(idx, overrides, config, platform, output_dir, dir_keys)
+
+
+@contextmanager
+def hydra_config_of(config: DictConfig) -> Iterator[None]:
+    """`HydraConfig` set to `config`'s while the block runs (`${hydra:...}` resolves against it)."""
+    saved = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(config)
+    try:
+        yield
+    finally:
+        HydraConfig.instance().cfg = saved  # type: ignore[assignment]
+
+
+def pin_output_dir(config: DictConfig, dir_keys: tuple[str, str | None]) -> Path:
+    """Resolve the keys of a job's output dir (`dir_keys`, as `run_job` takes them) once, write them
+    back as plain values, and return the job's output dir."""
+    keys = [key for key in dir_keys if key is not None]
+    with hydra_config_of(config):
+        values = [str(OmegaConf.select(config, key)) for key in keys]
+    with read_write(config.hydra), open_dict(config.hydra):
+        for key, value in zip(keys, values, strict=True):
+            OmegaConf.update(config, key, value, merge=False)
+    return Path(*values).absolute()
+
+
+def pin_now(config: DictConfig) -> None:
+    """Resolve every value of the task's config that uses `${now:...}` once, here: Hydra's `now`
+    resolver caches its result in the config, and the cache travels with it, so every rank (and the
+    job's `.hydra/config.yaml`) gets the same time instead of the time it happens to read it."""
+    plain = OmegaConf.to_container(config, resolve=False)
+    assert isinstance(plain, dict)
+    for path in _paths_using_now({key: value for key, value in plain.items() if key != "hydra"}):
+        OmegaConf.select(config, path, throw_on_resolution_failure=False, throw_on_missing=False)
+
+
+def _paths_using_now(node: Any, prefix: str = "") -> list[str]:
+    if isinstance(node, dict):
+        items: Any = node.items()
+    elif isinstance(node, (list, ListConfig)):
+        items = enumerate(node)
+    else:
+        return [prefix] if isinstance(node, str) and "${now:" in node else []
+    found = []
+    for key, value in items:
+        found += _paths_using_now(value, f"{prefix}.{key}" if prefix else str(key))
+    return found

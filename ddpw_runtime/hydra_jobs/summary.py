@@ -1,0 +1,169 @@
+"""The console lines of a job: one when it starts, a short summary when it ends.
+
+    [ddpw] job #0 started: 2 ranks on cpu, output dir outputs/2026-11-22/13-29-00
+    [ddpw] job #0 COMPLETED in 4.1 s: ranks 0-1 ok; logs outputs/2026-11-22/13-29-00/rank_<k>.log
+
+A failed job's summary gives the root cause in one line and each rank's status and exit code; the root
+cause's traceback is in the job's error, which Hydra prints once. Plain text, coloured only on a
+terminal that supports it (see `use_colour`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from ddpw_conf import Platform
+from ddpw_runtime.errors import RankFailure
+from ddpw_runtime.launch.outcome import signal_name
+
+PREFIX = "[ddpw]"
+_STATUS_COLOURS = {"FAILED": "red", "ok": "green"}
+_CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33"}
+
+
+def use_colour(stream: TextIO) -> bool:
+    """Whether to colour what goes to `stream`: a terminal, `NO_COLOR` unset (or empty), `TERM` not dumb."""
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+    return tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+class _Style:
+    def __init__(self, colour: bool) -> None:
+        self.colour = colour
+
+    def __call__(self, text: str, *names: str) -> str:
+        if not self.colour or not names:
+            return text
+        codes = ";".join(_CODES[name] for name in names)
+        return f"\033[{codes}m{text}\033[0m"
+
+
+def shown_path(path: Path, base: Path) -> str:
+    """`path` relative to `base` when it lies under it (shorter on the console), else as it is."""
+    try:
+        return str(Path(path).relative_to(base))
+    except ValueError:
+        return str(path)
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """`[0, 1, 2, 5]` as `0-2, 5`."""
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and spans[-1][1] == rank - 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:  # it ran in the launching process, or its end was never seen
+        return ""
+    if code < 0:
+        return f"{signal_name(-code)}, exit {code}"
+    return f"exit {code}"
+
+
+def rank_statuses(failure: RankFailure) -> dict[int, str]:
+    """Each rank's status in a failed job, with its exit code: `FAILED` (the root cause), `ok`,
+    `failed too` (a failure after the root cause, such as a lost connection), `stopped` (by the
+    launcher), `killed` (by a signal it did not send) or `exited`."""
+    statuses = {}
+    for outcome in failure.outcomes:
+        result, code = outcome.result, outcome.exit_code
+        if outcome.rank == failure.rank:
+            status = "FAILED"
+        elif result is not None and result.ok and code in (0, None):
+            status = "ok"
+        elif result is not None and result.error is not None:
+            status = f"failed too: {result.error.type_name}"
+        elif outcome.stopped:
+            status = "stopped"
+        elif code is not None and code < 0:
+            status = "killed"
+        else:
+            status = "exited"
+        text = _exit_text(code)
+        statuses[outcome.rank] = f"{status} ({text})" if text else status
+    return statuses
+
+
+def _head(style: _Style, job: int, what: str, *colours: str) -> str:
+    """`[ddpw] job #N <what>`, `what` in `colours`."""
+    return f"{style(PREFIX, 'dim')} {style(f'job #{job}', 'bold')} {style(what, *colours)}"
+
+
+def start_line(job: int, world_size: int, device: str, output_dir: str, colour: bool = False) -> str:
+    """The line printed when a job's ranks start."""
+    ranks = f"{world_size} rank" + ("s" if world_size != 1 else "")
+    return f"{_head(_Style(colour), job, 'started')}: {ranks} on {device}, output dir {output_dir}"
+
+
+def completed_summary(job: int, world_size: int, duration_s: float, log_dir: str, colour: bool = False) -> str:
+    """The line printed when every rank of a job returned (each exited 0)."""
+    style = _Style(colour)
+    ranks = ("ranks " if world_size > 1 else "rank ") + rank_ranges(list(range(world_size)))
+    return (
+        f"{_head(style, job, 'COMPLETED', 'green', 'bold')} in {duration_s:.1f} s: "
+        f"{ranks} {style('ok', 'green')}; logs {log_dir}/rank_<k>.log"
+    )
+
+
+def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: str, colour: bool = False) -> str:
+    """The lines printed when a job failed: the cause in one line and, for a `RankFailure`, each rank's
+    status and exit code."""
+    style = _Style(colour)
+    head = f"{_head(style, job, 'FAILED', 'red', 'bold')} after {duration_s:.1f} s: "
+    if isinstance(error, RankFailure):
+        lines = [head + f"rank {error.rank} failed: {error.cause}"]
+        by_status: dict[str, list[int]] = {}
+        for rank, status in rank_statuses(error).items():
+            by_status.setdefault(status, []).append(rank)
+        for status, ranks in sorted(by_status.items(), key=lambda item: item[1][0]):
+            label = ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
+            lines.append(f"  {label}: {style(status, _STATUS_COLOURS.get(status.split()[0], 'yellow'))}")
+    else:
+        message = str(error).splitlines() or [""]
+        lines = [head + type(error).__name__ + (f": {message[0]}" if message[0] else "")]
+    lines.append(f"  logs: {log_dir}/rank_<k>.log")
+    return "\n".join(lines)
+
+
+def interrupted_line(job: int) -> str:
+    """What is printed (on stderr) when Ctrl-C stopped a job."""
+    return f"Interrupted: every rank of job #{job} was stopped."
+
+
+class JobConsole:
+    """Prints one job's start line and end summary to `out` (stdout by default, where Hydra logs)."""
+
+    def __init__(self, job: int, platform: Platform, output_dir: Path, base: Path, out: TextIO | None = None) -> None:
+        self.job = job
+        self.world_size = platform.world_size
+        self.device = platform.device
+        self.output_dir = shown_path(output_dir, base)
+        self.out = out if out is not None else sys.stdout
+        self.colour = use_colour(self.out)
+
+    def started(self) -> None:
+        """Print the start line."""
+        self._print(start_line(self.job, self.world_size, self.device, self.output_dir, self.colour))
+
+    def completed(self, duration_s: float) -> None:
+        """Print the summary of a job whose every rank returned."""
+        self._print(completed_summary(self.job, self.world_size, duration_s, self.output_dir, self.colour))
+
+    def failed(self, error: BaseException, duration_s: float) -> None:
+        """Print the summary of a failed job."""
+        self._print(failed_summary(self.job, error, duration_s, self.output_dir, self.colour))
+
+    def _print(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()

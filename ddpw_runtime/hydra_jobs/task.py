@@ -1,0 +1,81 @@
+"""The task Hydra's `run_job` calls in a controller, the same for the local launcher and every SLURM
+node: the user's task on every rank of this node, rank 0's value as the job's. And the JobReturn
+that carries every rank's value."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn
+from hydra.types import TaskFunction
+from omegaconf import DictConfig
+
+from ddpw_runtime.hydra_jobs.summary import JobConsole
+from ddpw_runtime.launch.engine import NodeJob, run_ranks
+from ddpw_runtime.launch.payload import TaskCall
+
+
+@dataclass
+class DdpwJobReturn(JobReturn):
+    """Hydra's JobReturn of a distributed job: `return_value` is rank 0's value, `rank_values` every
+    rank's, by rank."""
+
+    rank_values: list[Any] = field(default_factory=list)
+
+    @staticmethod
+    def of(ret: JobReturn, rank_values: list[Any]) -> DdpwJobReturn:
+        """`ret` with `rank_values`."""
+        return DdpwJobReturn(**{f.name: getattr(ret, f.name) for f in fields(JobReturn)}, rank_values=rank_values)
+
+
+class JobTask:
+    """What `run_job` calls: runs the user's task on every rank of this node (`job`, its log dir being
+    the job's output dir) and returns rank 0's value; every rank's value is kept in `values`.
+
+    It carries the user's function's name, module and docstring (and `__wrapped__`), so callbacks that
+    look at `on_job_start(task_function=...)` see the user's task. `announce`: print the job's start
+    line and end summary (the node whose console the user watches). `around_ranks`: a context entered
+    while the ranks run (the SLURM node's preemption handling).
+    """
+
+    def __init__(
+        self,
+        task_function: TaskFunction,
+        job: NodeJob,
+        idx: int,
+        announce: bool = True,
+        around_ranks: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> None:
+        functools.update_wrapper(self, task_function)
+        self.task_function = task_function
+        self.job = job
+        self.idx = idx
+        self.announce = announce
+        self.around_ranks = around_ranks
+        self.values: list[Any] = []
+
+    def __call__(self, cfg: DictConfig) -> Any:
+        """Run the ranks; rank 0's value."""
+        runtime = HydraConfig.get().runtime
+        job = replace(self.job, log_dir=Path(runtime.output_dir))
+        console = JobConsole(self.idx, job.platform, job.log_dir, Path(runtime.cwd)) if self.announce else None
+        started = time.monotonic()
+        if console is not None:
+            console.started()
+        try:
+            with self.around_ranks():
+                self.values = run_ranks(TaskCall(self.task_function, (cfg,)), job)
+        except Exception as error:
+            if console is not None:
+                console.failed(error, time.monotonic() - started)
+            raise
+        if console is not None:
+            console.completed(time.monotonic() - started)
+        return self.values[0]

@@ -1,0 +1,340 @@
+"""What the console shows of a job's ranks (`platform.console_ranks`), and how each of those ranks'
+output also lands whole in its log file.
+
+- When the console is not a terminal (a pipe, a file, a notebook), a console rank writes straight to
+  its log file, and `ConsoleEcho` follows the file onto the console.
+- When it is a terminal, a console rank writes into a pseudo-terminal of its own, so `isatty()` is
+  true in it and progress bars and colours look as they would on the terminal itself; `TerminalCopy`
+  copies everything it writes to the terminal and to its log file.
+
+Either way, `freeze()` stops the console at once (after what it holds now): what stopped ranks write
+afterwards (the errors of ranks that lost a peer, stack dumps, messages of their signal handlers) stays
+in their logs only.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import select
+import sys
+import termios
+import threading
+import tty
+from pathlib import Path
+from typing import TextIO, Union
+
+_CHUNK = 1 << 16
+_IDLE_WAIT_S = 0.05
+_DRAIN_WAIT_S = 2.0
+"""After a rank ended, how long its terminal copy waits for the last of its output (a process the
+rank started may still hold the terminal open)."""
+
+
+Console = Union[int, TextIO]
+"""Where console lines go: a file descriptor, or a stream without one (a notebook's `sys.stdout`)."""
+
+
+def console_of(stream: TextIO) -> Console:
+    """`stream`'s file descriptor, or the stream itself when it has none."""
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return stream
+
+
+class _Lines:
+    """Writes one rank's output to the console: as it comes, or line by line with `prefix` before each
+    line (so the lines of several ranks do not mix)."""
+
+    def __init__(self, console: Console, prefix: str) -> None:
+        self.console = console
+        self.prefix = prefix.encode()
+        self.partial = b""
+
+    def write(self, data: bytes) -> None:
+        if not self.prefix:
+            _write_all(self.console, data)
+            return
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        if lines:
+            _write_all(self.console, b"".join(self.prefix + line + b"\n" for line in lines))
+
+    def end(self) -> None:
+        if self.prefix and self.partial:
+            _write_all(self.console, self.prefix + self.partial + b"\n")
+        self.partial = b""
+
+
+def _write_all(console: Console, data: bytes) -> None:
+    try:
+        if isinstance(console, int):
+            while data:
+                data = data[os.write(console, data):]
+        else:
+            console.write(data.decode("utf-8", "backslashreplace"))
+            console.flush()
+    except (OSError, ValueError):
+        pass  # a console that went away: the log still gets everything
+
+
+def _prefix(job_prefix: str, rank: int, ranked: bool) -> str:
+    return job_prefix + (f"[rank {rank}] " if ranked else "")
+
+
+class ConsoleEcho:
+    """Follows log files and copies what they get to the console, each rank's lines after
+    its prefix in `prefixes`. Reads in bounded chunks, so memory does not grow with the output; `stop()`
+    copies whatever is left (unless frozen), so nothing written before the ranks ended is missed."""
+
+    def __init__(self, files: dict[int, Path], console: Console, prefixes: dict[int, str] | None = None) -> None:
+        self.files = files
+        self._lines = {rank: _Lines(console, (prefixes or {}).get(rank, "")) for rank in files}
+        self._offsets = {rank: _size(path) for rank, path in files.items()}
+        self._lock = threading.Lock()
+        self._frozen = False
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="ddpw-console", daemon=True)
+
+    def start(self) -> None:
+        """Start following."""
+        if self.files:
+            self._thread.start()
+
+    def freeze(self) -> None:
+        """Copy what the files hold now, then stop copying."""
+        with self._lock:
+            if not self._frozen:
+                self._copy_all({rank: _size(path) for rank, path in self.files.items()})
+
+    def stop(self) -> None:
+        """Copy what is left (unless frozen) and stop following."""
+        if self._thread.is_alive():
+            self._stopping.set()
+            self._thread.join()
+        with self._lock:
+            if not self._frozen:
+                self._copy_all(None)
+
+    def _copy_all(self, limits: dict[int, int] | None) -> None:
+        for rank in self.files:
+            while self._copy(rank, None if limits is None else limits[rank]):
+                pass
+            self._lines[rank].end()
+        self._frozen = True
+
+    def _follow(self) -> None:
+        while not self._stopping.is_set():
+            with self._lock:
+                progressed = not self._frozen and any([self._copy(rank, None) for rank in self.files])
+            if not progressed:
+                self._stopping.wait(_IDLE_WAIT_S)
+
+    def _copy(self, rank: int, limit: int | None) -> bool:
+        offset = self._offsets[rank]
+        size = _CHUNK if limit is None else min(_CHUNK, limit - offset)
+        if size <= 0:
+            return False
+        try:
+            with open(self.files[rank], "rb") as src:
+                src.seek(offset)
+                data = src.read(size)
+        except FileNotFoundError:
+            return False
+        if not data:
+            return False
+        self._offsets[rank] += len(data)
+        self._lines[rank].write(data)
+        return True
+
+
+class TerminalCopy:
+    """A pseudo-terminal for one rank's output (`slave_fd` becomes the rank's fds 1 and 2), copied to
+    the console terminal and appended to the rank's log file by a thread."""
+
+    def __init__(self, log_file: Path, console_fd: int, prefix: str) -> None:
+        self.master_fd, self.slave_fd = os.openpty()
+        tty.setraw(self.slave_fd)  # bytes pass as written; the console terminal does its own translation
+        try:
+            size = fcntl.ioctl(console_fd, termios.TIOCGWINSZ, b"\0" * 8)
+            fcntl.ioctl(self.slave_fd, termios.TIOCSWINSZ, size)
+        except OSError:
+            pass
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        self._log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._lines = _Lines(console_fd, prefix)
+        self._frozen = threading.Event()
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._copy, name="ddpw-terminal", daemon=True)
+        self._thread.start()
+
+    def handed_over(self) -> None:
+        """The rank holds the terminal now: close this process's copy of its side, so the copy ends
+        when the rank (and whatever it started) has closed it."""
+        if self.slave_fd >= 0:
+            os.close(self.slave_fd)
+            self.slave_fd = -1
+
+    def freeze(self) -> None:
+        """Stop copying to the console (the log still gets everything)."""
+        self._frozen.set()
+
+    def stop(self, wait_s: float = _DRAIN_WAIT_S) -> None:
+        """Wait (at most `wait_s`) until everything the rank wrote is copied, then close."""
+        self.handed_over()
+        if not self._ended.wait(wait_s):
+            self._frozen.set()
+        self._thread.join(wait_s)
+        if not self._thread.is_alive():
+            os.close(self.master_fd)
+            os.close(self._log_fd)
+
+    def _copy(self) -> None:
+        try:
+            while True:
+                ready, _, _ = select.select([self.master_fd], [], [], _IDLE_WAIT_S)
+                if not ready:
+                    continue
+                try:
+                    data = os.read(self.master_fd, _CHUNK)
+                except OSError as exc:  # EIO: every holder of the rank's side has closed it
+                    if exc.errno != errno.EIO:
+                        raise
+                    data = b""
+                if not data:
+                    return
+                _write_all(self._log_fd, data)
+                if not self._frozen.is_set():
+                    self._lines.write(data)
+        finally:
+            if not self._frozen.is_set():
+                self._lines.end()
+            self._ended.set()
+
+
+class ConsoleRanks:
+    """The console of one node's job: a `TerminalCopy` for each console rank when the console is a
+    terminal, else a `ConsoleEcho` of their log files. `job_prefix` goes before every line (a job's
+    number when jobs run side by side); `[rank k]` too when `ranked` (more than one rank is shown)."""
+
+    def __init__(self, log_files: dict[int, Path], job_prefix: str = "", ranked: bool = False) -> None:
+        console = console_of(sys.stdout)
+        # A copy of the console's descriptor: this process's own may be redirected later (a plain run's
+        # rank 0 takes it over), and this console must still reach the terminal.
+        self._own_fd = os.dup(console) if isinstance(console, int) and log_files else None
+        console = self._own_fd if self._own_fd is not None else console
+        self.terminals: dict[int, TerminalCopy] = {}
+        self.echo: ConsoleEcho | None = None
+        if isinstance(console, int) and os.isatty(console):
+            self.terminals = {
+                rank: TerminalCopy(path, console, _prefix(job_prefix, rank, ranked)) for rank, path in log_files.items()
+            }
+        else:
+            prefixes = {rank: _prefix(job_prefix, rank, ranked) for rank in log_files}
+            self.echo = ConsoleEcho(log_files, console, prefixes)
+        self._sys_flush()
+
+    def terminal_of(self, rank: int) -> int | None:
+        """The descriptor that rank `rank` writes its output to, when it gets a terminal."""
+        copy = self.terminals.get(rank)
+        return copy.slave_fd if copy is not None else None
+
+    def handed_over(self, rank: int) -> None:
+        """Rank `rank` has started with its terminal."""
+        copy = self.terminals.get(rank)
+        if copy is not None:
+            copy.handed_over()
+
+    def __enter__(self) -> ConsoleRanks:
+        if self.echo is not None:
+            self.echo.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def freeze(self) -> None:
+        """Stop showing the ranks' output (see the module docstring)."""
+        if self.echo is not None:
+            self.echo.freeze()
+        for copy in self.terminals.values():
+            copy.freeze()
+
+    def stop(self) -> None:
+        """Show what is left (unless frozen) and stop."""
+        if self.echo is not None:
+            self.echo.stop()
+            self.echo = None
+        for copy in self.terminals.values():
+            copy.stop()
+        self.terminals = {}
+        if self._own_fd is not None:
+            os.close(self._own_fd)
+            self._own_fd = None
+
+    @staticmethod
+    def _sys_flush() -> None:
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _size(path: Path) -> int:
+    """Current size of `path` (0 when absent): echo starts there, so earlier runs are not repeated."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+class CallerOutput:
+    """This process's own output while it is a rank (a plain run's rank 0): fds 1 and 2 go to the rank's
+    log file, and from there to the console with `prefix` before each line when `shown`, as for any
+    console rank (through a terminal of its own when the console is a terminal, so `isatty()` stays
+    true). `stop()` puts them back."""
+
+    def __init__(self, log_file: Path, prefix: str = "", shown: bool = True) -> None:
+        ConsoleRanks._sys_flush()
+        sys.stderr.flush()
+        self._saved = (os.dup(1), os.dup(2))
+        self.copy: TerminalCopy | None = None
+        self.echo: ConsoleEcho | None = None
+        if shown and os.isatty(1):
+            self.copy = TerminalCopy(log_file, self._saved[0], prefix)
+            target = self.copy.slave_fd
+        else:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            target = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            if shown:
+                self.echo = ConsoleEcho({0: log_file}, self._saved[0], {0: prefix})
+                self.echo.start()
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        if self.copy is None:
+            os.close(target)
+
+    def freeze(self) -> None:
+        """Stop showing this process's output (see the module docstring)."""
+        if self.echo is not None:
+            self.echo.freeze()
+        if self.copy is not None:
+            self.copy.freeze()
+
+    def stop(self) -> None:
+        """Show what is left (unless frozen) and give this process its own output back."""
+        ConsoleRanks._sys_flush()
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(self._saved[0], 1)
+        os.dup2(self._saved[1], 2)
+        if self.copy is not None:
+            self.copy.stop()
+        if self.echo is not None:
+            self.echo.stop()
+        for fd in self._saved:  # the copies write to them until they stop
+            os.close(fd)

@@ -1,0 +1,204 @@
+"""The local engine: validate, plan, start the ranks of one node, supervise them, hand back results.
+
+Used by the Hydra launchers (a local job, a SLURM node), by a plain run's ranks around the user's own
+process, and by `Wrapper`. The controller process never imports torch here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ddpw_conf import ConfigError, Platform
+from ddpw_runtime.errors import RankFailure
+from ddpw_runtime.launch import rendezvous
+from ddpw_runtime.launch.console import ConsoleRanks
+from ddpw_runtime.launch.outcome import RankOutcome, failure, note_failures
+from ddpw_runtime.launch.payload import RankPayload, TaskCall
+from ddpw_runtime.launch.plan import LaunchPlan, plan_local
+from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.launch.starter import RankStarter, get_starter
+from ddpw_runtime.launch.supervisor import Grace, NodeRanks, supervise
+
+log = logging.getLogger("ddpw")
+
+
+@dataclass(frozen=True)
+class NodeJob:
+    """One node's part of a distributed job, as the engine runs it."""
+
+    platform: Platform
+    log_dir: Path
+    grace: Grace = field(default_factory=Grace)
+    node_rank: int = 0
+    master_addr: str | None = None
+    """Where the ranks meet when the platform does not say (the first node of a SLURM allocation)."""
+    master_port: int | None = None
+    run_id: str | None = None
+    """The job's id as the ranks see it (`TORCHELASTIC_RUN_ID`, `run_id()`): the same on every node and
+    across restarts when given, else a new random id."""
+    max_restarts: int = 0
+    console_prefix: str = ""
+    """Put before every console line of this job's ranks (a job's number when jobs run side by side)."""
+
+
+def gpus_available(platform: Platform) -> int | None:
+    """The number of CUDA GPUs here, asked only for platforms that use GPUs (it imports torch)."""
+    if not platform.uses_gpus:
+        return None
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def check(platform: Platform, here: bool = True) -> Platform:
+    """Validate `platform` (`here`: for this machine, whose GPUs are counted) and resolve `upon_finish`,
+    before anything starts."""
+    platform.validate(gpus_available(platform) if here else None)
+    if platform.upon_finish:
+        resolve_callable("platform.upon_finish", platform.upon_finish)
+    return platform
+
+
+def resolve_callable(key: str, path: str) -> Callable[..., Any]:
+    """The callable named by `module:function` or `module.function`; ConfigError when it is not there."""
+    module_name, _, name = path.rpartition(":") if ":" in path else path.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(key, path, f"cannot import it ({exc}); give 'package.module:function'") from exc
+    if not callable(fn):
+        raise ConfigError(key, path, "this names something that is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+class LocalJob:
+    """The ranks of one node of one job, ready to start: the rank starter, the rendezvous socket (bound
+    before any rank starts, on the node that hosts the store), the plan, the payload, a private folder
+    for the results. Use it as a context manager: leaving it closes the socket and removes the folder.
+
+    `host_store_here`: this process hosts the job's store (its rank 0 runs here, see `caller_rank.py`)
+    instead of rank 0's process.
+    """
+
+    def __init__(self, task: TaskCall, job: NodeJob, host_store_here: bool = False) -> None:
+        platform = check(job.platform)
+        self.job = job
+        self.starter: RankStarter = get_starter(preload=platform.spawn_method == "forkserver")
+        hosts_store = job.node_rank == 0 and platform.ipc_protocol == "tcp"
+        self.listener = rendezvous.listen(platform, job.master_addr, job.master_port) if hosts_store else None
+        self.workdir = Path(tempfile.mkdtemp(prefix="ddpw-"))
+        try:
+            port = self.listener.getsockname()[1] if self.listener is not None else job.master_port
+            self.plan: LaunchPlan = plan_local(
+                platform, Path(job.log_dir).resolve(), self.workdir, job.run_id or uuid.uuid4().hex[:12],
+                job.node_rank, job.master_addr, port, job.max_restarts,
+            )
+            extra_env = {"TORCHELASTIC_USE_AGENT_STORE": "True"} if host_store_here else {}
+            self.payload = RankPayload(self.plan, task.pack(), ProcessState.capture(extra_env), str(self.workdir))
+            self.payload_path = self.workdir / "payload.pkl"
+            self.payload.write(self.payload_path)
+        except BaseException:
+            self.close()
+            raise
+        if platform.verbose:
+            log.info(self.plan.one_line())
+
+    @property
+    def listen_fd(self) -> int | None:
+        """The bound rendezvous socket's descriptor, on the node that hosts the store."""
+        return self.listener.fileno() if self.listener is not None else None
+
+    @property
+    def console_ranks(self) -> list[int]:
+        """This node's ranks that the console shows (`platform.console_ranks`)."""
+        return [rank for rank in self.plan.console_ranks if rank in self.plan.global_ranks]
+
+    def console_prefix(self, rank: int) -> str:
+        """What goes before each console line of `rank`: the job's prefix, and `[rank k]` when the
+        console shows more than one rank."""
+        return self.job.console_prefix + (f"[rank {rank}] " if len(self.console_ranks) > 1 else "")
+
+    def console(self, skip: int | None = None) -> ConsoleRanks:
+        """The console of this node's console ranks, but `skip` (a rank that runs in this process)."""
+        files = {rank: self.plan.log_file(rank) for rank in self.console_ranks if rank != skip}
+        return ConsoleRanks(files, self.job.console_prefix, ranked=len(self.console_ranks) > 1)
+
+    def ranks(self, ranks: list[int], console: ConsoleRanks, on_stop: Callable[[], None] = lambda: None) -> NodeRanks:
+        """`ranks` of this node, to start as processes of their own (see `supervise`)."""
+        return NodeRanks(self.starter, self.payload, self.payload_path, self.job.grace, ranks, console,
+                         self.listen_fd, on_stop)
+
+    def run(self) -> list[RankOutcome]:
+        """Start every rank of this node as a process of its own and wait for them."""
+        with self.console() as console:
+            return supervise(self.ranks(self.plan.global_ranks, console))
+
+    def close(self) -> None:
+        """Close the rendezvous socket and remove the private folder."""
+        if self.listener is not None:
+            self.listener.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalJob:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def settle(job: NodeJob, outcomes: list[RankOutcome]) -> None:
+    """After a node's ranks ended: write each failed rank's traceback into its log, say what the ranks
+    warned of, raise the `RankFailure` of the root cause if any rank failed, else call
+    `platform.upon_finish`."""
+    note_failures(outcomes)
+    for warning in dict.fromkeys(o.result.warning for o in outcomes if o.result is not None and o.result.warning):
+        log.warning(warning)
+    made = failure(outcomes)
+    if made is not None:
+        raise made
+    if job.platform.upon_finish:
+        resolve_callable("platform.upon_finish", job.platform.upon_finish)()
+
+
+def run_ranks(task: TaskCall, job: NodeJob, caller_rank: bool = False) -> list[Any]:
+    """Run `task` on every rank of this node; the return values of this node's ranks in rank order.
+    Raises RankFailure (root cause first) when any rank fails; no rank outlives the call.
+
+    With `caller_rank`, rank 0 runs in this process (see `caller_rank.py`; this imports torch here)
+    and its value is the object itself, not a copy.
+    """
+    from ddpw_runtime.launch.caller_rank import CallerRank, check_caller_rank
+
+    if caller_rank:
+        check_caller_rank(job.platform)
+    with LocalJob(task, job, host_store_here=caller_rank) as local:
+        if not caller_rank:
+            outcomes = local.run()
+            settle(job, outcomes)
+            return [o.result.value() for o in outcomes if o.result is not None]
+        with CallerRank(local) as rank_zero:
+            own = rank_zero.call(task)
+            outcomes = rank_zero.finish()
+        try:
+            settle(job, outcomes)
+        except RankFailure as failure:
+            if failure.rank == 0 and rank_zero.own_error is not None:
+                failure.__cause__ = rank_zero.own_error  # the object itself, not a copy
+            raise
+        return [own, *(o.result.value() for o in outcomes[1:] if o.result is not None)]
+
+
+def describe(platform: Platform, log_dir: Path) -> str:
+    """The platform and launch plan as a dry run prints them (nothing is started)."""
+    check(platform)
+    plan = plan_local(platform, Path(log_dir).resolve(), Path("<private dir>"), "<run id>")
+    return f"{plan.describe()}\n--- platform ---\n{platform.summary()}"

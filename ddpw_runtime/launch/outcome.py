@@ -1,0 +1,150 @@
+"""How every rank of a job ended (`RankOutcome`), and the one rule that names the root cause of a
+failed job, whichever process or node the ranks ran in.
+
+The rule: among the ranks that failed, prefer those that failed on their own (not ranks the launcher
+stopped, unless they raised or died of a signal the launcher did not send); among those, prefer
+failures that do not merely say a peer went away (gloo's "Connection closed by peer", store
+timeouts); among those, the earliest.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpw_runtime.errors import RankFailure
+from ddpw_runtime.launch.records import RankResult
+
+_LOG_TAIL_LINES = 20
+_CRASH_REPORT = "Fatal Python error"
+"""How faulthandler starts the report it writes into a rank's log when the rank crashes."""
+
+
+@dataclass
+class RankOutcome:
+    """How one rank ended."""
+
+    rank: int
+    node: int
+    result: RankResult | None
+    """What the rank sent back; None when it sent nothing (killed, crashed, exited early)."""
+    exit_code: int | None
+    """Its exit code (negative: the signal that killed it); None for a rank that ran in the caller's
+    own process, or whose end was never seen."""
+    stopped: bool = False
+    """The launcher stopped it: it was still running when the job was stopped or interrupted."""
+    signals_sent: frozenset[int] = frozenset()
+    """The signals the launcher sent to the job's ranks (they explain exits by those signals)."""
+    ended_at: float = field(default_factory=time.time)
+    log_file: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """Whether the rank did not return a value and end cleanly."""
+        return self.result is None or not self.result.ok or self.exit_code not in (0, None)
+
+    @property
+    def own_failure(self) -> bool:
+        """Whether the rank failed by itself rather than being stopped by the launcher. A rank counted
+        as stopped may have died on its own before its end was seen (a segfault or SIGKILL whose peer's
+        "connection closed" came in first): with no result, an exit no signal the launcher sent explains
+        is its own failure."""
+        if self.result is not None and not self.result.ok:
+            return True
+        if self.result is None and self.exit_code is not None and -self.exit_code not in self.signals_sent:
+            return True
+        return not self.stopped
+
+    @property
+    def is_secondary(self) -> bool:
+        """Whether its failure only says that another rank went away first."""
+        error = self.result.error if self.result is not None else None
+        return error is not None and error.is_secondary
+
+
+def root_cause(outcomes: Iterable[RankOutcome]) -> RankOutcome | None:
+    """The rank whose failure explains the job's (see the module docstring); None when none failed."""
+    failed = [o for o in outcomes if o.failed]
+    if not failed:
+        return None
+    own = [o for o in failed if o.own_failure] or failed
+    primary = [o for o in own if not o.is_secondary] or own
+    return min(primary, key=lambda o: (o.result.finished_at if o.result is not None else o.ended_at))
+
+
+def failure(outcomes: Sequence[RankOutcome]) -> RankFailure | None:
+    """The `RankFailure` of a job whose ranks ended as `outcomes` (any order, any nodes), naming the root
+    cause with its traceback (or its exit and the end of its log); None when every rank returned."""
+    cause = root_cause(outcomes)
+    if cause is None:
+        return None
+    error = cause.result.error if cause.result is not None else None
+    if error is not None:
+        error_type, message, text, tail = error.type_name, error.message, error.traceback, ""
+    else:
+        error_type, message = describe_exit(cause.exit_code)
+        text, tail = "", log_tail(cause.log_file)
+    made = RankFailure(
+        rank=cause.rank,
+        node=cause.node,
+        exit_code=cause.exit_code,
+        error_type=error_type,
+        error_message=message,
+        traceback_text=text,
+        log_tail=tail,
+        log_file=cause.log_file,
+        outcomes=sorted(outcomes, key=lambda o: o.rank),
+    )
+    made.__cause__ = error.exception() if error is not None else None
+    return made
+
+
+def describe_exit(code: int | None) -> tuple[str, str]:
+    """(type, message) for a rank that ended without an exception of its own."""
+    if code is None:
+        return "RankLost", "the rank ended without an exit status"
+    if code < 0:
+        return "RankKilled", f"killed by {signal_name(-code)} (exit code {code})"
+    if code == 0:
+        return "RankLost", "exited with code 0 but sent no result"
+    return "RankExited", f"exited with code {code} before returning"
+
+
+def signal_name(number: int) -> str:
+    """`SIGKILL` for 9; `signal N` for a number without a name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def log_tail(log_file: str | None) -> str:
+    """What a rank that died without a traceback left at the end of its log: the crash report
+    faulthandler wrote (a segfault's Python stack), else its last lines."""
+    if log_file is None:
+        return ""
+    try:
+        lines = Path(log_file).read_text(errors="backslashreplace").splitlines()
+    except FileNotFoundError:
+        return ""
+    crash = [i for i, line in enumerate(lines) if line.startswith(_CRASH_REPORT)]
+    shown = lines[crash[-1]:][:_LOG_TAIL_LINES] if crash else lines[-_LOG_TAIL_LINES:]
+    return "\n".join(shown)
+
+
+def note_failures(outcomes: Iterable[RankOutcome]) -> None:
+    """Write what each failed rank raised at the end of its log (ranks do not print it themselves, so
+    the console, which echoes some logs while the job runs, never shows the errors that only follow
+    from the root cause)."""
+    for outcome in outcomes:
+        error = outcome.result.error if outcome.result is not None else None
+        if error is None or outcome.log_file is None:
+            continue
+        try:
+            with open(outcome.log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
+                log.write(f"--- rank {outcome.rank} failed: {error.headline}\n{error.traceback}")
+        except OSError:
+            pass

@@ -1,0 +1,81 @@
+"""What the controller hands to the ranks of one job (`RankPayload`), through a file only the user can
+read, and where the ranks put their results. Data only (no torch): rank processes import it too."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from ddpw_runtime.launch.plan import LaunchPlan
+from ddpw_runtime.launch.process_state import ProcessState
+
+
+@dataclass
+class TaskCall:
+    """The function every rank calls, and its arguments."""
+
+    target: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def pack(self) -> bytes:
+        """Serialised with cloudpickle: functions from `__main__` or a notebook travel by value."""
+        return cloudpickle.dumps(self)
+
+    def __call__(self) -> Any:
+        """Call the target."""
+        return self.target(*self.args, **self.kwargs)
+
+
+def from_task(exc: BaseException) -> BaseException:
+    """`exc` with the frames above the task (the runtime that called it through `TaskCall`) dropped from
+    its traceback, so the traceback starts at the task."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is TaskCall.__call__.__code__:
+            return exc.with_traceback(tb.tb_next)
+        tb = tb.tb_next
+    return exc
+
+
+@dataclass
+class RankPayload:
+    """What every rank of a job needs: the plan, the task (cloudpickled) and the launching process's state."""
+
+    plan: LaunchPlan
+    task: bytes
+    """`TaskCall.pack()`; unpickled after the process state (with Hydra's) is entered."""
+    state: ProcessState
+    result_dir: str
+
+    def result_file(self, rank: int) -> Path:
+        """Where global rank `rank` writes its `RankResult`."""
+        return Path(self.result_dir) / f"rank_{rank}.result"
+
+    def write(self, path: Path) -> None:
+        """Write this payload to `path` with mode 0600."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            pickle.dump(self, out, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def read(path: Path) -> RankPayload:
+        """Read a payload written by `write`."""
+        with open(path, "rb") as src:
+            payload: RankPayload = pickle.load(src)
+        return payload
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` so that readers see either nothing or all of it."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.replace(tmp, path)

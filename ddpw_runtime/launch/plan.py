@@ -1,0 +1,124 @@
+"""`LaunchPlan`: a validated Platform turned into concrete ranks, addresses, files and groups."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from ddpw_conf import Device, Platform
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class LaunchPlan:
+    """Everything needed to start the ranks of one node of one job."""
+
+    platform: Platform
+    node_rank: int
+    world_size: int
+    ranks_per_node: int
+    backend: str
+    device: str
+    """torch device type of each rank: 'cpu', 'cuda' or 'mps'."""
+    master_addr: str
+    master_port: int
+    init_method: str
+    log_dir: Path
+    threads_per_rank: int
+    console_ranks: List[int] = field(default_factory=list)
+    groups: List[List[int]] = field(default_factory=list)
+    run_id: str = ""
+    max_restarts: int = 0
+    """How many times the job may be started again after a failure (torchrun's `--max-restarts`)."""
+
+    @property
+    def global_ranks(self) -> List[int]:
+        """The global ranks that run on this node."""
+        first = self.node_rank * self.ranks_per_node
+        return list(range(first, first + self.ranks_per_node))
+
+    def log_file(self, rank: int) -> Path:
+        """Where the stdout and stderr of global rank `rank` go."""
+        return self.log_dir / f"rank_{rank}.log"
+
+    def one_line(self) -> str:
+        """The plan in one line, as logged when a job starts."""
+        return (
+            f"{self.world_size} rank(s) ({self.platform.n_nodes} node(s) x {self.ranks_per_node}) on "
+            f"{self.device}, {self.backend} via {self.init_method}, logs in {self.log_dir}/rank_<rank>.log"
+        )
+
+    def describe(self) -> str:
+        """A readable multi-line summary, as the dry run prints it."""
+        lines = [
+            f"world size      : {self.world_size} ({self.platform.n_nodes} node(s) x {self.ranks_per_node} rank(s))",
+            f"device          : {self.device}",
+            f"backend         : {self.backend}",
+            f"rendezvous      : {self.init_method}",
+            f"start method    : {self.platform.spawn_method}",
+            f"threads per rank: {self.threads_per_rank}",
+            f"groups          : {self.groups or 'world only'}",
+            f"console ranks   : {self.console_ranks or 'none'}",
+            f"rank logs       : {self.log_file(0).parent}/rank_<rank>.log",
+        ]
+        return "\n".join(lines)
+
+
+def free_port(addr: str) -> int:
+    """A TCP port that is free on `addr` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((addr, 0))
+        return int(sock.getsockname()[1])
+
+
+def torch_device_type(platform: Platform) -> str:
+    """The torch device type a rank of `platform` computes on."""
+    if platform.uses_gpus:
+        return "cuda"
+    return "mps" if platform.device_kind is Device.MPS else "cpu"
+
+
+def plan_local(
+    platform: Platform,
+    log_dir: Path,
+    rendezvous_dir: Path,
+    run_id: str,
+    node_rank: int = 0,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    max_restarts: int = 0,
+) -> LaunchPlan:
+    """The plan for node `node_rank` of a validated `platform`.
+
+    Single-node jobs rendezvous on loopback unless `platform.master_addr` says otherwise; the port is
+    `platform.master_port`, else `master_port`, else a free one. A `file` rendezvous uses a private file
+    in `rendezvous_dir`.
+    """
+    addr = platform.master_addr or master_addr or LOOPBACK
+    port = platform.master_port or master_port or free_port(addr if platform.n_nodes == 1 else "")
+    if platform.ipc_protocol == "file":
+        init_method = f"file://{rendezvous_dir / 'rendezvous'}"
+    else:
+        init_method = f"tcp://{addr}:{port}"
+    cpus = platform.n_cpus_per_node or os.cpu_count() or 1
+    return LaunchPlan(
+        platform=platform,
+        node_rank=node_rank,
+        world_size=platform.world_size,
+        ranks_per_node=platform.ranks_per_node,
+        backend=platform.resolved_backend,
+        device=torch_device_type(platform),
+        master_addr=addr,
+        master_port=port,
+        init_method=init_method,
+        log_dir=log_dir,
+        threads_per_rank=max(1, cpus // platform.ranks_per_node),
+        console_ranks=platform.shown_ranks(),
+        groups=[list(g) for g in platform.ipc_groups],
+        run_id=run_id,
+        max_restarts=max_restarts,
+    )

@@ -1,0 +1,49 @@
+"""The state of the launching process that every rank takes on: environment, working directory, import
+path, and Hydra's and OmegaConf's global state (HydraConfig, the config store, registered resolvers), so
+a rank sees the job as the launching process does (`HydraConfig.get()`, `${hydra:...}`, custom
+resolvers registered in a script or a notebook).
+
+Data only (no torch): the controller captures it, each rank enters it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import cloudpickle
+
+from ddpw_runtime import _compat
+
+
+@dataclass
+class ProcessState:
+    """What a rank takes on from the process that launched it."""
+
+    env: dict[str, str]
+    cwd: str
+    sys_path: list[str]
+    hydra_state: bytes
+    """Hydra's and OmegaConf's global state, cloudpickled (see `_compat.hydra_state`)."""
+
+    @staticmethod
+    def capture(extra_env: Mapping[str, str] | None = None) -> ProcessState:
+        """This process's state now, with `extra_env` added to its environment."""
+        return ProcessState(
+            env={**os.environ, **(extra_env or {})},
+            cwd=os.getcwd(),
+            sys_path=list(sys.path),
+            hydra_state=cloudpickle.dumps(_compat.hydra_state()),
+        )
+
+    def enter(self, rank_env: Mapping[str, str]) -> None:
+        """Make this process's environment, working directory, import path and Hydra state these, with
+        the rank's own variables (`rank_env`) added."""
+        os.environ.clear()
+        os.environ.update(self.env)
+        os.environ.update(rank_env)
+        os.chdir(self.cwd)
+        sys.path[:] = self.sys_path
+        _compat.restore_hydra_state(cloudpickle.loads(self.hydra_state))

@@ -1,0 +1,144 @@
+"""What a rank sends back to its controller: `RankResult`, with its value or its exception as a
+`RaisedError`. Data only (no torch): rank processes import it too.
+
+Anything a rank sends back must be rebuilt in another process. A value or an exception that cannot
+be (an unpicklable value, an exception with an odd constructor, a class the receiving process cannot
+import) travels as text instead; `portable_pickle` is the one place that decides.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+SECONDARY_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "DistStoreError",
+    "DistNetworkError",
+    "ProcessGroupGloo",
+    "Socket Timeout",
+)
+"""Words of the failures that ranks see only because another rank went away first (gloo's lost
+connections, store timeouts); such a failure is never the root cause while another failure exists."""
+
+_TEXT_LIMIT = 20_000
+"""Longest `repr()` text kept for a value that cannot travel."""
+
+
+def portable_pickle(obj: Any) -> bytes | None:
+    """`obj` pickled (cloudpickle: functions and classes of `__main__` by value), or None when it cannot
+    be pickled or the pickle cannot be loaded again (odd constructors fail only when loading)."""
+    try:
+        blob = cloudpickle.dumps(obj)
+        pickle.loads(blob)
+    except Exception:  # any failure to pickle or to load again means: send text instead
+        return None
+    return blob
+
+
+def qualified_name(cls: type) -> str:
+    """`module.QualName` of `cls`, without `builtins.`."""
+    return f"{cls.__module__}.{cls.__qualname__}".removeprefix("builtins.")
+
+
+@dataclass
+class RaisedError:
+    """An exception as type, message and traceback text, plus the exception itself pickled when it
+    survives the trip."""
+
+    type_name: str
+    message: str
+    traceback: str
+    pickled: bytes | None = None
+
+    @staticmethod
+    def of(exc: BaseException) -> RaisedError:
+        """The record of `exc`."""
+        return RaisedError(
+            type_name=qualified_name(type(exc)),
+            message=str(exc),
+            traceback="".join(traceback.format_exception(exc)),
+            pickled=portable_pickle(exc),
+        )
+
+    @property
+    def headline(self) -> str:
+        """`Type: message` (or just `Type`)."""
+        return f"{self.type_name}: {self.message}" if self.message else self.type_name
+
+    @property
+    def is_secondary(self) -> bool:
+        """Whether this failure looks like a consequence of another rank's failure."""
+        text = f"{self.type_name} {self.message}"
+        return any(marker in text for marker in SECONDARY_MARKERS)
+
+    def exception(self) -> BaseException | None:
+        """The exception object, when it could be sent and can be rebuilt here."""
+        if self.pickled is None:
+            return None
+        try:
+            exc: BaseException = pickle.loads(self.pickled)
+        except Exception:  # a class missing here: keep the text form
+            return None
+        return exc
+
+
+@dataclass
+class RankResult:
+    """What one rank sent back: its return value (pickled), or the error it ended with."""
+
+    rank: int
+    error: RaisedError | None = None
+    value_pickle: bytes | None = None
+    value_text: str | None = None
+    """repr() of a return value that could not be pickled (then `value_pickle` is None)."""
+    value_type: str = ""
+    """The qualified name of the return value's class."""
+    warning: str | None = None
+    """Something the rank noticed that the user should hear of (see `environment.lone_rank_warning`)."""
+    finished_at: float = field(default_factory=time.time)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the task returned."""
+        return self.error is None
+
+    @staticmethod
+    def success(rank: int, value: Any) -> RankResult:
+        """A result carrying `value`, or its repr() when it cannot be pickled."""
+        kind = qualified_name(type(value))
+        try:  # not `portable_pickle`: loading a large value again here would double its cost
+            blob = cloudpickle.dumps(value)
+        except Exception as exc:  # any pickling failure turns the value into text
+            return RankResult(rank, value_text=f"{_bounded_repr(value)} (not picklable: {exc})", value_type=kind)
+        return RankResult(rank, value_pickle=blob, value_type=kind)
+
+    @staticmethod
+    def failure(rank: int, exc: BaseException) -> RankResult:
+        """A result describing `exc`."""
+        return RankResult(rank, error=RaisedError.of(exc))
+
+    def value(self) -> Any:
+        """The rank's return value; its text when it could not travel or cannot be rebuilt here (a
+        class this process cannot import)."""
+        if self.value_pickle is None:
+            return self.value_text
+        try:
+            return pickle.loads(self.value_pickle)
+        except Exception as exc:  # the value's class does not exist here
+            return f"<{self.value_type} value that cannot be rebuilt in the launching process: {exc}>"
+
+
+def _bounded_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ still gives a result
+        text = f"<{qualified_name(type(value))} object; repr() failed: {exc}>"
+    return text if len(text) <= _TEXT_LIMIT else text[:_TEXT_LIMIT] + "...(cut)"

@@ -1,0 +1,48 @@
+"""The rendezvous socket: bound by the controller before any rank starts, handed to rank 0.
+
+Binding first means the port is known and held (no window in which another program can take it), a
+fixed port that is busy is refused before anything starts, and the store listens only on the address
+it must: loopback for a single-node job, the first node's address for a multi-node one (torch's own
+TCPStore server would listen on every interface).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from typing import Optional
+
+from ddpw_conf import ConfigError, Platform
+from ddpw_runtime.launch.plan import LOOPBACK
+
+
+def listen(platform: Platform, master_addr: Optional[str], master_port: Optional[int]) -> socket.socket:
+    """A listening socket for the job's TCPStore on `platform.master_addr` (else `master_addr`, else
+    loopback) and `platform.master_port` (else `master_port`, else a free port)."""
+    addr = platform.master_addr or master_addr or LOOPBACK
+    port = platform.master_port or master_port or 0
+    try:
+        info = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ConfigError("platform.master_addr", addr, f"cannot resolve it ({exc}); use an IP address") from exc
+    sock = socket.socket(info[0], socket.SOCK_STREAM)
+    # As torch's own store does: a port whose last job's connections linger in TIME_WAIT (a requeued
+    # SLURM job gets the same port) can be bound again; a port someone listens on still cannot.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(info[4])
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                "platform.master_port", port, "another program is listening on this port; choose a free "
+                "port or leave master_port unset (null) to get a free one per job",
+            ) from exc
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise ConfigError(
+                "platform.master_addr", addr, "this machine has no such address; use one of its own "
+                "addresses, or leave master_addr unset (null)",
+            ) from exc
+        raise
+    return sock

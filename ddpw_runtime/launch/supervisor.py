@@ -1,0 +1,323 @@
+"""Starts the ranks of one node, waits for them, stops them all on the first failure, and tells how
+each ended (`RankOutcome`; `outcome.py` names the root cause).
+
+Every wait is bounded: a rank gets `stop_grace_s` after SIGTERM, then SIGKILL; a rank that has not
+exited `KILL_WAIT_S` after SIGKILL (stuck in the kernel, as on a hung GPU call) is reported by rank and
+pid and left behind rather than wedging the controller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddpw_runtime.errors import JobTimedOut, Terminated
+from ddpw_runtime.launch.console import ConsoleRanks
+from ddpw_runtime.launch.outcome import RankOutcome, note_failures
+from ddpw_runtime.launch.payload import RankPayload
+from ddpw_runtime.launch.records import RankResult
+from ddpw_runtime.launch.signals import send_to_group
+from ddpw_runtime.launch.stacks import where
+from ddpw_runtime.launch.starter import RankExited, RankStarter
+
+log = logging.getLogger(__name__)
+
+KILL_WAIT_S = 10.0
+"""How long a rank may take to vanish after SIGKILL before it is reported as stuck and left behind."""
+_STACK_DUMP_WAIT_S = 0.1
+"""Longest wait for faulthandler to write a rank's stacks (SIGUSR1) before the rank is stopped."""
+_STACK_DUMP_QUIET_S = 0.01
+"""A rank's stacks count as written once its log grew and then did not change for this long."""
+_STACK_DUMP_POLL_S = 0.002
+
+
+@dataclass
+class Grace:
+    """How long ranks get to end after a signal."""
+
+    stop_s: float = 1.0
+    """After SIGTERM, when another rank failed or the time limit passed."""
+    interrupt_s: float = 10.0
+    """After Ctrl-C or SIGTERM to the controller (passed on to them)."""
+
+
+class NodeRanks:
+    """The ranks of one node as they start, run and end: their pids, how each ended, how to stop them.
+
+    One thread supervises them (`supervise`); another may ask for them to be stopped
+    (`request_stop`, `request_interrupt`), which wakes the supervising thread.
+    """
+
+    def __init__(
+        self,
+        starter: RankStarter,
+        payload: RankPayload,
+        payload_path: Path,
+        grace: Grace,
+        ranks: Sequence[int],
+        console: ConsoleRanks | None = None,
+        listen_fd: int | None = None,
+        on_stop: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.starter = starter
+        self.payload = payload
+        self.payload_path = payload_path
+        self.grace = grace
+        self.ranks = list(ranks)
+        self.console = console
+        self.on_stop = on_stop
+        self.listen_fd = listen_fd
+        self.pids: dict[int, int] = {}
+        """rank by pid"""
+        self.codes: dict[int, int] = {}
+        self.ended_at: dict[int, float] = {}
+        self.stopped: set[int] = set()
+        """Ranks that were still running when the job was stopped."""
+        self.signals_sent: set[int] = set()
+        self._requests: list[int] = []
+        self._wake_r, self._wake_w = os.pipe()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def start(self, on_start: Callable[[int], None] | None = None) -> None:
+        """Start every rank (`on_start(pid)` after each)."""
+        plan = self.payload.plan
+        first = plan.global_ranks[0]
+        for rank in self.ranks:
+            terminal = self.console.terminal_of(rank) if self.console is not None else None
+            pid = self.starter.start(
+                str(self.payload_path), rank - first, self.listen_fd if rank == 0 else None, terminal
+            )
+            if self.console is not None:
+                self.console.handed_over(rank)
+            self.pids[pid] = rank
+            if on_start is not None:
+                on_start(pid)
+
+    def running(self) -> list[int]:
+        """The pids of the ranks still running."""
+        return [pid for pid, rank in self.pids.items() if rank not in self.codes]
+
+    def request_stop(self) -> None:
+        """Ask the supervising thread to stop the ranks as after a failure (callable from any thread)."""
+        self._request(signal.SIGTERM)
+
+    def request_interrupt(self, sig: int) -> None:
+        """Ask the supervising thread to pass `sig` (SIGINT or SIGTERM) on to the ranks and give them
+        `grace.interrupt_s` (callable from any thread)."""
+        self._request(-sig)
+
+    def _request(self, code: int) -> None:
+        with self._lock:
+            if not self._closed:  # once supervision is over, there is nothing left to stop
+                self._requests.append(code)
+                os.write(self._wake_w, b"!")
+
+    def send(self, sig: int, group: bool = True) -> None:
+        """Send `sig` to every running rank (and, with `group`, to what it started)."""
+        self.signals_sent.add(sig)
+        for pid in self.running():
+            send_to_group(pid, sig, group)
+
+    def _record(self, event: RankExited) -> int:
+        rank = self.pids[event.pid]
+        self.codes[rank] = event.exit_code
+        self.ended_at[rank] = time.time()
+        return rank
+
+    def _begin_stop(self) -> None:
+        """Stop showing the ranks' output, dump the running ranks' stacks into their logs (where each
+        was: the console shows it for a time limit), then send them SIGTERM."""
+        if self.console is not None:
+            self.console.freeze()
+        self.on_stop()
+        running = [self.pids[pid] for pid in self.running()]
+        self.stopped.update(running)
+        if running:
+            logs = [self.payload.plan.log_file(rank) for rank in running]
+            before = [_size(log) for log in logs]
+            self.send(signal.SIGUSR1, group=False)
+            _wait_for_dumps(logs, before)
+        self.send(signal.SIGTERM)
+
+    def wait(self) -> bool:
+        """Wait for every rank; on the first failure (or a stop request) stop the others (SIGTERM,
+        SIGKILL after `grace.stop_s`). Returns whether the job hit its time limit and was stopped."""
+        grace_end = float("inf")
+        limit_end = time.monotonic() + self.payload.plan.platform.timeout_min * 60.0
+        timed_out = False
+        while self.running():
+            timeout = min(grace_end, limit_end) - time.monotonic()
+            event = self.starter.next_exit(None if timeout == float("inf") else max(0.0, timeout), self._wake_r)
+            if event is None:
+                if self._take_requests():
+                    if not self.stopped:
+                        self._begin_stop()
+                        grace_end = time.monotonic() + self.grace.stop_s
+                elif time.monotonic() >= grace_end:
+                    self.kill()
+                    grace_end = float("inf")
+                elif time.monotonic() >= limit_end:
+                    timed_out, limit_end = True, float("inf")
+                    self._begin_stop()
+                    grace_end = time.monotonic() + self.grace.stop_s
+                continue
+            rank = self._record(event)
+            if self.codes[rank] != 0 and not self.stopped:
+                self._begin_stop()
+                grace_end = time.monotonic() + self.grace.stop_s
+        return timed_out
+
+    def _take_requests(self) -> bool:
+        """Act on the requests of other threads; whether a stop was asked for."""
+        if not self._requests:
+            return False
+        os.read(self._wake_r, 4096)
+        requests, self._requests = self._requests, []
+        interrupts = [-code for code in requests if code < 0]
+        if interrupts:
+            self.interrupt(interrupts[0], self.grace.interrupt_s)
+        return bool(requests)
+
+    def interrupt(self, sig: int, grace_s: float) -> None:
+        """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace_s` to finish, then kill
+        them; a second Ctrl-C kills them at once."""
+        self.stopped.update(self.pids[pid] for pid in self.running())
+        self.send(sig)
+        end = time.monotonic() + grace_s
+        try:
+            while self.running():
+                event = self.starter.next_exit(max(0.0, end - time.monotonic()), self._wake_r)
+                if event is None:
+                    break  # the grace is over, or another thread asked again: kill now
+                self._record(event)
+        except KeyboardInterrupt:
+            pass
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL every running rank and wait until each has exited, at most `KILL_WAIT_S`."""
+        self.stopped.update(self.pids[pid] for pid in self.running())
+        self.send(signal.SIGKILL)
+        end = time.monotonic() + KILL_WAIT_S
+        while self.running():
+            event = self.starter.next_exit(max(0.0, end - time.monotonic()))
+            if event is None:
+                for pid in self.running():
+                    log.error(
+                        "rank %d (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a "
+                        "hung GPU call); it is left behind", self.pids[pid], pid, KILL_WAIT_S,
+                    )
+                return
+            self._record(event)
+
+    def outcomes(self) -> list[RankOutcome]:
+        """How each rank ended, in rank order."""
+        plan = self.payload.plan
+        return [
+            RankOutcome(
+                rank=rank,
+                node=plan.node_rank,
+                result=_read_result(self.payload.result_file(rank)),
+                exit_code=self.codes.get(rank),
+                stopped=rank in self.stopped,
+                signals_sent=frozenset(self.signals_sent),
+                ended_at=self.ended_at.get(rank, time.time()),
+                log_file=str(plan.log_file(rank)),
+            )
+            for rank in self.ranks
+        ]
+
+    def close(self) -> None:
+        """Release the wake-up pipe; later requests are ignored."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _wait_for_dumps(logs: list[Path], before: list[int]) -> None:
+    """Wait until every log in `logs` grew past its size `before` and has then been quiet for
+    `_STACK_DUMP_QUIET_S` (faulthandler has written the stacks), at most `_STACK_DUMP_WAIT_S`."""
+    start = time.monotonic()
+    last, changed_at = before, start
+    while time.monotonic() - start < _STACK_DUMP_WAIT_S:
+        time.sleep(_STACK_DUMP_POLL_S)
+        sizes = [_size(log) for log in logs]
+        now = time.monotonic()
+        if sizes != last:
+            last, changed_at = sizes, now
+        elif all(size > old for size, old in zip(sizes, before, strict=True)) and now - changed_at >= _STACK_DUMP_QUIET_S:
+            return
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While supervising, SIGTERM raises `Terminated` (in the main thread only) so the ranks are
+    stopped with a grace period instead of the controller vanishing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def supervise(ranks: NodeRanks, on_start: Callable[[int], None] | None = None) -> list[RankOutcome]:
+    """Start `ranks`, wait for them, and tell how each ended, in rank order. Raises JobTimedOut past
+    `platform.timeout_min` (every rank stopped). Ctrl-C or SIGTERM to this process (in the main thread)
+    is passed on to the ranks, which get `grace.interrupt_s` to finish before they are killed; then the
+    KeyboardInterrupt (or `Terminated`) propagates."""
+    plan = ranks.payload.plan
+    with sigterm_raises():
+        try:
+            ranks.start(on_start)
+            timed_out = ranks.wait()
+        except KeyboardInterrupt:
+            ranks.interrupt(signal.SIGINT, ranks.grace.interrupt_s)
+            note_failures(ranks.outcomes())
+            raise
+        except Terminated:
+            ranks.interrupt(signal.SIGTERM, ranks.grace.interrupt_s)
+            note_failures(ranks.outcomes())
+            raise
+        except BaseException:
+            ranks.kill()
+            raise
+        finally:
+            ranks.close()
+    if timed_out:
+        raise JobTimedOut(plan.platform.timeout_min, {rank: where(plan.log_file(rank)) for rank in ranks.ranks})
+    return ranks.outcomes()
+
+
+def _read_result(path: Path) -> RankResult | None:
+    try:
+        with open(path, "rb") as src:
+            result: RankResult = pickle.load(src)
+    except (FileNotFoundError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
+        return None
+    return result

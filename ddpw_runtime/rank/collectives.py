@@ -1,0 +1,76 @@
+"""Collectives a task needs by hand: the mean of a metric over ranks, and all-to-all of tensors."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
+
+from ddpw_runtime.rank import context
+
+if TYPE_CHECKING:
+    import torch
+
+
+def average(value: Union[float, "torch.Tensor"], group: Optional[Any] = None) -> Union[float, "torch.Tensor"]:
+    """The mean of `value` over the ranks of `group` (default: the world), on every rank.
+
+    A number gives a float; a tensor gives a tensor of the same shape (element-wise mean, in floating
+    point), and the input is left unchanged. Every rank of the group must call it.
+    """
+    import torch
+    import torch.distributed as dist
+
+    group = group if group is not None else dist.group.WORLD
+    as_tensor = torch.is_tensor(value)
+    tensor = value.detach().clone() if as_tensor else torch.tensor(float(value), dtype=torch.float64)
+    if not tensor.is_floating_point():
+        tensor = tensor.double()
+    original_device = tensor.device
+    tensor = tensor.to(context.device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    tensor /= dist.get_world_size(group)
+    return tensor.to(original_device) if as_tensor else tensor.item()
+
+
+def all_to_all(tensors: Sequence["torch.Tensor"], group: Optional[Any] = None) -> List["torch.Tensor"]:
+    """Send `tensors[i]` to the i-th rank of `group` (default: the world); returns the tensors received,
+    the j-th from the j-th rank.
+
+    Shapes may differ between pairs (they are exchanged first); all tensors must have the same dtype
+    and number of dimensions. Received tensors are on this rank's device.
+    """
+    import torch
+    import torch.distributed as dist
+
+    group = group if group is not None else dist.group.WORLD
+    size = dist.get_world_size(group)
+    if len(tensors) != size:
+        raise ValueError(f"all_to_all needs one tensor per rank of the group ({size}), got {len(tensors)}")
+    device = context.device()
+    sending = [t.to(device).contiguous() for t in tensors]
+    shapes = _shapes_from(sending, group)
+    received = torch.empty(sum(math.prod(shape) for shape in shapes), dtype=sending[0].dtype, device=device)
+    dist.all_to_all_single(
+        received,
+        torch.cat([t.flatten() for t in sending]),
+        output_split_sizes=[math.prod(shape) for shape in shapes],
+        input_split_sizes=[t.numel() for t in sending],
+        group=group,
+    )
+    pieces = received.split([math.prod(shape) for shape in shapes])
+    return [piece.reshape(shape) for piece, shape in zip(pieces, shapes)]
+
+
+def _shapes_from(sending: List["torch.Tensor"], group: Any) -> List[tuple]:
+    """The shape of the tensor each rank of `group` is about to send to this one."""
+    import torch
+    import torch.distributed as dist
+
+    ndim = sending[0].dim()
+    if ndim == 0:
+        return [() for _ in sending]
+    device = sending[0].device
+    shapes_out = torch.tensor([list(t.shape) for t in sending], dtype=torch.int64, device=device)
+    shapes_in = torch.empty_like(shapes_out)
+    dist.all_to_all_single(shapes_in, shapes_out, group=group)
+    return [tuple(shape.tolist()) for shape in shapes_in]

@@ -1,0 +1,174 @@
+"""What a task asks inside a rank: its rank, the world size, its groups, mesh and device."""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+
+from ddpw_conf.layout import AXES
+from ddpw_runtime.rank.environment import RESTART_COUNT_ENV
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ddpw_conf import Platform
+
+    from ddpw_runtime.launch.plan import LaunchPlan
+
+
+@dataclass
+class _RankState:
+    plan: "LaunchPlan"
+    rank: int
+    local_rank: int
+    device: "torch.device"
+    group: Optional[Any]
+    mesh: Optional["DeviceMesh"]
+
+
+_R = TypeVar("_R")
+_state: Optional[_RankState] = None
+
+
+
+def enter(
+    plan: "LaunchPlan",
+    rank: int,
+    local_rank: int,
+    device: "torch.device",
+    group: Optional[Any],
+    mesh: Optional["DeviceMesh"] = None,
+) -> None:
+    """Record the state of this rank (called by the runtime before the task starts)."""
+    global _state
+    _state = _RankState(plan, rank, local_rank, device, group, mesh)
+
+
+def leave() -> None:
+    """Forget the state of this rank (called by the runtime after the task ends)."""
+    global _state
+    _state = None
+
+
+def _current() -> _RankState:
+    if _state is None:
+        raise RuntimeError(
+            "not inside a rank started by hydra-ddpw; call this from the task function "
+            "(a Hydra job with a ddpw launcher, or a function started by Wrapper)"
+        )
+    return _state
+
+
+def rank() -> int:
+    """The global rank of this process."""
+    return _current().rank
+
+
+def local_rank() -> int:
+    """The rank of this process on its node."""
+    return _current().local_rank
+
+
+def world_size() -> int:
+    """The number of ranks in the job."""
+    return _current().plan.world_size
+
+
+def run_id() -> str:
+    """An id of the running job, the same on every rank: on SLURM the job id, which stays the same
+    when the job is requeued; locally a new random id per job."""
+    return _current().plan.run_id
+
+
+def restart_count() -> int:
+    """How many times this job was started again (`hydra.launcher.max_restarts` > 0: after a failure
+    locally, after preemption or its time limit on SLURM): 0 on its first run. Usable outside a rank too."""
+    return int(os.environ.get(RESTART_COUNT_ENV, "0"))
+
+
+def platform() -> "Platform":
+    """The Platform of the running job."""
+    return _current().plan.platform
+
+
+def node_rank() -> int:
+    """The index of this node in the job."""
+    return _current().plan.node_rank
+
+
+def device() -> "torch.device":
+    """The torch device this rank computes on (its own GPU on GPU platforms)."""
+    return _current().device
+
+
+def group(name: Optional[str] = None) -> Any:
+    """A process group of this rank.
+
+    Without a name: its group from `platform.ipc_groups`, or the world group. With a name from
+    `platform.layout`: its `"data"`, `"tensor"` or `"pipeline"` group. With the default layout
+    (every rank data-parallel) the data group is the world group and there is no tensor or pipeline
+    group: asking for one raises ValueError.
+    """
+    import torch.distributed as dist
+
+    state = _current()
+    if name is None:
+        return state.group if state.group is not None else dist.group.WORLD
+    if name not in AXES:
+        raise ValueError(f"no group named {name!r}; the layout's groups are {', '.join(AXES)}")
+    if state.mesh is not None:
+        return state.mesh.get_group(name)
+    if name == "data":
+        return dist.group.WORLD
+    raise ValueError(
+        f"platform.layout.{name} is 1: every rank is data-parallel, so there is no {name} group; "
+        f"set platform.layout.{name} to split the world"
+    )
+
+
+def mesh() -> "DeviceMesh":
+    """The DeviceMesh of `platform.layout`, axes ("pipeline", "data", "tensor"), for DTensor, FSDP2 or
+    tensor parallelism; `mesh()["tensor"]` is this rank's tensor-parallel sub-mesh.
+
+    Built only when the layout sets tensor or pipeline above 1; with the default layout this raises
+    RuntimeError (build a 1-D mesh with `init_device_mesh(device().type, (world_size(),))` if needed).
+    """
+    built = _current().mesh
+    if built is None:
+        raise RuntimeError(
+            "this job has no layout mesh: platform.layout has tensor=1 and pipeline=1 (every rank "
+            "data-parallel); set platform.layout.tensor or platform.layout.pipeline above 1"
+        )
+    return built
+
+
+def is_main() -> bool:
+    """Whether this is global rank 0."""
+    return rank() == 0
+
+
+def rank_zero_only(fn: Callable[..., _R]) -> Callable[..., Optional[_R]]:
+    """Decorator: `fn` runs on global rank 0 only and returns None on every other rank.
+
+    Outside a rank (a plain single process) `fn` runs, as that process is its own rank 0. Never put a
+    collective (barrier, all_reduce, DDP forward) inside `fn`: the other ranks would wait for it forever.
+    """
+
+    @functools.wraps(fn)
+    def on_rank_zero(*args: Any, **kwargs: Any) -> Optional[_R]:
+        if _state is not None and _state.rank != 0:
+            return None
+        return fn(*args, **kwargs)
+
+    return on_rank_zero
+
+
+def barrier() -> None:
+    """Wait until every rank of the world reaches this point."""
+    import torch.distributed as dist
+
+    _current()
+    dist.barrier()

@@ -1,0 +1,174 @@
+"""What runs in each rank process: output to its log file, the launching process's state, logging,
+device, process group and seed, then the task; it always ends by writing a `RankResult`.
+
+Run as `python -m ddpw_runtime.rank.entry PAYLOAD LOCAL_RANK LISTEN_FD TERMINAL_FD` (spawn; `-` for a
+descriptor it does not get) or called by the starter after fork.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import io
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_atomically
+from ddpw_runtime.launch.records import RankResult
+from ddpw_runtime.rank.environment import lone_rank_warning, rank_environment, tell_imported_libraries
+from ddpw_runtime.rank.setup import setup_rank, teardown_rank, world_collectives
+
+
+def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, terminal: int | None = None) -> int:
+    """Run one rank; returns the process exit code (0: the task returned, 1: it raised).
+    `listen_fd` is the rendezvous socket the controller bound, given to the rank that hosts the store;
+    `terminal`, a console rank's terminal when the console is one (its output goes there, and from there
+    to its log, instead of straight to its log file)."""
+    # SIGTERM stops a rank unless its task installs a handler, even where the starter ignores it (on a
+    # SLURM node, where SLURM signals every process of the job).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    payload = RankPayload.read(Path(payload_path))
+    plan = payload.plan
+    rank = plan.node_rank * plan.ranks_per_node + local_rank
+    _redirect_output(plan.log_file(rank), terminal)
+    try:
+        payload.state.enter(rank_environment(plan, rank, local_rank))
+        tell_imported_libraries(rank)
+        configure_logging(rank)
+        task: TaskCall = cloudpickle.loads(payload.task)
+        setup_rank(plan, rank, local_rank, listen_fd)
+        before = world_collectives()
+        value = task()
+        result = RankResult.success(rank, value)
+        result.warning = lone_rank_warning(plan, rank, before, world_collectives())
+    except SystemExit as exc:
+        result = _exit_result(rank, exc)
+    except BaseException as exc:  # every failure goes back to the controller
+        result = RankResult.failure(rank, from_task(exc))
+    # The result is on disk before this rank's connections close, so when its peers fail on the
+    # closed connection, the controller already knows this rank failed first.
+    write_atomically(payload.result_file(rank), cloudpickle.dumps(result))
+    if result.ok:  # a failed rank just exits; its peers are stopped by the controller
+        teardown_rank()
+    flush_output()
+    return 0 if result.ok else 1
+
+
+def _exit_result(rank: int, exc: SystemExit) -> RankResult:
+    """`sys.exit()` in a task: success for status 0 or None, else a failure naming the status."""
+    if exc.code in (0, None):
+        return RankResult.success(rank, None)
+    return RankResult.failure(rank, exc)
+
+
+def _redirect_output(log_file: Path, terminal: int | None) -> None:
+    """Send fds 1 and 2 (Python and C/C++ output alike) to the rank's log file (or its terminal),
+    unbuffered at every level (Python's streams as with `python -u`, C's stdout too), so nothing
+    written before the process ends, even by `os._exit`, is lost. Input comes from /dev/null: only a
+    rank in the user's own process reads the user's terminal."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    if terminal is not None:
+        fd = terminal
+    else:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = _unbuffered(1)
+    sys.stderr = _unbuffered(2)
+    _c_stdout_unbuffered()
+    faulthandler.enable(file=sys.stderr)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # stack dump on request
+
+
+def _unbuffered(fd: int) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", write_through=True)  # type: ignore[arg-type]
+
+
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+def _c_stdout_unbuffered() -> None:
+    """Make the C library's stdout unbuffered (it is fully buffered on a file), so a `printf` without a
+    newline reaches the log even when the process ends by `os._exit`."""
+    libc = _libc()
+    try:
+        stdout = ctypes.c_void_p.in_dll(libc, "stdout")
+        libc.setvbuf(stdout, None, 2, 0)  # 2: _IONBF
+    except (AttributeError, ValueError, TypeError):
+        pass
+
+
+def flush_output() -> None:
+    """Flush Python's and the C library's output buffers (a closed `sys.stdout` is skipped)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (ValueError, OSError, AttributeError):
+            pass
+    libc = _libc()
+    if libc is not None:
+        libc.fflush(None)
+
+
+def configure_logging(rank: int) -> None:
+    """Configure logging as Hydra did in the launching process (its own logging, then the job's),
+    when this rank runs a Hydra job. Ranks other than 0 leave out the job's file handlers, so the job
+    log gets each line once; their records go to their own log file through the console handlers."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import configure_log
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized():
+        return
+    hydra = HydraConfig.get()
+    configure_log(hydra.hydra_logging, hydra.verbose)
+    job_logging = OmegaConf.to_container(hydra.job_logging, resolve=True) if hydra.job_logging else None
+    if isinstance(job_logging, dict) and rank != 0:
+        _drop_file_handlers(job_logging)
+    configure_log(OmegaConf.create(job_logging) if job_logging else None, hydra.verbose)  # type: ignore[arg-type]
+
+
+def _drop_file_handlers(logging_config: dict[str, Any]) -> None:
+    """Remove the handlers that write to a file (a `logging.FileHandler` of any kind, or any handler
+    given a `filename`) from a `logging.config` dictionary, and every reference to them."""
+    handlers = logging_config.get("handlers") or {}
+    files = [name for name, handler in handlers.items() if _writes_a_file(handler)]
+    for name in files:
+        del handlers[name]
+    for logger in [logging_config.get("root") or {}, *(logging_config.get("loggers") or {}).values()]:
+        if isinstance(logger, dict) and "handlers" in logger:
+            logger["handlers"] = [h for h in logger["handlers"] if h not in files]
+
+
+def _writes_a_file(handler: Any) -> bool:
+    import logging
+    import pydoc
+
+    if not isinstance(handler, dict):
+        return False
+    if "filename" in handler:
+        return True
+    cls = pydoc.locate(str(handler.get("class") or handler.get("()") or ""))
+    return isinstance(cls, type) and issubclass(cls, logging.FileHandler)
+
+
+def _fd(arg: str) -> int | None:
+    return None if arg == "-" else int(arg)
+
+
+if __name__ == "__main__":
+    sys.exit(run_rank(sys.argv[1], int(sys.argv[2]), _fd(sys.argv[3]), _fd(sys.argv[4])))

@@ -1,0 +1,87 @@
+"""The environment of a rank: the variables torchrun sets (so libraries inside the task see a launched
+job), and what training libraries need beyond them.
+
+- Hugging Face accelerate counts CPU processes as one distributed job only when its launcher says so
+  (`accelerate launch --cpu` sets `ACCELERATE_USE_CPU`); without it, `Accelerator()` on a machine with no
+  GPU runs each rank as a separate single process.
+- Lightning takes `Trainer` defaults from `PL_TRAINER_*` variables: `PL_TRAINER_DEVICES` and
+  `PL_TRAINER_NUM_NODES` follow the platform, so a `Trainer()` that does not set them joins every rank.
+- Lightning reads the rank from the environment once, when it is imported (`rank_zero_only.rank`). A
+  rank forked from a controller that had imported Lightning would keep the controller's value, 0, so
+  `@rank_zero_only` code would run on every rank until a Trainer sets the rank.
+
+Data only (no torch at import): the controller computes the variables of a rank that runs in its own
+process with it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ddpw_runtime.launch.plan import LaunchPlan
+
+RESTART_COUNT_ENV = "DDPW_RESTART_COUNT"
+"""The variable that carries `restart_count()` to the ranks."""
+
+_LIGHTNING_RANK_ZERO = "lightning_utilities.core.rank_zero"
+_LIGHTNING_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+
+
+def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict[str, str]:
+    """The variables of `rank` (torchrun's, and the libraries' below); a library variable the user set
+    is left alone. On a single-node job over loopback, gloo and NCCL are kept on the loopback interface
+    too (unless the user chose an interface)."""
+    local_only = plan.platform.n_nodes == 1 and plan.master_addr.startswith("127.") and sys.platform == "linux"
+    defaults = {name: "lo" for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if local_only}
+    defaults["PL_TRAINER_DEVICES"] = str(plan.ranks_per_node)
+    defaults["PL_TRAINER_NUM_NODES"] = str(plan.platform.n_nodes)
+    if plan.device == "cpu":
+        defaults["ACCELERATE_USE_CPU"] = "true"
+    restarts = os.environ.get(RESTART_COUNT_ENV, "0")
+    return {
+        **{name: value for name, value in defaults.items() if name not in os.environ},
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(plan.world_size),
+        "LOCAL_WORLD_SIZE": str(plan.ranks_per_node),
+        "GROUP_RANK": str(plan.node_rank),
+        "NODE_RANK": str(plan.node_rank),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(plan.world_size),
+        "ROLE_NAME": "default",
+        "GROUP_WORLD_SIZE": str(plan.platform.n_nodes),
+        "MASTER_ADDR": plan.master_addr,
+        "MASTER_PORT": str(plan.master_port),
+        "TORCHELASTIC_RUN_ID": plan.run_id,
+        "TORCHELASTIC_RESTART_COUNT": restarts,
+        "TORCHELASTIC_MAX_RESTARTS": str(plan.max_restarts),
+        RESTART_COUNT_ENV: restarts,
+        "OMP_NUM_THREADS": str(plan.threads_per_rank),
+    }
+
+
+def tell_imported_libraries(rank: int) -> None:
+    """Give `rank` to libraries that were imported before this process became a rank and read the
+    rank only at import time (Lightning's `rank_zero_only.rank`, shared by lightning, pytorch_lightning
+    and lightning_fabric)."""
+    rank_zero = sys.modules.get(_LIGHTNING_RANK_ZERO)
+    decorator = getattr(rank_zero, "rank_zero_only", None)
+    if decorator is not None and hasattr(decorator, "rank"):
+        decorator.rank = rank
+
+
+def lone_rank_warning(plan: LaunchPlan, rank: int, before: int | None, after: int | None) -> str | None:
+    """A warning when a rank of a multi-rank job ran its task without one collective on the world group
+    (`before` and `after` count them) while Lightning was loaded: Lightning then ran each rank as a
+    job of its own (a `Trainer(devices=1)` in a job of several ranks), every rank training alone."""
+    if plan.world_size == 1 or before is None or after != before:
+        return None
+    if not any(name in sys.modules for name in _LIGHTNING_PACKAGES):
+        return None
+    return (
+        f"rank {rank} finished without exchanging anything with the other "
+        f"{plan.world_size - 1} rank(s): Lightning ran it as a job of its own, so every rank trained alone. "
+        f"Let the Trainer see the launched ranks: Trainer(devices={plan.ranks_per_node}, "
+        f"num_nodes={plan.platform.n_nodes}), or leave devices and num_nodes unset (they follow the platform)"
+    )

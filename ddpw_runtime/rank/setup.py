@@ -1,0 +1,127 @@
+"""The torch side of a rank: threads, device, process group, groups, layout mesh, seeds; and its undoing.
+
+Shared by ranks in processes of their own (`entry.py`) and a rank that runs in the caller's process
+(`launch/caller_rank.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ddpw_runtime import _compat
+from ddpw_runtime.launch.plan import LaunchPlan
+from ddpw_runtime.rank import context
+
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+"""Set to "True" when the launching process hosts the job's store (as torchrun's agent does), so no
+rank starts one."""
+
+
+def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | None = None) -> None:
+    """Make this process `rank` of `plan`'s job: threads, device, process group, ipc groups, layout
+    mesh, `context`, and every RNG seeded. Undo with `teardown_rank`. With `listen_fd`, this rank
+    hosts the job's TCPStore on that already-bound socket."""
+    torch.set_num_threads(plan.threads_per_rank)
+    device = torch.device(plan.device)
+    if plan.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    store = _store(plan, rank, listen_fd)
+    dist.init_process_group(
+        backend=plan.backend,
+        store=store,
+        rank=rank,
+        world_size=plan.world_size,
+        timeout=_timeout(plan),
+        device_id=device if plan.device == "cuda" else None,
+    )
+    own_group: Any | None = None
+    for members in plan.groups:
+        group = dist.new_group(members)
+        if rank in members:
+            own_group = group
+    mesh = _layout_mesh(plan)
+    _all_joined(store, plan.world_size)
+    context.enter(plan, rank, local_rank, device, own_group, mesh)
+    _seed(plan.platform.seed)
+
+
+def world_collectives() -> int | None:
+    """How many collectives this rank has run on the world group so far (None: unknown)."""
+    return _compat.collectives_so_far(dist.group.WORLD) if dist.is_initialized() else None
+
+
+def _all_joined(store: Any, world_size: int) -> None:
+    """Wait until every rank has its process group and groups. Without it, a rank whose task ends at
+    once tears its group down while a slower peer is still connecting, and the peer fails with gloo's
+    "Connection closed by peer" (seen with the caller as rank 0). Store-based, so no device is involved."""
+    if store.add("ddpw/joined", 1) == world_size:
+        store.set("ddpw/all_joined", "1")
+    store.wait(["ddpw/all_joined"])
+
+
+def _layout_mesh(plan: LaunchPlan) -> DeviceMesh | None:
+    """The DeviceMesh of `platform.layout` (axes pipeline, data, tensor); None when every rank is
+    data-parallel: then the world group is the data group and no extra groups are worth creating."""
+    layout = plan.platform.layout
+    if layout.is_data_only:
+        return None
+    sizes = layout.sizes(plan.world_size)
+    return init_device_mesh(plan.device, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
+
+
+def _store(plan: LaunchPlan, rank: int, listen_fd: int | None) -> Any:
+    """The job's rendezvous store: a private file, or the TCPStore that rank 0 hosts (on the socket
+    the controller bound, when given) and every other rank joins."""
+    if plan.init_method.startswith("file://"):
+        return dist.FileStore(plan.init_method.removeprefix("file://"), plan.world_size)
+    hosts = listen_fd is not None or (rank == 0 and os.environ.get(AGENT_STORE_ENV) != "True")
+    return dist.TCPStore(
+        plan.master_addr,
+        plan.master_port,
+        plan.world_size,
+        is_master=hosts,
+        timeout=_timeout(plan),
+        wait_for_workers=False,
+        master_listen_fd=listen_fd,
+    )
+
+
+def _timeout(plan: LaunchPlan) -> timedelta:
+    return timedelta(minutes=plan.platform.collective_timeout_min)
+
+
+def warm_up() -> None:
+    """Import, once in the rank starter, what every rank would otherwise import for itself as it
+    starts: torch.distributed, and numpy's random module (torch loads numpy but not it), which seeding
+    needs."""
+    try:
+        import numpy.random  # noqa: F401
+    except ImportError:
+        pass
+
+
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(seed)
+
+
+def teardown_rank() -> None:
+    """Destroy the process group (if any) and clear `context`; the process can join another job."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    else:
+        _compat.forget_failed_process_group()
+    context.leave()

@@ -1,0 +1,265 @@
+"""What runs on each node of a SLURM job: the node's controller, one submitit task per node.
+
+The controller of node k starts node k's ranks with the same engine as a local run (`run_ranks`):
+global rank = k * ranks_per_node + local rank, rendezvous on the first node of the allocation. Node 0's
+controller runs Hydra's `run_job` (output dir, `.hydra/`, job log, callbacks: once per job); the others
+enter the same job config, so `HydraConfig` works in their ranks too. Every controller returns a
+`NodeOutcome`, so the submitting side sees each node's result and can name the root cause.
+
+Signals. SLURM signals every process of the job, ranks included. The rank starter ignores SIGTERM and
+SIGUSR2 (so it outlives them and the ranks can save); ranks reset SIGTERM to its default and keep
+ignoring SIGUSR2.
+- SIGTERM (cancel, time limit, a failed peer node): the controller passes it on to its ranks, gives them
+  `interrupt_grace_s`, and exits without a result.
+- SIGUSR2 (SLURM's warning before the time limit, or a preemption) while a restart is left: the ranks get
+  SIGTERM and `interrupt_grace_s` to save; node 0 then requeues the job through submitit (`checkpoint()`),
+  the other nodes wait for SLURM to stop them. Without a restart left the warning is ignored.
+A node whose own ranks failed first sends SIGTERM to the job's other nodes, so they stop at once instead
+of waiting for peers that are gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+import cloudpickle
+
+from ddpw_conf import Platform
+from ddpw_runtime import _compat
+from ddpw_runtime.errors import Terminated
+from ddpw_runtime.hydra_jobs.task import JobTask
+from ddpw_runtime.launch.engine import NodeJob
+from ddpw_runtime.launch.supervisor import Grace
+from ddpw_runtime.rank.environment import RESTART_COUNT_ENV
+from ddpw_runtime.slurm.outcomes import NodeOutcome, portable
+from ddpw_runtime.slurm.sbatch import rendezvous
+
+log = logging.getLogger(__name__)
+
+
+class Preempted(Terminated):
+    """SLURM warned the job (SIGUSR2) and it will be requeued: raised in the controller to stop its ranks."""
+
+
+@dataclass
+class SlurmNode:
+    """The callable submitit runs as the task of every node (see the module docstring). Picklable, and
+    resubmitted unchanged when the job is requeued, so a restart has the same config and output dir.
+
+    `job` is the cloudpickle of (hydra_context, task_function, job config) and is read only after Hydra's
+    state (`hydra_state`) is restored, with the submitting program's import path (`sys_path`) added, so
+    modules next to the user's script import on the nodes too. `platform` is the job's, with the CPUs
+    it asks SLURM for filled in.
+    """
+
+    job: bytes
+    idx: int
+    """The job's number in its sweep."""
+    hydra_state: bytes
+    sys_path: list[str]
+    platform: Platform
+    dir_keys: tuple[str, str | None]
+    max_restarts: int
+    grace: Grace
+
+    def __call__(self) -> NodeOutcome:
+        """Run this node's part of the job; its outcome (never raises for a failure of its ranks)."""
+        import submitit
+
+        return _NodeRun(self, submitit.JobEnvironment()).run()
+
+    def checkpoint(self) -> Any:
+        """submitit's requeue hook, called on node 0 after SLURM's warning: this same callable while a
+        restart is left (the job is requeued), else None (it is not)."""
+        from submitit.helpers import DelayedSubmission
+
+        if _attempt() >= self.max_restarts:
+            return None
+        return DelayedSubmission(self)
+
+
+def _attempt() -> int:
+    """SLURM's restart count of this job (0 on its first run)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+
+
+class _NodeRun:
+    """One run of a node's controller; the state of its signal handling lives here, not in `SlurmNode`."""
+
+    def __init__(self, spec: SlurmNode, env: Any) -> None:
+        self.spec = spec
+        self.env = env
+        self.node: int = env.node
+        self.attempt = _attempt()
+        self.warned = False
+        """SLURM's warning came while a restart was left: the job is being requeued."""
+        self.in_ranks = False
+        self.done = False
+        """This node has its outcome; SIGTERM no longer stops it."""
+
+    def run(self) -> NodeOutcome:
+        os.environ[RESTART_COUNT_ENV] = str(self.attempt)
+        hydra_context, task_function, config = self._load()
+        submitit_warning = signal.getsignal(signal.SIGUSR2)  # checkpoint() and `scontrol requeue`
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGUSR2, self._on_warning)
+        _start_rank_starter(self.spec.platform)
+        try:
+            outcome = self._run_job(hydra_context, task_function, config)
+        except Preempted:
+            self._requeue(submitit_warning)
+        self.done = True
+        if (outcome.ranks or outcome.error) and self.spec.platform.n_nodes > 1 and not _only_lost_peers(outcome):
+            self._stop_other_nodes()
+        return outcome
+
+    def _load(self) -> tuple[Any, Any, Any]:
+        """Hydra's state first, then the job (its config needs the state to unpickle)."""
+        from hydra.core.utils import setup_globals
+        from omegaconf import open_dict, read_write
+
+        sys.path[:0] = [path for path in self.spec.sys_path if path not in sys.path]
+        _compat.restore_hydra_state(cloudpickle.loads(self.spec.hydra_state))
+        setup_globals()
+        hydra_context, task_function, config = cloudpickle.loads(self.spec.job)
+        with read_write(config.hydra.job), open_dict(config.hydra.job):
+            config.hydra.job.id = self.env.job_id
+        return hydra_context, task_function, config
+
+    def _run_job(self, hydra_context: Any, task_function: Any, config: Any) -> NodeOutcome:
+        from hydra.core.utils import run_job
+
+        platform = self.spec.platform if self.node == 0 else replace(self.spec.platform, upon_finish=None)
+        master_addr, master_port = rendezvous(platform, self.env.hostnames[0], self.env.raw_job_id)
+        job = NodeJob(platform, Path("."), self.spec.grace, self.node, master_addr, master_port,
+                      run_id=self.env.job_id, max_restarts=self.spec.max_restarts)
+        task = JobTask(task_function, job, self.spec.idx, announce=False, around_ranks=self._ranks_run)
+        key, subkey = self.spec.dir_keys
+        if self.node == 0:
+            ret = run_job(hydra_context=hydra_context, task_function=task, config=config, job_dir_key=key,
+                          job_subdir_key=subkey)
+            error = _compat.job_error(ret)
+            if error is not None:
+                ret.return_value = portable(error)
+                return replace(NodeOutcome.failed(0, self.attempt, error), job_return=ret)
+            return NodeOutcome(0, self.attempt, task.values, job_return=ret)
+        with _entered(config, key, subkey) as task_cfg:
+            try:
+                task(task_cfg)
+            except Exception as exc:  # the outcome carries it to the submitting side
+                return NodeOutcome.failed(self.node, self.attempt, exc)
+        return NodeOutcome(self.node, self.attempt, task.values)
+
+    @contextmanager
+    def _ranks_run(self) -> Iterator[None]:
+        """While this node's ranks run: SLURM's warning stops them (`Preempted`) for a requeue."""
+        self.in_ranks = True
+        try:
+            if self.warned:
+                raise Preempted()
+            yield
+        finally:
+            self.in_ranks = False
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if not (self.warned or self.done):
+            raise Terminated()
+
+    def _on_warning(self, signum: int, frame: Any) -> None:
+        if self.attempt >= self.spec.max_restarts:
+            log.warning(
+                "SLURM warned the job (SIGUSR2: its time limit is near, or it is preempted); no restart is "
+                "left (hydra.launcher.max_restarts=%d), so it runs on until SLURM stops it", self.spec.max_restarts,
+            )
+            return
+        if self.warned:
+            return
+        self.warned = True
+        # The SIGTERM that SLURM sends after its warning must not cut the ranks' saving short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        log.warning(
+            "SLURM warned the job (SIGUSR2): the ranks get SIGTERM to save, then the job is requeued "
+            "(restart %d of %d)", self.attempt + 1, self.spec.max_restarts,
+        )
+        if self.in_ranks:
+            raise Preempted()
+
+    def _requeue(self, submitit_warning: Any) -> NoReturn:
+        """After the ranks stopped for SLURM's warning: node 0 requeues the job (submitit calls
+        `checkpoint()`, runs `scontrol requeue` and exits); the other nodes wait for SLURM to stop them,
+        so none of them leaves a result of this run behind."""
+        if self.node == 0:
+            submitit_warning(signal.SIGUSR2, None)
+        while True:
+            time.sleep(60)
+
+    def _stop_other_nodes(self) -> None:
+        """SIGTERM to every process of the job's other nodes (this node's ranks are gone already)."""
+        result = subprocess.run(
+            ["scancel", "--signal=TERM", self.env.job_id], capture_output=True, text=True, timeout=60, check=False
+        )
+        if result.returncode != 0:
+            log.warning("could not stop the job's other nodes: %s", result.stderr.strip())
+
+
+def _only_lost_peers(outcome: NodeOutcome) -> bool:
+    """Whether this node's ranks failed only because ranks elsewhere went away first."""
+    from ddpw_runtime.launch.outcome import root_cause
+
+    cause = root_cause(outcome.ranks)
+    return outcome.error is None and cause is not None and cause.is_secondary
+
+
+def _start_rank_starter(platform: Platform) -> None:
+    """Start this process's rank starter now, with SIGTERM and SIGUSR2 ignored (SLURM sends them to
+    every process of the job; the starter must outlive them so that its ranks can save) and SIGCONT at
+    its default (submitit's handler would log it in every rank)."""
+    from ddpw_runtime.launch.starter import get_starter
+
+    dispositions = (
+        (signal.SIGTERM, signal.SIG_IGN), (signal.SIGUSR2, signal.SIG_IGN), (signal.SIGCONT, signal.SIG_DFL)
+    )
+    saved = {sig: signal.signal(sig, disposition) for sig, disposition in dispositions}
+    try:
+        get_starter(preload=platform.spawn_method == "forkserver")
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def _entered(config: Any, dir_key: str, subdir_key: str | None) -> Iterator[Any]:
+    """Enter the job as `run_job` does on node 0 (HydraConfig with the output dir, working dir,
+    `env_set`), without writing `.hydra/` or the job log and without callbacks; yields the task's config."""
+    from copy import deepcopy
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import configure_log, env_override
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    output_dir = str(OmegaConf.select(config, dir_key))
+    if subdir_key is not None:
+        output_dir = os.path.join(output_dir, str(OmegaConf.select(config, subdir_key)))
+    with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
+        config.hydra.runtime.output_dir = os.path.abspath(output_dir)
+    HydraConfig.instance().set_config(config)
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    task_cfg = deepcopy(config)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    if config.hydra.job.chdir:
+        os.chdir(output_dir)
+    with env_override(config.hydra.job.env_set):
+        yield task_cfg
+

@@ -1,0 +1,293 @@
+"""Hydra side of the SLURM launcher: prepare and check every job, submit, wait, report.
+
+Every job is prepared (composed once, its `platform` and the launcher options checked) before anything
+is submitted. Jobs with the same sbatch parameters go out as one job array, the others as separate
+submissions. Each node of a job runs `SlurmNode` (see `node.py`). The submitting process waits for
+every job (polling sacct and the nodes' result files), then turns each job's node outcomes into one
+JobReturn. A manifest of the submitted jobs (`ddpw_slurm_jobs.json`) is always written;
+`fire_and_forget` returns right after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from ddpw_conf import Platform
+from ddpw_conf.launcher import SlurmLauncherConf
+from ddpw_runtime import _compat
+from ddpw_runtime.errors import SlurmJobError
+from ddpw_runtime.hydra_jobs.prepare import PreparedJob, prepare_jobs
+from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
+from ddpw_runtime.launch.console import ConsoleEcho, console_of
+from ddpw_runtime.launch.engine import check
+from ddpw_runtime.launch.supervisor import Grace
+from ddpw_runtime.slurm import outcomes as node_outcomes
+from ddpw_runtime.slurm import sbatch
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "ddpw_slurm_jobs.json"
+"""The manifest of submitted jobs (SLURM job id, output dir, node logs per job)."""
+_POLL_S = 0.5
+_SACCT_MIN_S, _SACCT_MAX_S = 2.0, 30.0
+_LOG_TAIL_LINES = 20
+
+
+@dataclass
+class _Job:
+    """One Hydra job on its way through SLURM."""
+
+    prepared: PreparedJob
+    params: dict[str, Any]
+    slurm: Any = None
+    """The submitit Job, once submitted."""
+    state: str = ""
+    """How SLURM ended the job (a sacct state), or "" when every node returned before sacct said so."""
+    outcomes: dict[int, node_outcomes.NodeOutcome] = field(default_factory=dict)
+    node_errors: dict[int, str] = field(default_factory=dict)
+
+
+def checker(options: SlurmLauncherConf) -> Any:
+    """The check of each job's platform before anything is submitted."""
+
+    def check_for_slurm(platform: Platform) -> None:
+        check(platform, here=False)
+        options.validate_platform(platform)
+
+    return check_for_slurm
+
+
+def launch(
+    hydra_context: HydraContext,
+    task_function: TaskFunction,
+    config: DictConfig,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+    options: SlurmLauncherConf,
+) -> list[JobReturn]:
+    """Run each job of a batch on SLURM; one JobReturn per job, in order."""
+    options.validate()
+    prepared = prepare_jobs(hydra_context, config, job_overrides, initial_job_idx, checker(options))
+    folder = Path(options.submitit_folder).expanduser().absolute()
+    return run_jobs(hydra_context, task_function, prepared, options, folder, Path(str(config.hydra.sweep.dir)))
+
+
+def run_jobs(
+    hydra_context: HydraContext,
+    task_function: TaskFunction,
+    prepared: list[PreparedJob],
+    options: SlurmLauncherConf,
+    folder: Path,
+    manifest_dir: Path,
+) -> list[JobReturn]:
+    """Submit `prepared` (checked) jobs, wait for them, and return what each ended with."""
+    jobs = [_Job(job, sbatch.sbatch_parameters(job.platform, options)) for job in prepared]
+    groups = _arrays(jobs)
+    if options.dry_run:
+        _print_dry_run(groups, folder)
+        return [_return(job, JobStatus.COMPLETED, None) for job in jobs]
+    _submit(groups, hydra_context, task_function, options, folder)
+    manifest = _write_manifest(manifest_dir, jobs)
+    if options.fire_and_forget:
+        log.info(f"Submitted {len(jobs)} job(s) and returning (fire_and_forget); manifest: {manifest}")
+        return [_return(job, JobStatus.COMPLETED, job.slurm.job_id) for job in jobs]
+    # A lone job's console ranks are echoed here while it runs, as a local run shows them.
+    shown = sbatch.console_logs(jobs[0].prepared.platform, jobs[0].prepared.output_dir) if len(jobs) == 1 else {}
+    echo = ConsoleEcho(shown, console_of(sys.stdout), {rank: f"[rank {rank}] " for rank in shown if len(shown) > 1})
+    try:
+        echo.start()
+        _wait(jobs)
+    except KeyboardInterrupt:
+        for job in jobs:
+            job.slurm.cancel(check=False)
+        log.error(f"Interrupted: cancelled SLURM job(s) {', '.join(job.slurm.job_id for job in jobs)}")
+        raise SystemExit(130) from None
+    finally:
+        echo.stop()
+    return [_collect(job) for job in jobs]
+
+
+def _arrays(jobs: list[_Job]) -> list[list[_Job]]:
+    """Jobs grouped by equal sbatch parameters, in order of first appearance: one submission each."""
+    groups: dict[str, list[_Job]] = {}
+    for job in jobs:
+        groups.setdefault(json.dumps(job.params, sort_keys=True, default=str), []).append(job)
+    return list(groups.values())
+
+
+def _print_dry_run(groups: list[list[_Job]], folder: Path) -> None:
+    for group in groups:
+        numbers = ", ".join(f"#{job.prepared.idx}" for job in group)
+        kind = f"one job array of {len(group)} jobs ({numbers})" if len(group) > 1 else f"job {numbers}"
+        print(f"=== sbatch script for {kind} (dry run, nothing submitted)\n"
+              f"{sbatch.sbatch_script(group[0].params, folder, len(group))}")
+        for job in group:
+            p = job.prepared
+            print(f"--- job #{p.idx}: {p.shown or '(no overrides)'}: launch plan on each node\n"
+                  f"{sbatch.describe(p.platform, p.output_dir)}")
+
+
+def _submit(
+    groups: list[list[_Job]],
+    hydra_context: HydraContext,
+    task_function: TaskFunction,
+    options: SlurmLauncherConf,
+    folder: Path,
+) -> None:
+    import submitit
+
+    from ddpw_runtime.slurm.node import SlurmNode
+
+    state = cloudpickle.dumps(_compat.hydra_state())
+    submitted: list[_Job] = []
+    for group in groups:
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=options.max_restarts)
+        executor.update_parameters(**group[0].params)
+        nodes = [
+            SlurmNode(
+                job=cloudpickle.dumps((hydra_context, task_function, job.prepared.config)),
+                idx=job.prepared.idx,
+                hydra_state=state,
+                sys_path=list(sys.path),
+                platform=sbatch.node_platform(job.prepared.platform),
+                dir_keys=job.prepared.dir_keys,
+                max_restarts=options.max_restarts,
+                grace=Grace(options.stop_grace_s, options.interrupt_grace_s),
+            )
+            for job in group
+        ]
+        try:
+            with executor.batch():
+                slurm_jobs = [executor.submit(node) for node in nodes]
+        except Exception as exc:
+            # Nothing half-submitted stays behind: the jobs submitted before this one are cancelled.
+            for job in submitted:
+                job.slurm.cancel(check=False)
+            numbers = ", ".join(f"#{job.prepared.idx}" for job in group)
+            raise SlurmJobError(f"SLURM refused job(s) {numbers}: {exc}") from None
+        for job, slurm_job in zip(group, slurm_jobs, strict=True):
+            job.slurm = slurm_job
+            submitted.append(job)
+            p = job.prepared
+            partition = f"partition {p.platform.partition}" if p.platform.partition else "the default partition"
+            log.info(f"#{p.idx} : {p.shown} -> SLURM job {slurm_job.job_id} ({p.platform.n_nodes} node(s) x "
+                     f"{p.platform.ranks_per_node} rank(s), {partition}); output: {p.output_dir}"
+                     .replace(" :  -> ", " : -> "))
+
+
+def _write_manifest(manifest_dir: Path, jobs: list[_Job]) -> Path:
+    """Add the submitted jobs to the manifest (a sweep may call the launcher more than once)."""
+    path = manifest_dir.absolute() / MANIFEST
+    entries = json.loads(path.read_text())["jobs"] if path.exists() else []
+    entries += [
+        {
+            "job": job.prepared.idx,
+            "overrides": job.prepared.overrides,
+            "slurm_job_id": job.slurm.job_id,
+            "output_dir": str(job.prepared.output_dir),
+            "node_logs": str(job.slurm.paths.folder),
+        }
+        for job in jobs
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"jobs": entries}, indent=2) + "\n")
+    return path
+
+
+def _wait(jobs: list[_Job]) -> None:
+    """Wait until every job has ended: all its nodes sent their outcome of the same run, or sacct says
+    it ended (cancelled, timed out, failed, ...). Result files are checked often, sacct less and less."""
+    pending = list(jobs)
+    start = time.monotonic()
+    next_sacct = start
+    while True:
+        now = time.monotonic()
+        if now >= next_sacct:
+            _compat.refresh_sacct(jobs[0].slurm)
+            next_sacct = now + min(_SACCT_MAX_S, max(_SACCT_MIN_S, (now - start) / 10))
+        for job in [job for job in pending if _ended(job)]:
+            pending.remove(job)
+            log.info(f"#{job.prepared.idx} : SLURM job {job.slurm.job_id} ended ({job.state or 'every node returned'})")
+        if not pending:
+            return
+        time.sleep(_POLL_S)
+
+
+def _ended(job: _Job) -> bool:
+    state = _compat.sacct_state(job.slurm)
+    ended = state.split()[0] not in node_outcomes.INCOMPLETE_STATES
+    tasks = [job.slurm.task(node) for node in range(job.prepared.platform.n_nodes)]
+    if not ended and not all(_compat.node_result_ready(task) for task in tasks):
+        return False
+    outcomes, errors = _read_results(tasks)
+    if not ended and (errors or len(node_outcomes.latest(outcomes)) < len(tasks)):
+        return False  # a result left by an earlier run of a requeued job; wait for this run's
+    job.state = state if ended else ""  # every node returned; SLURM may not have recorded the end yet
+    job.outcomes, job.node_errors = node_outcomes.latest(outcomes), errors
+    return True
+
+
+def _read_results(tasks: list[Any]) -> tuple[dict[int, node_outcomes.NodeOutcome], dict[int, str]]:
+    """The outcome of every node that sent one, and the error text of every node controller that raised."""
+    outcomes: dict[int, node_outcomes.NodeOutcome] = {}
+    errors: dict[int, str] = {}
+    for node, task in enumerate(tasks):
+        if not _compat.node_result_ready(task):
+            continue
+        try:
+            outcomes[node] = task.result()
+        except Exception as exc:  # submitit's FailedJobError carries the controller's traceback
+            errors[node] = str(exc)
+    return outcomes, errors
+
+
+def _collect(job: _Job) -> JobReturn:
+    node0 = job.outcomes.get(0)
+    ret = node0.job_return if node0 is not None else None
+    ret = ret if ret is not None else _return(job, JobStatus.FAILED, None)
+    restarts = max([o.attempt for o in job.outcomes.values()], default=0)
+    ended = node_outcomes.state_error(job.slurm.job_id, job.state, str(job.slurm.paths.folder), restarts)
+    if not job.outcomes and not job.node_errors and not job.state.startswith(("CANCELLED", "TIMEOUT")):
+        ended = SlurmJobError(f"{ended}{_stderr_tail(job)}")
+    ret, values = node_outcomes.job_return(
+        ret, job.prepared.platform.n_nodes, job.state, job.outcomes, job.node_errors, ended
+    )
+    return DdpwJobReturn.of(ret, values)
+
+
+def _stderr_tail(job: _Job) -> str:
+    """The last lines of node 0's stderr (where a controller that could not start says why)."""
+    try:
+        lines = job.slurm.task(0).paths.stderr.read_text(errors="backslashreplace").splitlines()
+    except OSError:
+        return ""
+    if not lines:
+        return ""
+    return "\nlast lines of node 0's stderr:\n" + "\n".join(lines[-_LOG_TAIL_LINES:])
+
+
+def _return(job: _Job, status: JobStatus, value: Any) -> DdpwJobReturn:
+    """A JobReturn made here, for a job whose node 0 sent none (dry run, fire and forget, no result)."""
+    config = job.prepared.config
+    task_cfg = OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"])
+    return DdpwJobReturn(
+        overrides=job.prepared.overrides,
+        cfg=task_cfg,
+        hydra_cfg=OmegaConf.create({"hydra": config.hydra}),
+        working_dir=str(job.prepared.output_dir),
+        task_name=str(config.hydra.job.name),
+        status=status,
+        _return_value=value,
+    )
