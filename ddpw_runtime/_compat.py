@@ -137,13 +137,17 @@ def collectives_so_far(group: Any) -> int | None:
 
 def wrap_rerun_task(wrap: Callable[[TaskFunction], TaskFunction]) -> None:
     """Make Hydra's `--experimental-rerun` call `wrap(task_function)` instead of the task function (it
-    calls the task directly, with no callback; see `hydra_jobs/rerun.py`). Private: the module-level
-    `_get_rerun_conf` of `hydra.main`, which the function `@hydra.main` made looks up when it reruns,
-    and that function's closure cell `task_function`, which it calls right after. Fallback: nothing
-    (the rerun runs the task in this process alone)."""
-    import gc
-    import types
-
+    calls the task directly, with no callback; see `hydra_jobs/rerun.py`). Private: the function that
+    `@hydra.main` made, which loads the pickled config with its module-level `_get_rerun_conf` and then
+    calls its closure cell `task_function`. When this runs while that function is loading the config
+    (the pickle imports hydra-ddpw), the cell is replaced at once; otherwise `_get_rerun_conf` is wrapped
+    to replace it later. Fallback: nothing (the rerun runs the task in this process alone)."""
+    frame = sys._getframe(1)
+    while frame is not None and not _runs_hydra_main(frame):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is not None:
+        _replace_task(frame, wrap)
+        return
     module = sys.modules.get("hydra.main")
     original = getattr(module, "_get_rerun_conf", None)
     if original is None or getattr(original, "wrapped_by_ddpw", False):
@@ -151,19 +155,31 @@ def wrap_rerun_task(wrap: Callable[[TaskFunction], TaskFunction]) -> None:
 
     def get_rerun_conf(file_path: str, overrides: list[str]) -> Any:
         config = original(file_path, overrides)
-        caller = sys._getframe(1)  # the function @hydra.main made, which calls the task next
-        task_function = caller.f_locals.get("task_function")
-        for fn in gc.get_referrers(caller.f_code):
-            if not isinstance(fn, types.FunctionType) or not fn.__closure__:
-                continue
-            cell = dict(zip(fn.__code__.co_freevars, fn.__closure__, strict=True)).get("task_function")
-            if cell is not None and cell.cell_contents is task_function:
-                cell.cell_contents = _once(cell, task_function, wrap(task_function))
-                break
+        _replace_task(sys._getframe(1), wrap)
         return config
 
     get_rerun_conf.wrapped_by_ddpw = True  # type: ignore[attr-defined]
     setattr(module, "_get_rerun_conf", get_rerun_conf)
+
+
+def _runs_hydra_main(frame: Any) -> bool:
+    return bool(frame.f_code.co_name == "decorated_main" and "task_function" in frame.f_locals
+                and frame.f_code.co_filename.endswith(("hydra/main.py", "hydra\\main.py")))
+
+
+def _replace_task(frame: Any, wrap: Callable[[TaskFunction], TaskFunction]) -> None:
+    """Replace the `task_function` closure cell of the function whose frame is `frame` by `wrap` of it."""
+    import gc
+    import types
+
+    task_function = frame.f_locals.get("task_function")
+    for fn in gc.get_referrers(frame.f_code):
+        if not isinstance(fn, types.FunctionType) or not fn.__closure__:
+            continue
+        cell = dict(zip(fn.__code__.co_freevars, fn.__closure__, strict=True)).get("task_function")
+        if cell is not None and cell.cell_contents is task_function:
+            cell.cell_contents = _once(cell, task_function, wrap(task_function))
+            return
 
 
 def _once(cell: Any, original: TaskFunction, wrapped: TaskFunction) -> TaskFunction:
@@ -174,3 +190,21 @@ def _once(cell: Any, original: TaskFunction, wrapped: TaskFunction) -> TaskFunct
         return wrapped(cfg)
 
     return call
+
+
+def notify_last(callback: Any) -> None:
+    """Make Hydra call `callback` after every other callback of the run for `on_*_start`, and so before
+    them for `on_*_end` (which Hydra calls in reverse order): a plain run's job return is then final
+    (every rank waited for) when the user's `on_job_end` sees it. Call it from a callback method.
+    Private: the `Callbacks` object of `hydra._internal.callbacks`, found as `self` of the `_notify`
+    frame that called the method, and its `callbacks` list (replaced, not changed: `_notify` is
+    iterating over it). Fallback: the callbacks keep their order."""
+    from hydra._internal.callbacks import Callbacks
+
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "_notify":
+        frame = frame.f_back  # type: ignore[assignment]
+    hydra_callbacks = frame.f_locals.get("self") if frame is not None else None
+    if isinstance(hydra_callbacks, Callbacks) and callback in hydra_callbacks.callbacks:
+        others = [c for c in hydra_callbacks.callbacks if c is not callback]
+        hydra_callbacks.callbacks = [*others, callback]

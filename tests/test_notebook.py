@@ -1,5 +1,6 @@
 """examples/wrapper_notebook.ipynb executed by a real Jupyter kernel (nbclient + ipykernel): functions
-defined in cells run on the ranks, and with caller_rank the kernel itself trains rank 0's model."""
+defined in cells run on the ranks, with caller_rank the kernel itself trains rank 0's model, and a
+resolver registered in the notebook works in the ranks."""
 
 from __future__ import annotations
 
@@ -45,4 +46,5 @@ def test_notebook_runs_wrapper_in_a_real_kernel(tmp_path: Path) -> None:
     weight = ast.literal_eval(_after(printed, "trained weight in this notebook:"))
     assert len(losses) == 2 and max(losses) < 1e-3
     assert abs(weight[0][0] - 2.0) < 0.01 and abs(weight[0][1] + 3.0) < 0.01  # the kernel's own model was trained
-    assert len(list((tmp_path / "ddpw_logs").iterdir())) == 3  # a log folder per call
+    assert ast.literal_eval(outputs_of(code[4])[-1]) == ["HELLO!", "HELLO!"]  # the notebook's own resolver
+    assert len(list((tmp_path / "ddpw_logs").iterdir())) == 4  # a log folder per call

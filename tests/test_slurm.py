@@ -274,3 +274,12 @@ def test_a_cancelled_job_is_reported_as_cancelled_not_as_a_lost_connection() -> 
     ok = NodeOutcome(0, 0, ["a"], job_return=JobReturn(status=JobStatus.COMPLETED, _return_value="a"))
     done, values = job_return(ok.job_return, 2, "COMPLETED", {0: ok, 1: NodeOutcome(1, 0, ["b"])}, {}, ended)  # type: ignore[arg-type]
     assert done.return_value == "a" and values == ["a", "b"]
+
+
+def test_the_default_partition_is_the_clusters_own() -> None:
+    from ddpw_runtime.slurm.sbatch import sbatch_script
+
+    params = sbatch_parameters(Platform(device="slurm"), SlurmLauncherConf())
+    assert "partition" not in params
+    assert "--partition" not in sbatch_script(params, Path("/tmp/ddpw-submitit/%j"))
+    assert sbatch_parameters(Platform(device="slurm", partition="cpu2"), SlurmLauncherConf())["partition"] == "cpu2"

@@ -64,6 +64,7 @@ class PlainRun(Callback):
         options = _compat.report_like_hydra(lambda: selected_launcher(config.hydra))
         if options is None:
             return
+        _compat.notify_last(self)  # so the job's return is final when the others' on_job_end sees it
         with hydra_config_of(config):
             platform = _compat.report_like_hydra(lambda: checked_platform(config, options))
             pin_now(config)

@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn, JobStatus, setup_globals
 from hydra.types import TaskFunction
 from omegaconf import DictConfig
 
@@ -29,6 +29,7 @@ def install() -> None:
 def _distributed(task_function: TaskFunction) -> TaskFunction:
     @functools.wraps(task_function)
     def rerun(cfg: DictConfig) -> Any:
+        setup_globals()  # Hydra's resolvers (`${now:...}`), which its rerun does not register
         if selected_launcher(HydraConfig.get()) is None:
             return task_function(cfg)
         job = RankZeroHere(cfg, task_function)

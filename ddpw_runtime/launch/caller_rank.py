@@ -160,7 +160,7 @@ class CallerRank:
 
         self._task_over.set()
         if own.ok:
-            own.warning = lone_rank_warning(self.plan, 0, self._collectives, world_collectives())
+            own.warning = lone_rank_warning(self.plan, self._collectives, world_collectives())
         self.own = own
         if self._in_rank:
             self._in_rank = False

@@ -45,7 +45,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
         before = world_collectives()
         value = task()
         result = RankResult.success(rank, value)
-        result.warning = lone_rank_warning(plan, rank, before, world_collectives())
+        result.warning = lone_rank_warning(plan, before, world_collectives())
     except SystemExit as exc:
         result = _exit_result(rank, exc)
     except BaseException as exc:  # every failure goes back to the controller

@@ -71,17 +71,18 @@ def tell_imported_libraries(rank: int) -> None:
         decorator.rank = rank
 
 
-def lone_rank_warning(plan: LaunchPlan, rank: int, before: int | None, after: int | None) -> str | None:
+def lone_rank_warning(plan: LaunchPlan, before: int | None, after: int | None) -> str | None:
     """A warning when a rank of a multi-rank job ran its task without one collective on the world group
     (`before` and `after` count them) while Lightning was loaded: Lightning then ran each rank as a
-    job of its own (a `Trainer(devices=1)` in a job of several ranks), every rank training alone."""
+    job of its own (a `Trainer(devices=1)` in a job of several ranks), every rank training alone. The
+    same text on every rank, so it is shown once."""
     if plan.world_size == 1 or before is None or after != before:
         return None
     if not any(name in sys.modules for name in _LIGHTNING_PACKAGES):
         return None
     return (
-        f"rank {rank} finished without exchanging anything with the other "
-        f"{plan.world_size - 1} rank(s): Lightning ran it as a job of its own, so every rank trained alone. "
-        f"Let the Trainer see the launched ranks: Trainer(devices={plan.ranks_per_node}, "
-        f"num_nodes={plan.platform.n_nodes}), or leave devices and num_nodes unset (they follow the platform)"
+        f"the {plan.world_size} ranks of this job exchanged nothing while Lightning was loaded: Lightning ran "
+        "each rank as a job of its own, so every rank trained alone. Let the Trainer see the launched ranks: "
+        f"Trainer(devices={plan.ranks_per_node}, num_nodes={plan.platform.n_nodes}), or leave devices and "
+        "num_nodes unset (they follow the platform)"
     )

@@ -1,0 +1,219 @@
+"""A plain run (no `-m`) with a ddpw launcher is Hydra's own run mode, with the user's process as rank 0.
+
+One test per behaviour a user compares with Hydra's basic launcher. The app (`tests/apps/repo_app.py`,
+config `repo.yaml`) is a research repo's training script that knows nothing of hydra-ddpw: its own run
+and sweep dirs, its own callbacks, torch imported only inside the task. It is run as a user runs it,
+with the command line alone: `python repo_app.py hydra/launcher=ddpw_cpu platform.n_procs_per_node=2`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.helpers import APPS, alive, job_dirs, run_app
+
+pytestmark = pytest.mark.subprocess
+
+LAUNCH = ("hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2")
+
+
+def run_repo(cwd: Path, *overrides: str, flags: tuple = ()) -> subprocess.CompletedProcess:
+    """The repo's script with the ddpw launcher chosen on the command line."""
+    return run_app(cwd, *flags, *LAUNCH, *overrides, app="repo_app.py")
+
+
+def seen(job: Path) -> Dict[int, dict]:
+    """What each rank of a job reported, by rank."""
+    return {int(p.stem.rsplit("_", 1)[1]): json.loads(p.read_text()) for p in job.glob("seen_rank_*.json")}
+
+
+def events(cwd: Path) -> List[dict]:
+    """The callbacks the repo's recorder saw, in order."""
+    return [json.loads(line) for line in (cwd / "callback_events.jsonl").read_text().splitlines()]
+
+
+def test_output_goes_to_the_run_dir_whatever_the_sweep_dir_says(tmp_path: Path) -> None:
+    proc = run_repo(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    assert job.relative_to(tmp_path).parts[:3] == ("logs", "train", "runs")  # the repo's hydra.run.dir
+    assert sorted(seen(job)) == [0, 1] and {r["world_size"] for r in seen(job).values()} == {2}
+    assert (job / ".hydra" / "config.yaml").is_file() and (job / "repo_app.log").is_file()
+    assert not list(tmp_path.rglob("multirun.yaml")) and not (tmp_path / "logs" / "train" / "multiruns").exists()
+    proc = run_repo(tmp_path, "hydra.run.dir=rd", "hydra.sweep.dir=sw")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(seen(tmp_path / "rd")) == [0, 1] and not (tmp_path / "sw").exists()
+
+
+def test_sweep_syntax_without_m_is_refused_as_hydra_refuses_it(tmp_path: Path) -> None:
+    proc = run_repo(tmp_path, "+x=1,2")
+    assert proc.returncode == 1
+    assert "Ambiguous value for argument '+x=1,2'" in proc.stderr
+    assert job_dirs(tmp_path) == [] and not list(tmp_path.rglob("rank_*.log"))
+
+
+@pytest.mark.parametrize("flag, mode", [("-m", ""), ("", "hydra.mode=MULTIRUN")], ids=["-m", "hydra.mode"])
+def test_multirun_by_flag_or_by_mode_sweeps_into_the_sweep_dir(tmp_path: Path, flag: str, mode: str) -> None:
+    proc = run_repo(tmp_path, "+x=1,2", *[mode] * bool(mode), flags=(flag,) * bool(flag))
+    assert proc.returncode == 0, proc.stderr
+    jobs = job_dirs(tmp_path)
+    assert [job.name for job in jobs] == ["0", "1"]
+    assert all(job.relative_to(tmp_path).parts[:3] == ("logs", "train", "multiruns") for job in jobs)
+    assert all(sorted(seen(job)) == [0, 1] for job in jobs)
+    assert len(list(tmp_path.rglob("multirun.yaml"))) == 1
+    names = [e["event"] for e in events(tmp_path)]
+    assert names[0] == "on_multirun_start" and names[-1] == "on_multirun_end" and "on_run_start" not in names
+
+
+def test_a_plain_run_gets_the_run_callbacks_with_the_users_task_and_rank_0s_value(tmp_path: Path) -> None:
+    proc = run_repo(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    got = events(tmp_path)
+    assert [e["event"] for e in got] == ["on_run_start", "on_job_start", "on_job_end", "on_run_end"]
+    assert got[1]["task_function"] == "train"
+    assert got[2]["status"] == "COMPLETED" and got[2]["return_value"] == {"rank": 0}
+    assert {e["pid"] for e in got} == {seen(job_dirs(tmp_path)[0])[0]["pid"]}  # rank 0 is the program itself
+
+
+def test_a_failure_of_another_rank_is_the_jobs_failure_when_on_job_end_sees_it(tmp_path: Path) -> None:
+    proc = run_repo(tmp_path, "behaviour=raise")
+    assert proc.returncode == 1
+    end = [e for e in events(tmp_path) if e["event"] == "on_job_end"][0]
+    assert end["status"] == "FAILED" and "rank 1 (node 0) failed: ValueError" in end["return_value"]
+
+
+def test_experimental_rerun_runs_the_job_again_as_a_distributed_job(tmp_path: Path) -> None:
+    proc = run_repo(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    first = seen(job)
+    for path in job.glob("seen_rank_*.json"):
+        path.unlink()
+    rerun = subprocess.run(
+        [sys.executable, str(APPS / "repo_app.py"), "--experimental-rerun", str(job / ".hydra" / "config.pickle")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    again = seen(job)
+    assert sorted(again) == [0, 1] and {r["world_size"] for r in again.values()} == {2}
+    assert {r["stamp"] for r in again.values()} == {first[0]["stamp"]}  # the same job, its own values
+    assert not any(alive(r["pid"]) for r in again.values() if r["rank"] != 0)
+
+
+def test_now_is_the_same_in_every_rank_and_hydra_yaml_reads_back(tmp_path: Path) -> None:
+    proc = run_repo(tmp_path, "platform.n_procs_per_node=3")
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    assert len({r["stamp"] for r in seen(job).values()}) == 1  # ${now:%H-%M-%S-%f}, microseconds
+    hydra_yaml = OmegaConf.load(job / ".hydra" / "hydra.yaml")
+    assert hydra_yaml.hydra.mode == "RUN"  # a plain value, as Hydra's own run writes it
+
+
+def _in_terminal(cwd: Path, *overrides: str, answers: bytes = b"") -> tuple:
+    """Run the repo's script with a terminal as its stdin, stdout and stderr (as from a shell); type
+    `answers` once the program waits for input. Returns (exit code, what the terminal showed)."""
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, str(APPS / "repo_app.py"), *LAUNCH, *overrides], cwd=cwd,
+        stdin=terminal, stdout=terminal, stderr=terminal, env={**os.environ, "TERM": "xterm"},
+    )
+    os.close(terminal)
+    shown = b""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([controller], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(controller, 65536)
+            except OSError:  # the program has exited and closed the terminal
+                break
+            if not data:
+                break
+            shown += data
+            if answers and b"(Pdb)" in shown:
+                os.write(controller, answers)
+                answers = b""
+        elif proc.poll() is not None:
+            break
+    os.close(controller)
+    return proc.wait(timeout=30), shown.decode(errors="replace")
+
+
+def test_rank_0_keeps_the_terminal_and_its_log_still_gets_every_line(tmp_path: Path) -> None:
+    code, shown = _in_terminal(tmp_path)
+    assert code == 0, shown
+    (job,) = job_dirs(tmp_path)
+    ranks = seen(job)
+    assert ranks[0]["stdout_isatty"] and ranks[0]["stderr_isatty"]  # progress bars and colours work
+    assert not ranks[1]["stdout_isatty"]  # rank 1 is not shown on the console: it writes its log file
+    assert "hello from rank 0" in shown and "hello from rank 0" in (job / "rank_0.log").read_text()
+    assert "info record from rank 0" in (job / "rank_0.log").read_text()
+    code, shown = _in_terminal(tmp_path, "platform.console_ranks=all")
+    assert code == 0, shown
+    ranks = seen(job_dirs(tmp_path)[-1])
+    assert ranks[1]["stdout_isatty"] and "[rank 1] hello from rank 1" in shown
+
+
+def test_pdb_in_rank_0_works_in_a_plain_run(tmp_path: Path) -> None:
+    code, shown = _in_terminal(tmp_path, "behaviour=pdb", answers=b"p 6 * 7\nc\n")
+    assert code == 0, shown
+    assert "(Pdb)" in shown and "42" in shown
+
+
+def test_a_failed_job_shows_its_root_cause_once_in_few_lines(tmp_path: Path) -> None:
+    proc = run_repo(tmp_path, "behaviour=raise")
+    assert proc.returncode == 1
+    console = proc.stdout + proc.stderr
+    assert console.count('raise ValueError(f"rank {rank} asked to fail")') == 1  # the traceback, once
+    assert console.count("rank 1 (node 0) failed: ValueError: rank 1 asked to fail") == 1
+    assert "ddpw_runtime" not in console  # no frame of the launcher's own modules
+    assert "Connection closed" not in console and "most recent call first" not in console
+    assert len(console.splitlines()) <= 30, console
+    assert "logs: logs/train/runs/" in proc.stdout  # where the logs are
+
+
+def test_a_killed_rank_is_named_with_its_signal(tmp_path: Path) -> None:
+    proc = run_repo(tmp_path, "behaviour=kill")
+    assert proc.returncode == 1
+    assert "rank 1 (node 0) failed: RankKilled: killed by SIGKILL" in proc.stderr
+
+
+def test_presets_of_hydra_ddpw_do_not_leak_into_other_apps(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "platform=gpu", app="own_platform_app.py")
+    assert proc.returncode == 1 and "Could not find 'platform/gpu'" in proc.stderr
+    assert "Available options in 'platform':\n\tlaptop\n" in proc.stderr
+    proc = run_app(tmp_path, "--help", app="own_platform_app.py")
+    assert proc.returncode == 0
+    groups = proc.stdout.split("== Configuration groups ==", 1)[1].split("== Config ==", 1)[0]
+    assert "platform: laptop" in groups and "gpu" not in groups and "ddpw" not in groups
+
+
+def test_every_repo_rank_logs_once_to_the_job_log(tmp_path: Path) -> None:
+    proc = run_repo(tmp_path, "hydra/job_logging=none")
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    assert "info record from rank 1" in (job / "rank_1.log").read_text()  # Hydra's own logging, as rank 0 has
+    proc = run_repo(tmp_path)
+    job = job_dirs(tmp_path)[-1]
+    job_log = (job / "repo_app.log").read_text()
+    assert "info record from rank 0" in job_log and "info record from rank 1" not in job_log
+
+
+def test_a_custom_handler_that_writes_a_file_gets_rank_0s_records_only(tmp_path: Path) -> None:
+    proc = run_repo(tmp_path, "--config-name", "repo_custom_log")
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    lines = (job / "lines.log").read_text()
+    assert "info record from rank 0" in lines and "info record from rank 1" not in lines
+    assert "info record from rank 1" in (job / "rank_1.log").read_text()  # its console handler still logs
