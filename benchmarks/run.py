@@ -15,8 +15,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any
 
 from suite import harness, report, sections
 
@@ -24,7 +25,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SECTIONS = ("launch", "sweep", "failure", "steady", "footprint", "scale")
 
 
-def parse_args(argv: List[str]) -> argparse.Namespace:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 repetition, fewer sizes")
@@ -37,7 +38,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def plan(quick: bool, reps: int) -> Dict[str, Callable[[], Any]]:
+def plan(quick: bool, reps: int) -> dict[str, Callable[[], Any]]:
     """What each section runs, with the sizes of a full or a quick run."""
     launch_sizes = (1, 2, 4) if quick else (1, 2, 4, 8)
     scale_sizes = (1, 2, 4, 8) if quick else (1, 2, 4, 8, 12, 16)
@@ -51,7 +52,7 @@ def plan(quick: bool, reps: int) -> Dict[str, Callable[[], Any]]:
     }
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     """Run the chosen sections, then write the report."""
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,7 @@ def main(argv: List[str]) -> int:
     return 0
 
 
-def write(data: Dict[str, Any], out: Path) -> None:
+def write(data: dict[str, Any], out: Path) -> None:
     """raw.json, results.md and the plots of `data`."""
     (out / "raw.json").write_text(json.dumps(data, indent=1))
     (out / "results.md").write_text(report.markdown(data, data["reps"], data["quick"]))

@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from ddpw_conf.errors import ConfigError
 from ddpw_conf.platform import Device, Platform
+
+_Options = TypeVar("_Options", bound="LauncherOptions")
 
 LOCAL_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.local_launcher.DdpwLocalLauncher"
 SLURM_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.slurm_launcher.DdpwSlurmLauncher"
@@ -34,8 +36,13 @@ class LauncherOptions:
     """How many times a failed job is started again (locally, as torchrun's `--max-restarts`; on SLURM,
     a job that was preempted or reached its time limit is requeued)."""
 
+    @property
+    def runs_here(self) -> bool:
+        """Whether the ranks run on this machine (so its GPUs are what a platform may ask for)."""
+        return True
+
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> LauncherOptions:
+    def from_mapping(cls: type[_Options], options: Mapping[str, Any]) -> _Options:
         """These options from `hydra.launcher` as Hydra gives them (plain values or config nodes); an
         unknown key is refused with the known ones."""
         from omegaconf import OmegaConf
@@ -45,7 +52,14 @@ class LauncherOptions:
         if unknown:
             raise ConfigError(f"hydra.launcher.{unknown[0]}", options[unknown[0]],
                               f"no such option; the options are {', '.join(sorted(known - {'_target_'}))}")
-        return cls(**{k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for k, v in options.items()})
+        plain: dict[str, Any] = {
+            key: OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+            for key, value in options.items()
+        }
+        return cls(**plain)
+
+    def validate_platform(self, platform: Platform) -> None:
+        """Raise `ConfigError` for a (validated) platform that cannot run with these options."""
 
     def validate(self) -> LauncherOptions:
         """Raise `ConfigError` for an option that cannot run; returns self."""
@@ -137,6 +151,11 @@ class SlurmLauncherConf(LauncherOptions):
     """SLURM warns a job (USR2) this many seconds before its time limit; with `max_restarts` > 0
     the ranks then get SIGTERM to save a checkpoint, and the job is requeued."""
 
+    @property
+    def runs_here(self) -> bool:
+        """Whether the ranks run on this machine: no, on SLURM nodes."""
+        return False
+
     def validate(self) -> SlurmLauncherConf:
         """Raise `ConfigError` for an option that cannot run or would add lines or options to the
         sbatch script; returns self."""
@@ -220,6 +239,8 @@ def _integer(key: str, value: Any, minimum: int, alternative: str = "") -> None:
 def selected_options(launcher: Mapping[str, Any] | None) -> LauncherOptions | None:
     """The options of the selected launcher (the `hydra.launcher` node) when it is a ddpw launcher,
     else None."""
-    target = launcher.get("_target_") if launcher is not None else None
-    kind = {LOCAL_LAUNCHER: LocalLauncherConf, SLURM_LAUNCHER: SlurmLauncherConf}.get(str(target))
-    return kind.from_mapping(launcher).validate() if kind is not None and launcher is not None else None
+    if launcher is None:
+        return None
+    kinds: dict[str, type[LauncherOptions]] = {LOCAL_LAUNCHER: LocalLauncherConf, SLURM_LAUNCHER: SlurmLauncherConf}
+    kind = kinds.get(str(launcher.get("_target_")))
+    return kind.from_mapping(launcher).validate() if kind is not None else None

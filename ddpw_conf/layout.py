@@ -7,7 +7,7 @@ Pure dataclass and validation; never imports torch. Each rank builds the groups 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any
 
 from ddpw_conf.errors import ConfigError
 
@@ -24,7 +24,7 @@ class Layout:
     world_size / 2 data-parallel replicas.
     """
 
-    data: Optional[int] = None
+    data: int | None = None
     tensor: int = 1
     pipeline: int = 1
 
@@ -33,7 +33,7 @@ class Layout:
         """Whether every rank is a data-parallel replica (no tensor or pipeline split)."""
         return self.tensor == 1 and self.pipeline == 1
 
-    def sizes(self, world_size: int) -> Dict[str, int]:
+    def sizes(self, world_size: int) -> dict[str, int]:
         """The size of each axis in `AXES` order, `data` resolved for a world of `world_size` ranks."""
         data = self.data if self.data is not None else world_size // (self.tensor * self.pipeline)
         return {"pipeline": self.pipeline, "data": data, "tensor": self.tensor}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from ddpw_conf.errors import ConfigError
 from ddpw_conf.layout import Layout, layout_from_config
@@ -36,7 +36,7 @@ class Device(Enum):
     """Ranks on SLURM nodes: one GPU per rank when `n_gpus_per_node` > 0, else CPU."""
 
     @staticmethod
-    def from_str(value: "str | Device") -> "Device":
+    def from_str(value: str | Device) -> Device:
         """The Device named by `value` (case-insensitive; `cuda` is a synonym for `gpu`)."""
         if isinstance(value, Device):
             return value
@@ -60,27 +60,27 @@ class Platform:
 
     name: str = "ddpw"
     device: str = "cpu"
-    partition: Optional[str] = None
+    partition: str | None = None
     """SLURM partition; None: the cluster's default partition (no `--partition` line)."""
     n_nodes: int = 1
     n_gpus_per_node: int = 0
-    n_procs_per_node: Optional[int] = None
-    n_cpus_per_node: Optional[int] = None
+    n_procs_per_node: int | None = None
+    n_cpus_per_node: int | None = None
     mem_per_node: int = 0
     spawn_method: str = "forkserver"
     ipc_protocol: str = "tcp"
-    master_addr: Optional[str] = None
-    master_port: Optional[int] = None
-    ipc_groups: List[List[int]] = field(default_factory=list)
-    backend: Optional[str] = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    ipc_groups: list[list[int]] = field(default_factory=list)
+    backend: str | None = None
     seed: int = 1889
     timeout_min: float = 2880
     collective_timeout_min: float = 30
-    slurm_additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    slurm_additional_parameters: dict[str, Any] = field(default_factory=dict)
     console_logs: bool = True
     console_ranks: Any = field(default_factory=lambda: [0])
     verbose: bool = True
-    upon_finish: Optional[str] = None
+    upon_finish: str | None = None
     layout: Layout = field(default_factory=Layout)
     """Data / tensor / pipeline parallel sizes; the default is every rank data-parallel."""
 
@@ -129,7 +129,7 @@ class Platform:
             return self.backend
         return "nccl" if self.uses_gpus else "gloo"
 
-    def shown_ranks(self) -> List[int]:
+    def shown_ranks(self) -> list[int]:
         """The global ranks whose output is echoed on the console."""
         if not self.console_logs:
             return []
@@ -149,7 +149,7 @@ class Platform:
         print(self.summary())
 
     # ----------------------------------------------------------------------------- validation
-    def validate(self, gpus_available: Optional[int] = None) -> "Platform":
+    def validate(self, gpus_available: int | None = None) -> Platform:
         """Check every field; raise `ConfigError` naming the key, the value and the fix.
 
         `gpus_available` is the number of CUDA GPUs on this node, when known (the caller asks torch;
@@ -322,7 +322,7 @@ class Platform:
             )
         if not groups:
             return
-        seen: Dict[int, int] = {}
+        seen: dict[int, int] = {}
         for index, members in enumerate(groups):
             if not isinstance(members, (list, tuple)) or not members:
                 raise ConfigError(

@@ -158,8 +158,8 @@ def wrap_rerun_task(wrap: Callable[[TaskFunction], TaskFunction]) -> None:
         _replace_task(sys._getframe(1), wrap)
         return config
 
-    get_rerun_conf.wrapped_by_ddpw = True  # type: ignore[attr-defined]
-    setattr(module, "_get_rerun_conf", get_rerun_conf)
+    get_rerun_conf.wrapped_by_ddpw = True
+    module._get_rerun_conf = get_rerun_conf
 
 
 def _runs_hydra_main(frame: Any) -> bool:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from hydra.errors import CompactHydraException
 
 if TYPE_CHECKING:
-    from ddpw_runtime.launch.records import RankResult
     from ddpw_runtime.launch.outcome import RankOutcome
+    from ddpw_runtime.launch.records import RankResult
 
 
 class RankFailure(RuntimeError, CompactHydraException):

@@ -14,11 +14,11 @@ exception of their own to re-raise. No rank outlives the call.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ddpw_conf import Platform

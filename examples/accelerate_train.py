@@ -9,18 +9,16 @@ ddpw initialised, and `prepare` / `backward` / `gather_for_metrics` work as unde
 Returns the validation accuracy (rank 0's value is the job's return value).
 """
 
-from typing import Tuple
 
 import hydra
 import torch
 from accelerate import Accelerator
+from digits_data import digits_split, mlp
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from digits_data import digits_split, mlp
 
-
-def fit(cfg: DictConfig) -> Tuple[Accelerator, float]:
+def fit(cfg: DictConfig) -> tuple[Accelerator, float]:
     """Train for `cfg.epochs` epochs; the accelerator and the validation accuracy (every rank's
     predictions gathered)."""
     accelerator = Accelerator()

@@ -1,7 +1,6 @@
 """scikit-learn's digits (8x8 images, 10 classes) as torch tensors, for the examples: the same split on
 every rank."""
 
-from typing import Tuple
 
 import torch
 from sklearn.datasets import load_digits
@@ -9,7 +8,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 
-def digits_split() -> Tuple[TensorDataset, TensorDataset]:
+def digits_split() -> tuple[TensorDataset, TensorDataset]:
     """(train, validation) data sets: 80% / 20% of the digits, shuffled with a fixed seed."""
     x, y = load_digits(return_X_y=True)
     x = torch.tensor(x / 16.0, dtype=torch.float32)

@@ -9,16 +9,15 @@ Give it the platform's layout: `devices` = ranks per node, `num_nodes` = nodes. 
 accuracy (rank 0's value is the job's return value).
 """
 
-from typing import Tuple
 
 import hydra
 import lightning as L
 import torch
+from digits_data import digits_split, mlp
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 import ddpw_runtime
-from digits_data import digits_split, mlp
 
 
 class DigitsClassifier(L.LightningModule):
@@ -33,7 +32,7 @@ class DigitsClassifier(L.LightningModule):
         """Class scores for a batch of images."""
         return self.net(x)
 
-    def training_step(self, batch: Tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Cross-entropy of one batch."""
         x, y = batch
         loss = torch.nn.functional.cross_entropy(self(x), y)
@@ -61,7 +60,7 @@ def trainer(max_epochs: int) -> L.Trainer:
     )
 
 
-def fit(cfg: DictConfig) -> Tuple[L.Trainer, DigitsClassifier, float]:
+def fit(cfg: DictConfig) -> tuple[L.Trainer, DigitsClassifier, float]:
     """Train for `cfg.epochs` epochs; the trainer, the model and its validation accuracy."""
     train_set, val_set = digits_split()
     val_x, val_y = val_set.tensors

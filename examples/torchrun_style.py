@@ -14,16 +14,16 @@ Returns the validation accuracy (rank 0's value is the job's return value).
 """
 
 import os
+from typing import Any
 
 import hydra
 import torch
 import torch.distributed as dist
+from digits_data import digits_split, mlp
 from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
-
-from digits_data import digits_split, mlp
 
 
 def fit(cfg: DictConfig) -> float:
@@ -33,7 +33,8 @@ def fit(cfg: DictConfig) -> float:
     local_rank = int(os.environ["LOCAL_RANK"])
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     train_set, val_set = digits_split()
-    sampler = DistributedSampler(train_set)  # reads the rank and world size from the process group
+    # The sampler reads the rank and world size from the process group.
+    sampler: DistributedSampler[Any] = DistributedSampler(train_set)
     loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler)
     device_ids = [local_rank] if device.type == "cuda" else None
     model = DistributedDataParallel(mlp(cfg.hidden).to(device), device_ids=device_ids)

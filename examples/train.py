@@ -9,10 +9,12 @@ Returns the validation accuracy (rank 0's value is the job's return value).
 """
 
 import logging
+from typing import Any
 
 import hydra
 import torch
 import torch.distributed as dist
+from digits_data import digits_split, mlp
 from omegaconf import DictConfig
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -20,7 +22,6 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import ddpw_runtime
-from digits_data import digits_split, mlp
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def train(cfg: DictConfig) -> float:
     device = ddpw_runtime.device()
     train_set, val_set = digits_split()
     val_x, val_y = (t.to(device) for t in val_set.tensors)
-    sampler = DistributedSampler(train_set, shuffle=True, seed=0)
+    sampler: DistributedSampler[Any] = DistributedSampler(train_set, shuffle=True, seed=0)
     loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler)
     model = mlp(cfg.hidden).to(device)
     model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)

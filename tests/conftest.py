@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -11,7 +11,7 @@ from tests.slurm.cluster import local_cluster, skip_reason
 
 
 @pytest.fixture(scope="session")
-def slurm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, str]]:
+def slurm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A private two-node SLURM cluster (nodes n1, n2; partitions debug and cpu2) for the whole test
     session, its client variables (SLURM_CONF) set in this process's environment, so every SLURM
     client and every app the tests start talks to it. Skips, with how to enable it, where no cluster

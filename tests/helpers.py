@@ -6,9 +6,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 import time
-from typing import Any, Callable, Dict, List
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 APPS = Path(__file__).parent / "apps"
 
@@ -21,12 +22,12 @@ def run_app(cwd: Path, *overrides: str, app: str = "app.py", timeout: float = 12
     )
 
 
-def job_dirs(root: Path) -> List[Path]:
+def job_dirs(root: Path) -> list[Path]:
     """Every Hydra job output dir (a folder holding `.hydra/`) under `root`, sorted."""
     return sorted(p.parent for p in root.rglob(".hydra"))
 
 
-def seen(job_dir: Path) -> Dict[int, dict]:
+def seen(job_dir: Path) -> dict[int, dict]:
     """What each rank of a job reported, by rank."""
     found = {}
     for path in job_dir.glob("seen_rank_*.json"):
@@ -44,7 +45,7 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def leftover(ranks: Dict[int, dict]) -> List[int]:
+def leftover(ranks: dict[int, dict]) -> list[int]:
     """Pids of ranks, or of the process that started them, that are still alive."""
     pids = {r["pid"] for r in ranks.values()} | {r["ppid"] for r in ranks.values()}
     return sorted(pid for pid in pids if pid != os.getpid() and alive(pid))
@@ -72,9 +73,10 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def run_ranks(target: Callable[..., Any], *args: Any, platform: Any, log_dir: Path) -> List[Any]:
+def run_ranks(target: Callable[..., Any], *args: Any, platform: Any, log_dir: Path) -> list[Any]:
     """The engine called directly: `target(*args)` on every rank of `platform`; every rank's value."""
-    from ddpw_runtime.launch.engine import NodeJob, run_ranks as run
+    from ddpw_runtime.launch.engine import NodeJob
+    from ddpw_runtime.launch.engine import run_ranks as run
     from ddpw_runtime.launch.payload import TaskCall
 
     return run(TaskCall(target, args), NodeJob(platform, log_dir))

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 import pytest
 
 from ddpw_runtime import Platform, Wrapper
 from tests.helpers import job_dirs, leftover, run_app, seen
 
+pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
-def run_client(tmp_path: Path, app: str, epochs: int) -> Dict[int, dict]:
+
+def run_client(tmp_path: Path, app: str, epochs: int) -> dict[int, dict]:
     """Run `app` (a plain run: one job, 2 ranks, examples/conf/config.yaml) and return what each rank
     reported, after checking the launch: rank 0 is the program itself, whose only child is the rank
     starter; the starter's only child is rank 1; rank 1 started no process of its own, so the library
@@ -82,8 +84,9 @@ def test_torchrun_style_script_assumptions_hold(tmp_path: Path) -> None:
         assert data["accuracy"] > 0.5
 
 
-def fit_lightning(devices: Optional[int]) -> int:
-    """A Lightning fit on 8 random samples; the world size the Trainer saw. `devices=None`: left unset."""
+def fit_lightning(devices: int | None) -> int:
+    """A Lightning fit on 8 random samples; the world size the Trainer saw. `devices=None`: not given
+(an explicit value, "auto" included, wins over `PL_TRAINER_DEVICES`)."""
     import lightning as L
     import torch
 
@@ -98,7 +101,7 @@ def fit_lightning(devices: Optional[int]) -> int:
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    chosen = {} if devices is None else {"devices": devices}
+    chosen: dict[str, Any] = {} if devices is None else {"devices": devices}
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, **chosen)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=4)

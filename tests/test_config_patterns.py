@@ -9,12 +9,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict
 
 import pytest
 import yaml
 
 from tests.helpers import APPS, job_dirs, seen
+
+pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
 COPIED = "copied-from-the-launching-shell"
 
@@ -22,7 +23,7 @@ COPIED = "copied-from-the-launching-shell"
 def run_patterns(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
     """`python tests/apps/patterns_app.py <overrides>` in `cwd`, with the variable that
     `hydra.job.env_copy` names set (Hydra refuses to compose without it)."""
-    env: Dict[str, str] = {**os.environ, "DDPW_TEST_COPY": COPIED}
+    env: dict[str, str] = {**os.environ, "DDPW_TEST_COPY": COPIED}
     return subprocess.run(
         [sys.executable, str(APPS / "patterns_app.py"), *overrides],
         cwd=cwd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env,

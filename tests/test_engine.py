@@ -12,6 +12,8 @@ from ddpw_conf import Platform
 from ddpw_runtime import RankFailure
 from tests.helpers import alive, run_ranks
 
+pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
+
 
 def rank_and_pid(offset: int) -> tuple:
     import ddpw_runtime

@@ -8,8 +8,12 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from ddpw_conf import Platform
 from tests.helpers import alive, job_dirs, leftover, open_fds, run_app, run_ranks, seen, start_app, wait_for
+
+pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
 
 def _started(tmp_path: Path, proc: subprocess.Popen, ranks: int = 2) -> dict:
@@ -89,7 +93,8 @@ def test_the_rendezvous_store_listens_on_loopback_only(tmp_path: Path) -> None:
 
         port = int(os.environ["MASTER_PORT"])
         found = []
-        for line in Path("/proc/net/tcp").read_text().splitlines()[1:] + Path("/proc/net/tcp6").read_text().splitlines()[1:]:
+        tables = [Path(f"/proc/net/{name}").read_text().splitlines()[1:] for name in ("tcp", "tcp6")]
+        for line in tables[0] + tables[1]:
             local, state = line.split()[1], line.split()[3]
             if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
                 found.append(local.rsplit(":", 1)[0])

@@ -13,7 +13,7 @@ from ddpw_conf import ConfigError, Platform
 from ddpw_runtime.launch.engine import check
 from tests.helpers import run_ranks
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), pytest.mark.subprocess]
 EXAMPLE = Path(__file__).parent.parent / "examples" / "train.py"
 
 

@@ -7,9 +7,12 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 
 from ddpw_runtime import Platform, Wrapper
+
+pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "grad_accumulation.py"
 

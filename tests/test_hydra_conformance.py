@@ -15,7 +15,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 from hydra.core.plugins import Plugins
@@ -138,7 +138,7 @@ def test_suite_config_is_the_apps_plus_platform(hydra_sweep_runner: Any, tmpdir:
             assert (Path(job_ret.working_dir) / "rank_0.log").is_file()
 
 
-def _integration_cfg(n_ranks: int) -> Dict[str, Any]:
+def _integration_cfg(n_ranks: int) -> dict[str, Any]:
     return {
         "defaults": [
             {"override hydra/launcher": "ddpw_cpu"},

@@ -3,7 +3,8 @@ with Hydra's real config loader and the test app's config."""
 
 from __future__ import annotations
 
-from typing import Iterator, List, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -20,7 +21,7 @@ class CountingLoader:
 
     def __init__(self, loader: object) -> None:
         self.loader = loader
-        self.composed: List[List[str]] = []
+        self.composed: list[list[str]] = []
 
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: Sequence[str]) -> DictConfig:
         self.composed.append(list(sweep_overrides))
@@ -39,9 +40,11 @@ def context(master: DictConfig) -> HydraContext:
     return HydraContext(config_loader=loader, callbacks=None)  # type: ignore[arg-type]
 
 
-def counted(context: HydraContext) -> List[List[str]]:
+def counted(context: HydraContext) -> list[list[str]]:
     loader = context.config_loader
-    return getattr(loader, "loader", loader).composed  # type: ignore[no-any-return]
+    counting: Any = getattr(loader, "loader", loader)
+    composed: list[list[str]] = counting.composed
+    return composed
 
 
 def test_launcher_takes_what_the_check_composed(master: DictConfig, context: HydraContext) -> None:
@@ -50,7 +53,7 @@ def test_launcher_takes_what_the_check_composed(master: DictConfig, context: Hyd
     checked = [context.config_loader.load_sweep_config(master, overrides) for overrides in batch]  # the sweeper's check
     launched = [job_config(context, master, overrides) for overrides in batch]
     assert [c.fail_rank for c in launched] == [0, 1]
-    assert all(a is b for a, b in zip(checked, launched))
+    assert all(a is b for a, b in zip(checked, launched, strict=True))
     assert counted(context) == batch
 
 

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
@@ -32,12 +31,13 @@ def raised(exc: BaseException) -> BaseException:
         return caught
 
 
-def outcome(rank: int, result: Optional[RankResult], code: Optional[int], stopped: bool = False) -> RankOutcome:
+def outcome(rank: int, result: RankResult | None, code: int | None, stopped: bool = False) -> RankOutcome:
     """How rank `rank` ended, as the supervisor records it."""
     signals = frozenset({signal.SIGTERM, signal.SIGKILL}) if stopped else frozenset()
     return RankOutcome(rank, 0, result, code, stopped, signals, log_file=f"rank_{rank}.log")
 
 
+@pytest.mark.subprocess
 def test_a_run_prints_a_start_line_and_a_summary_per_job_without_colour_on_a_pipe(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "-m", "behaviour=ok,raise")
     assert proc.returncode != 0
@@ -57,6 +57,7 @@ def test_a_run_prints_a_start_line_and_a_summary_per_job_without_colour_on_a_pip
     assert proc.stderr.count('raise ValueError("rank asked to fail")') == 1
 
 
+@pytest.mark.subprocess
 def test_a_terminal_gets_colour(tmp_path: Path) -> None:
     controller, terminal = pty.openpty()
     env = {key: value for key, value in os.environ.items() if key != "NO_COLOR"}

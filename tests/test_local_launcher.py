@@ -8,6 +8,8 @@ import pytest
 
 from tests.helpers import job_dirs, leftover, run_app, seen
 
+pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
+
 
 def test_run_mode_starts_two_ranks_in_the_normal_output_dir(tmp_path: Path) -> None:
     proc = run_app(tmp_path)
@@ -55,7 +57,7 @@ def test_multirun_sweeps_world_sizes_per_job(tmp_path: Path) -> None:
     jobs = job_dirs(tmp_path)
     assert [job.name for job in jobs] == ["0", "1", "2"]
     assert all(job.relative_to(tmp_path).parts[0] == "multirun" for job in jobs)
-    for job, size in zip(jobs, (1, 2, 3)):
+    for job, size in zip(jobs, (1, 2, 3), strict=True):
         ranks = seen(job)
         assert sorted(ranks) == list(range(size))
         assert {r["world_size"] for r in ranks.values()} == {size}

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import List
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
+
+pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
 NOTEBOOK = Path(__file__).parent.parent / "examples" / "wrapper_notebook.ipynb"
 
 
-def outputs_of(cell: nbformat.NotebookNode) -> List[str]:
+def outputs_of(cell: nbformat.NotebookNode) -> list[str]:
     """The text a code cell showed: its prints and its value."""
     texts = []
     for output in cell.outputs:
@@ -25,7 +27,7 @@ def outputs_of(cell: nbformat.NotebookNode) -> List[str]:
     return texts
 
 
-def _after(lines: List[str], label: str) -> str:
+def _after(lines: list[str], label: str) -> str:
     """What follows `label` on the line that starts with it."""
     return next(line for line in lines if line.startswith(label))[len(label):]
 

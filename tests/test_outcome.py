@@ -6,8 +6,8 @@ process. No processes: the outcomes are built as the supervisors build them."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import pytest
 
@@ -36,12 +36,12 @@ def died(rank: int, code: int, at: float, stopped: bool = False, signals: frozen
     return RankOutcome(rank, 0, None, code, stopped, signals, ended_at=at)
 
 
-def ok(rank: int, code: Optional[int] = 0) -> RankOutcome:
+def ok(rank: int, code: int | None = 0) -> RankOutcome:
     """Rank `rank` returned (and exited with `code`)."""
     return RankOutcome(rank, 0, RankResult(rank), code)
 
 
-def caller(result: Optional[RankResult], stopped: bool = False, at: float = 0.0) -> RankOutcome:
+def caller(result: RankResult | None, stopped: bool = False, at: float = 0.0) -> RankOutcome:
     """Rank 0 in the caller's own process (no exit code); `result` None when it was stopped."""
     return RankOutcome(0, 0, result, None, stopped, ended_at=at)
 
@@ -50,7 +50,7 @@ def caller(result: Optional[RankResult], stopped: bool = False, at: float = 0.0)
 class Case:
     id: str
     outcomes: Sequence[RankOutcome]
-    cause: Optional[int]
+    cause: int | None
     """The rank the rule must name (None: nothing failed)."""
 
 

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
 
 import pytest
 from omegaconf import OmegaConf
@@ -33,12 +32,12 @@ def run_repo(cwd: Path, *overrides: str, flags: tuple = ()) -> subprocess.Comple
     return run_app(cwd, *flags, *LAUNCH, *overrides, app="repo_app.py")
 
 
-def seen(job: Path) -> Dict[int, dict]:
+def seen(job: Path) -> dict[int, dict]:
     """What each rank of a job reported, by rank."""
     return {int(p.stem.rsplit("_", 1)[1]): json.loads(p.read_text()) for p in job.glob("seen_rank_*.json")}
 
 
-def events(cwd: Path) -> List[dict]:
+def events(cwd: Path) -> list[dict]:
     """The callbacks the repo's recorder saw, in order."""
     return [json.loads(line) for line in (cwd / "callback_events.jsonl").read_text().splitlines()]
 

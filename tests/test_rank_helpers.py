@@ -4,19 +4,23 @@ unwrap_model / no_sync, distributed_sampler, to_device, average, all_to_all, and
 from __future__ import annotations
 
 from collections import namedtuple
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import TensorDataset
 
 import ddpw_runtime
-from ddpw_runtime import ConfigError, Platform, RankFailure, Wrapper
+from ddpw_runtime import ConfigError, Layout, Platform, RankFailure, Wrapper
+
+pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
 
-def on_ranks(tmp_path: Path, fn: Callable[..., Any], *args: Any, n: int = 2, **platform: Any) -> List[Any]:
+def on_ranks(tmp_path: Path, fn: Callable[..., Any], *args: Any, n: int = 2, **platform: Any) -> list[Any]:
     return Wrapper(Platform(n_procs_per_node=n, **platform), log_dir=tmp_path).start(fn, *args)
 
 
@@ -41,7 +45,7 @@ def wrapped_model(sync_batchnorm: bool) -> dict:
         "ddp": type(ddp).__name__,
         "find_unused": ddp.find_unused_parameters,
         "broadcast_buffers": ddp.broadcast_buffers,
-        "norm": type(plain[1]).__name__,
+        "norm": type(list(plain.children())[1]).__name__,
         "unwrapped_is_inner": plain is ddp.module,
         "weights": weights.cpu(),
         "device": str(weights.device),
@@ -100,8 +104,8 @@ def test_no_sync_accumulates_locally_until_the_next_synced_backward(tmp_path: Pa
     assert isinstance(ddpw_runtime.no_sync(nn.Linear(1, 1)), type(ddpw_runtime.no_sync(nn.Linear(1, 1), skip=False)))
 
 
-def sampled_indices(epochs: int) -> List[List[int]]:
-    sampler = ddpw_runtime.distributed_sampler(list(range(10)))
+def sampled_indices(epochs: int) -> list[list[int]]:
+    sampler = ddpw_runtime.distributed_sampler(TensorDataset(torch.arange(10)))
     order = []
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
@@ -160,7 +164,7 @@ def test_average_is_the_mean_over_ranks_on_every_rank(tmp_path: Path) -> None:
     assert [seen["input_kept"] for seen in on_ranks(tmp_path, averages)] == [[0.0, 0.0], [1.0, 10.0]]
 
 
-def exchanged() -> List[torch.Tensor]:
+def exchanged() -> list[torch.Tensor]:
     r = ddpw_runtime.rank()
     # to rank i: (r + i + 1) values of 10 r + i
     return ddpw_runtime.all_to_all([torch.full((r + i + 1, 2), 10.0 * r + i) for i in range(2)])
@@ -174,7 +178,7 @@ def test_all_to_all_sends_each_rank_its_tensor_whatever_the_shapes(tmp_path: Pat
 
 
 def layout_groups() -> dict:
-    def members(name: str) -> List[int]:
+    def members(name: str) -> list[int]:
         return dist.get_process_group_ranks(ddpw_runtime.group(name))
 
     total = torch.tensor([float(ddpw_runtime.rank())])
@@ -198,13 +202,13 @@ def test_layout_builds_named_groups_on_a_device_mesh(tmp_path: Path) -> None:
 
 
 def default_layout_groups() -> dict:
-    answers = {"data_is_world": ddpw_runtime.group("data") is dist.group.WORLD}
+    errors: list[str] = []
     for ask in (lambda: ddpw_runtime.group("tensor"), ddpw_runtime.mesh, lambda: ddpw_runtime.group("expert")):
         try:
             ask()
         except (ValueError, RuntimeError) as exc:
-            answers.setdefault("errors", []).append(str(exc))
-    return answers
+            errors.append(str(exc))
+    return {"data_is_world": ddpw_runtime.group("data") is dist.group.WORLD, "errors": errors}
 
 
 def test_default_layout_is_all_data_parallel(tmp_path: Path) -> None:
@@ -226,5 +230,5 @@ def test_default_layout_is_all_data_parallel(tmp_path: Path) -> None:
 )
 def test_layout_that_does_not_fit_the_world_is_refused_before_start(layout: dict, key: str) -> None:
     with pytest.raises(ConfigError) as info:
-        Wrapper(Platform(n_procs_per_node=4, layout=layout))
+        Wrapper(Platform(n_procs_per_node=4, layout=Layout(**layout)))
     assert info.value.key == key and "platform.layout" in str(info.value)

@@ -14,7 +14,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
@@ -43,7 +43,7 @@ def run(cwd: Path, *overrides: str, timeout: float = 120) -> subprocess.Complete
     return run_app(cwd, *overrides, app=APP, timeout=timeout)
 
 
-def manifest(output_dir: Path) -> List[Dict[str, Any]]:
+def manifest(output_dir: Path) -> list[dict[str, Any]]:
     """The jobs the launcher recorded as submitted in `output_dir` (a run dir or a sweep dir)."""
     return json.loads((output_dir / MANIFEST).read_text())["jobs"]
 
@@ -55,13 +55,14 @@ def slurm(*command: str) -> str:
     return subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
 
 
-def seen_files(job: Path, prefix: str) -> Dict[int, dict]:
+def seen_files(job: Path, prefix: str) -> dict[int, dict]:
     """`<prefix>_rank_<k>.json` of a job dir, by rank."""
     return {int(p.stem.rsplit("_", 1)[1]): json.loads(p.read_text()) for p in job.glob(f"{prefix}_rank_*.json")}
 
 
+@pytest.mark.subprocess
 # ----------------------------------------------------------------------------- on the cluster
-def test_one_node_two_ranks(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+def test_one_node_two_ranks(slurm_env: dict[str, str], tmp_path: Path) -> None:
     proc = run(tmp_path)  # a plain run: the `ddpw` node makes it go through the launcher
     assert proc.returncode == 0, proc.stderr
     (job,) = job_dirs(tmp_path)
@@ -83,7 +84,8 @@ def test_one_node_two_ranks(slurm_env: Dict[str, str], tmp_path: Path) -> None:
     _gone(ranks)
 
 
-def test_two_nodes_one_rank_each_all_reduce_across_nodes(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.subprocess
+def test_two_nodes_one_rank_each_all_reduce_across_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
     proc = run(tmp_path, "platform.n_nodes=2", "platform.n_procs_per_node=1")
     assert proc.returncode == 0, proc.stderr
     (job,) = job_dirs(tmp_path)  # node 0 alone writes .hydra/
@@ -99,7 +101,8 @@ def test_two_nodes_one_rank_each_all_reduce_across_nodes(slurm_env: Dict[str, st
     _gone(ranks)
 
 
-def test_partition_sweep_submits_one_job_per_partition(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.subprocess
+def test_partition_sweep_submits_one_job_per_partition(slurm_env: dict[str, str], tmp_path: Path) -> None:
     proc = run(tmp_path, "-m", "platform.partition=debug,cpu2", "platform.n_procs_per_node=1")
     assert proc.returncode == 0, proc.stderr
     jobs = job_dirs(tmp_path)
@@ -108,7 +111,8 @@ def test_partition_sweep_submits_one_job_per_partition(slurm_env: Dict[str, str]
     assert len(set(ids)) == 2 and not any("_" in i for i in ids)  # two submissions, no array
 
 
-def test_jobs_with_equal_resources_go_out_as_one_job_array(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.subprocess
+def test_jobs_with_equal_resources_go_out_as_one_job_array(slurm_env: dict[str, str], tmp_path: Path) -> None:
     proc = run(tmp_path, "-m", "lr=1,2,3,4", "platform.n_procs_per_node=1")
     assert proc.returncode == 0, proc.stderr
     jobs = job_dirs(tmp_path)
@@ -119,7 +123,8 @@ def test_jobs_with_equal_resources_go_out_as_one_job_array(slurm_env: Dict[str, 
     assert [seen(job)[0]["run_id"] for job in jobs] == ids
 
 
-def test_rank_failure_on_the_second_node_is_the_reported_root_cause(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.subprocess
+def test_rank_failure_on_the_second_node_is_the_reported_root_cause(slurm_env: dict[str, str], tmp_path: Path) -> None:
     start = time.monotonic()
     proc = run(tmp_path, "platform.n_nodes=2", "platform.n_procs_per_node=1", "behaviour=raise", "fail_rank=1")
     assert proc.returncode == 1
@@ -131,7 +136,8 @@ def test_rank_failure_on_the_second_node_is_the_reported_root_cause(slurm_env: D
     _gone(seen(job_dirs(tmp_path)[0]))
 
 
-def test_cancelled_job_is_reported_as_cancelled(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.subprocess
+def test_cancelled_job_is_reported_as_cancelled(slurm_env: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = start_app(tmp_path, "behaviour=wait", f"hydra.run.dir={out}", app=APP)
     try:
@@ -148,7 +154,8 @@ def test_cancelled_job_is_reported_as_cancelled(slurm_env: Dict[str, str], tmp_p
     _gone(seen(out))
 
 
-def test_preempted_job_is_requeued_and_resumes_from_its_checkpoint(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.subprocess
+def test_preempted_job_is_requeued_and_resumes_from_its_checkpoint(slurm_env: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "run"
     overrides = ("behaviour=checkpoint", "hydra.launcher.max_restarts=1", "platform.n_nodes=2",
                  "platform.n_procs_per_node=1", f"hydra.run.dir={out}")
@@ -175,7 +182,8 @@ def test_preempted_job_is_requeued_and_resumes_from_its_checkpoint(slurm_env: Di
     _gone(ranks)
 
 
-def test_fire_and_forget_returns_at_once_with_a_manifest(slurm_env: Dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.subprocess
+def test_fire_and_forget_returns_at_once_with_a_manifest(slurm_env: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = run(tmp_path, "hydra.launcher.fire_and_forget=true", "platform.n_procs_per_node=1", f"hydra.run.dir={out}")
     assert proc.returncode == 0, proc.stderr
@@ -185,6 +193,7 @@ def test_fire_and_forget_returns_at_once_with_a_manifest(slurm_env: Dict[str, st
     assert seen(out)[0]["run_id"] == submitted["slurm_job_id"]
 
 
+@pytest.mark.subprocess
 # ----------------------------------------------------------------------------- no cluster needed
 def test_dry_run_prints_the_sbatch_script_and_plan_and_submits_nothing(tmp_path: Path) -> None:
     proc = run(
@@ -204,6 +213,7 @@ def test_dry_run_prints_the_sbatch_script_and_plan_and_submits_nothing(tmp_path:
     assert not list(tmp_path.rglob(MANIFEST)) and not list(tmp_path.rglob(".submitit"))
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     "override, key",
     [

@@ -6,14 +6,16 @@ would report the decoy."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
 
+import pytest
 import yaml
 
 from tests.helpers import job_dirs, run_app, seen
 
+pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
-def check_two_rank_jobs(jobs: List[Path]) -> List[dict]:
+
+def check_two_rank_jobs(jobs: list[Path]) -> list[dict]:
     """Each job ran 2 ranks (2 processes); rank 0's report of each job, in job order."""
     reports = []
     for job in jobs:

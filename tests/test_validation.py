@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 import pytest
 from omegaconf import DictConfig, OmegaConf
@@ -35,11 +35,11 @@ class Bad:
     def __init__(
         self,
         id: str,
-        fields: Dict[str, Any],
+        fields: dict[str, Any],
         key: str,
         hint: str,
         value: Any = _MISSING,
-        gpus_available: Optional[int] = None,
+        gpus_available: int | None = None,
     ) -> None:
         self.id = id
         self.fields = fields
@@ -51,7 +51,7 @@ class Bad:
         self.gpus_available = gpus_available
 
 
-def _slurm(**fields: Any) -> Dict[str, Any]:
+def _slurm(**fields: Any) -> dict[str, Any]:
     """Fields of a multi-node SLURM platform (one GPU per rank), where several nodes are allowed."""
     return {"device": "slurm", "n_gpus_per_node": 1, **fields}
 
@@ -84,7 +84,8 @@ BAD = [
     Bad("n_cpus_per_node-0", {"n_cpus_per_node": 0}, "platform.n_cpus_per_node", "integer >= 1"),
     Bad("mem_per_node-negative", {"mem_per_node": -1}, "platform.mem_per_node", "integer >= 0"),
     Bad("timeout_min-0", {"timeout_min": 0}, "platform.timeout_min", "positive number of minutes"),
-    Bad("collective_timeout_min-neg", {"collective_timeout_min": -1}, "platform.collective_timeout_min", "positive number of minutes"),
+    Bad("collective_timeout_min-neg", {"collective_timeout_min": -1}, "platform.collective_timeout_min",
+        "positive number of minutes"),
     Bad("n_procs_per_node-huge", {"n_procs_per_node": 10**6}, "platform.n_procs_per_node", str(MAX_WORLD_SIZE)),
     Bad("n_nodes-huge", _slurm(n_nodes=10**5), "platform.n_nodes", str(MAX_WORLD_SIZE)),
     Bad("n_gpus_per_node-huge", {"device": "gpu", "n_gpus_per_node": 10**5}, "platform.n_gpus_per_node",
@@ -247,7 +248,7 @@ UNKNOWN = [
 
 @pytest.mark.parametrize("node, key, value", UNKNOWN)
 @pytest.mark.parametrize("as_dictconfig", [False, True], ids=["dict", "dictconfig"])
-def test_unknown_key_is_refused(node: Dict[str, Any], key: str, value: Any, as_dictconfig: bool) -> None:
+def test_unknown_key_is_refused(node: dict[str, Any], key: str, value: Any, as_dictconfig: bool) -> None:
     with pytest.raises(ConfigError) as info:
         platform_from_config(OmegaConf.create(node) if as_dictconfig else node)
     assert info.value.key == key
@@ -275,7 +276,7 @@ OMEGACONF_TYPE_ERRORS = [
 
 
 @pytest.mark.parametrize("override, key", OMEGACONF_TYPE_ERRORS)
-def test_omegaconf_type_error_when_merged_into_schema(override: Dict[str, Any], key: str) -> None:
+def test_omegaconf_type_error_when_merged_into_schema(override: dict[str, Any], key: str) -> None:
     """These come from OmegaConf, before our validation runs; they still name the key."""
     with pytest.raises(ValidationError) as info:
         OmegaConf.merge(OmegaConf.structured(Platform), override)
@@ -314,7 +315,7 @@ GOOD = [
 
 
 @pytest.mark.parametrize("fields, gpus", GOOD)
-def test_good_configs_validate(fields: Dict[str, Any], gpus: Optional[int]) -> None:
+def test_good_configs_validate(fields: dict[str, Any], gpus: int | None) -> None:
     Platform(**fields).validate(gpus)
     platform_from_config(dict(fields)).validate(gpus)
 
@@ -332,7 +333,7 @@ def test_good_configs_validate(fields: Dict[str, Any], gpus: Optional[int]) -> N
         pytest.param({"device": "mps"}, 1, 1, id="mps"),
     ],
 )
-def test_derived_sizes(fields: Dict[str, Any], ranks_per_node: int, world_size: int) -> None:
+def test_derived_sizes(fields: dict[str, Any], ranks_per_node: int, world_size: int) -> None:
     platform = Platform(**fields)
     assert platform.ranks_per_node == ranks_per_node
     assert platform.world_size == world_size
@@ -350,7 +351,7 @@ def test_derived_sizes(fields: Dict[str, Any], ranks_per_node: int, world_size: 
         pytest.param({"device": "gpu", "n_gpus_per_node": 1, "backend": "gloo"}, "gloo", id="explicit"),
     ],
 )
-def test_resolved_backend(fields: Dict[str, Any], backend: str) -> None:
+def test_resolved_backend(fields: dict[str, Any], backend: str) -> None:
     assert Platform(**fields).resolved_backend == backend
 
 
@@ -392,7 +393,7 @@ def test_platform_from_structured_dictconfig() -> None:
 
 
 def test_platform_from_plain_dict_and_dictconfig() -> None:
-    fields = {"device": "cpu", "n_procs_per_node": 2, "console_ranks": "all"}
+    fields: dict[str, Any] = {"device": "cpu", "n_procs_per_node": 2, "console_ranks": "all"}
     for node in (fields, OmegaConf.create(fields)):
         platform = platform_from_config(node)
         assert platform == Platform(**fields)
@@ -430,16 +431,41 @@ def _run_train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     )
 
 
+def _plain_run_check(override: str) -> None:
+    """What a plain run of examples/train.py checks before anything starts (the launcher's callback at
+    Hydra's `on_run_start`), on the config Hydra composes for `override`."""
+    from hydra import compose, initialize_config_dir
+
+    from ddpw_conf.launcher import selected_options
+    from ddpw_runtime.hydra_jobs.plain_run import checked_platform
+    from ddpw_runtime.hydra_jobs.prepare import hydra_config_of
+
+    with initialize_config_dir(config_dir=str(TRAIN.parent / "conf"), version_base=None):
+        cfg = compose(config_name="config", overrides=[override], return_hydra_config=True)
+        options = selected_options(cfg.hydra.launcher)
+        assert options is not None
+        with hydra_config_of(cfg):
+            checked_platform(cfg, options)
+
+
 @pytest.mark.parametrize("override, shown", HYDRA_BAD)
-def test_bad_override_fails_through_hydra_without_starting_ranks(tmp_path: Path, override: str, shown: str) -> None:
-    proc = _run_train(tmp_path, override)
+def test_bad_override_is_refused_before_anything_starts(override: str, shown: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _plain_run_check(override)
+    assert shown in str(info.value)
+
+
+@pytest.mark.subprocess
+def test_bad_override_ends_the_program_with_one_clear_line_and_no_rank(tmp_path: Path) -> None:
+    proc = _run_train(tmp_path, "platform.n_procs_per_node=0")
     output = proc.stdout + proc.stderr
-    assert proc.returncode != 0, output
-    assert shown in output, output
+    assert proc.returncode == 1, output
+    assert "platform.n_procs_per_node=0: use an integer >= 1" in output, output
     assert "Traceback" not in output, output  # one clear line, not a stack trace
     assert not list(tmp_path.rglob("rank_*.log")), "a rank started for a config that cannot run"
 
 
+@pytest.mark.subprocess
 def test_good_override_through_hydra_does_start_ranks(tmp_path: Path) -> None:
     """Control for the test above: the same program with a good config writes rank_0.log, so the
     'no rank_0.log' assertion there means something."""

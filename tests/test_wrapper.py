@@ -7,18 +7,21 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List
+from typing import Any
 
 import pytest
 
 import ddpw_runtime
-from ddpw_runtime import ConfigError, Platform, RankFailure, Wrapper, wrapper
+from ddpw_runtime import ConfigError, Layout, Platform, RankFailure, Wrapper, wrapper
 from tests.helpers import alive
 
+pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
+
 TWO = Platform(n_procs_per_node=2)
-FINISHED: List[int] = []
+FINISHED: list[int] = []
 
 
 def record_finish() -> None:
@@ -134,7 +137,7 @@ def test_task_context_is_left_after_the_task(tmp_path: Path) -> None:
     assert "DDPW_TEST_CONTEXT" not in os.environ
 
 
-def train_in_place(model: object, steps: int) -> object:
+def train_in_place(model: Any, steps: int) -> Any:
     import torch
 
     ddp = ddpw_runtime.wrap_model(model)
@@ -224,7 +227,7 @@ def test_caller_rank_does_not_wait_for_a_rank_that_failed_before_joining(tmp_pat
 
 def test_bad_platform_fails_when_the_wrapper_is_made() -> None:
     with pytest.raises(ConfigError, match=r"platform\.layout\.tensor=3"):
-        Wrapper(Platform(n_procs_per_node=2, layout={"tensor": 3}))
+        Wrapper(Platform(n_procs_per_node=2, layout=Layout(tensor=3)))
     with pytest.raises(ConfigError, match=r"platform\.ipc_protocol='file'.*caller_rank"):
         Wrapper(Platform(n_procs_per_node=2, ipc_protocol="file"), caller_rank=True)
 
@@ -232,6 +235,7 @@ def test_bad_platform_fails_when_the_wrapper_is_made() -> None:
 PYTHON_C = """
 import ddpw_runtime
 from ddpw_runtime import Platform, Wrapper
+
 def square(x):
     return (ddpw_runtime.rank(), x * x)
 print(Wrapper(Platform(n_procs_per_node=2), log_dir="logs").start(square, 7))

@@ -8,10 +8,9 @@ times ddpw's own way of starting ranks (torch.multiprocessing `fork` by default)
 
 import sys
 
-import torch  # noqa: F401 - imported at the top, as a training script does
-
 import ddpw.platform
 import rank_work
+import torch  # noqa: F401 - imported at the top, as a training script does
 from ddpw import Platform, Wrapper
 
 

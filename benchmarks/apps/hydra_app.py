@@ -6,10 +6,9 @@
 """
 
 import hydra
+import rank_work
 import torch  # noqa: F401 - imported at the top, as a training script does
 from omegaconf import DictConfig
-
-import rank_work
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="bench")

@@ -2,9 +2,8 @@
 controller) never imports it: shows what the launcher itself costs the controller."""
 
 import hydra
-from omegaconf import DictConfig
-
 import rank_work
+from omegaconf import DictConfig
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="bench")

@@ -3,10 +3,9 @@
 import os
 import sys
 
+import rank_work
 import torch
 import torch.multiprocessing as mp
-
-import rank_work
 
 
 def rank_main(rank: int, world_size: int, port: int, mode: str) -> None:

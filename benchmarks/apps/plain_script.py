@@ -2,9 +2,8 @@
 
 import sys
 
-import torch  # noqa: F401 - imported at the top, as a training script does
-
 import rank_work
+import torch  # noqa: F401 - imported at the top, as a training script does
 
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "trivial"

@@ -23,7 +23,7 @@ import socket
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 MARKS_ENV = "BENCH_MARKS"
 ALLREDUCE_SIZES_MB = (1, 64)
@@ -36,7 +36,7 @@ class RankAskedToFail(RuntimeError):
     """Raised by rank `fail_rank` in mode `fail`."""
 
 
-def run(mode: str = "trivial", tag: str = "job0", fail_rank: int = 1) -> Dict[str, Any]:
+def run(mode: str = "trivial", tag: str = "job0", fail_rank: int = 1) -> dict[str, Any]:
     """Do the work of `mode` on this rank and write its timestamps as `<tag>_rank<k>.json`; returns them."""
     entry = time.time()
     import torch
@@ -44,7 +44,7 @@ def run(mode: str = "trivial", tag: str = "job0", fail_rank: int = 1) -> Dict[st
 
     made_here = not dist.is_initialized()
     rank, world = ensure_process_group()
-    marks: Dict[str, Any] = {"rank": rank, "world_size": world, "entry": entry, "ready": time.time(),
+    marks: dict[str, Any] = {"rank": rank, "world_size": world, "entry": entry, "ready": time.time(),
                              "pid": os.getpid(), "ppid": os.getppid()}
     if mode == "fail" and rank == fail_rank:
         marks["raise"] = time.time()
@@ -65,7 +65,7 @@ def run(mode: str = "trivial", tag: str = "job0", fail_rank: int = 1) -> Dict[st
     return marks
 
 
-def ensure_process_group() -> Tuple[int, int]:
+def ensure_process_group() -> tuple[int, int]:
     """(rank, world size) of this process, after making its gloo process group if there is none yet."""
     import torch.distributed as dist
 
@@ -93,7 +93,7 @@ def time_allreduce(size_mb: int) -> float:
     tensor = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32)
     for _ in range(ALLREDUCE_WARMUP):
         dist.all_reduce(tensor)
-    times: List[float] = []
+    times: list[float] = []
     for _ in range(ALLREDUCE_ITERS[size_mb]):
         dist.barrier()
         start = time.perf_counter()
@@ -102,9 +102,9 @@ def time_allreduce(size_mb: int) -> float:
     return statistics.median(times)
 
 
-def write_marks(tag: str, rank: int, marks: Dict[str, Any]) -> None:
+def write_marks(tag: str, rank: int, marks: dict[str, Any]) -> None:
     """Write `marks` atomically to `$BENCH_MARKS/<tag>_rank<rank>.json` (nothing when it is not set)."""
-    folder: Optional[str] = os.environ.get(MARKS_ENV)
+    folder: str | None = os.environ.get(MARKS_ENV)
     if not folder:
         return
     path = Path(folder) / f"{tag}_rank{rank}.json"

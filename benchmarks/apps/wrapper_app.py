@@ -2,9 +2,9 @@
 
 import sys
 
+import rank_work
 import torch  # noqa: F401 - imported at the top, as a training script does
 
-import rank_work
 from ddpw_runtime import Platform, Wrapper
 
 if __name__ == "__main__":

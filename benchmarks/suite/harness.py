@@ -16,9 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
 
 APPS = Path(__file__).resolve().parent.parent / "apps"
 COMMAND_TIMEOUT_S = 600.0
@@ -44,11 +44,11 @@ class Run:
     end: float
     """time.time() just after the process was seen to exit."""
     returncode: int
-    marks: List[Dict] = field(default_factory=list)
+    marks: list[dict] = field(default_factory=list)
     """What each rank wrote (one dict per rank and job)."""
-    peak_rss_mb: Optional[float] = None
+    peak_rss_mb: float | None = None
     """VmHWM of the command's own process (the controller), last read while it ran."""
-    imported_torch: Optional[bool] = None
+    imported_torch: bool | None = None
     """Whether libtorch was mapped in the command's own process while its ranks ran."""
     output_tail: str = ""
     idle_before: float = 1.0
@@ -59,7 +59,7 @@ class Run:
         """The whole command's wall time."""
         return self.end - self.start
 
-    def since_start(self, key: str, tag: Optional[str] = None) -> float:
+    def since_start(self, key: str, tag: str | None = None) -> float:
         """Seconds from the command's start until the LAST rank (of job `tag`, if given) reached `key`."""
         values = [m[key] for m in self.marks if key in m and (tag is None or m["tag"] == tag)]
         if not values:
@@ -67,7 +67,7 @@ class Run:
         return max(values) - self.start
 
 
-def python_argv(script: str, *args: str) -> List[str]:
+def python_argv(script: str, *args: str) -> list[str]:
     """`python apps/<script> args...` with this interpreter."""
     return [sys.executable, str(APPS / script), *args]
 
@@ -124,13 +124,13 @@ def wait_for_quiet() -> float:
         time.sleep(1.0)
 
 
-quiet_log: List[float] = []
+quiet_log: list[float] = []
 """The idle fraction before every run of this process, for the report."""
 
 
 def idle_fraction(window_s: float) -> float:
     """Fraction of all CPUs' time spent idle over the next `window_s` seconds (Linux /proc/stat)."""
-    def sample() -> List[int]:
+    def sample() -> list[int]:
         with open("/proc/stat") as stat:
             return [int(x) for x in stat.readline().split()[1:]]
 
@@ -141,12 +141,12 @@ def idle_fraction(window_s: float) -> float:
     except OSError:
         time.sleep(window_s)
         return 1.0
-    delta = [b - a for a, b in zip(first, second)]
+    delta = [b - a for a, b in zip(first, second, strict=True)]
     total = sum(delta)
     return (delta[3] + delta[4]) / total if total else 1.0  # idle + iowait
 
 
-def _environment(marks_dir: Path) -> Dict[str, str]:
+def _environment(marks_dir: Path) -> dict[str, str]:
     """The driver's environment, minus anything that would make a command think it is a rank already,
     plus the marks folder and the apps folder on the import path (submitit's task processes need it)."""
     env = {k: v for k, v in os.environ.items()
@@ -163,15 +163,15 @@ def _wait(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise CommandFailed(f"{proc.args} ran past {COMMAND_TIMEOUT_S:.0f} s") from None
+        raise CommandFailed(f"{proc.args!r} ran past {COMMAND_TIMEOUT_S:.0f} s") from None
 
 
 def _watch(proc: subprocess.Popen, marks_dir: Path, ranks_expected: int) -> tuple:
     """Poll `proc` until it exits: (peak RSS in MB, whether libtorch was mapped while ranks ran)."""
     status = Path(f"/proc/{proc.pid}/status")
     maps = Path(f"/proc/{proc.pid}/maps")
-    peak_kb: Optional[int] = None
-    torch_seen: Optional[bool] = None
+    peak_kb: int | None = None
+    torch_seen: bool | None = None
     deadline = time.monotonic() + COMMAND_TIMEOUT_S
     while proc.poll() is None:
         try:
@@ -186,14 +186,14 @@ def _watch(proc: subprocess.Popen, marks_dir: Path, ranks_expected: int) -> tupl
     return (peak_kb / 1024 if peak_kb else None), torch_seen
 
 
-def _vm_hwm_kb(status_text: str) -> Optional[int]:
+def _vm_hwm_kb(status_text: str) -> int | None:
     for line in status_text.splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
     return None
 
 
-def _read_marks(marks_dir: Path) -> List[Dict]:
+def _read_marks(marks_dir: Path) -> list[dict]:
     marks = []
     for path in sorted(marks_dir.glob("*.json")):
         data = json.loads(path.read_text())
@@ -212,16 +212,16 @@ class Stats:
     n: int
 
     @staticmethod
-    def of(values: Sequence[float]) -> "Stats":
+    def of(values: Sequence[float]) -> Stats:
         """The Stats of `values` (at least one)."""
         return Stats(statistics.median(values), min(values), max(values), len(values))
 
-    def to_dict(self) -> Dict[str, float]:
+    def to_dict(self) -> dict[str, float]:
         """As plain numbers (for raw.json)."""
         return {"median": self.median, "min": self.min, "max": self.max, "n": self.n}
 
     @staticmethod
-    def from_dict(data: Dict[str, float]) -> "Stats":
+    def from_dict(data: dict[str, float]) -> Stats:
         """Back from `to_dict`."""
         return Stats(data["median"], data["min"], data["max"], int(data["n"]))
 

@@ -6,14 +6,15 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 from suite.harness import Stats
 
-Data = Dict[str, Any]
+Data = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch", "hydra-core", "omegaconf", "submitit", "cloudpickle", "ddpw", "hydra-submitit-launcher",
             "hydra-ddpw")
@@ -75,17 +76,17 @@ def _git_commit() -> str:
 
 # Targets ---------------------------------------------------------------------------------------------
 
-def _median(cell: Optional[Data], metric: str) -> Optional[float]:
+def _median(cell: Data | None, metric: str) -> float | None:
     if not cell or "error" in cell or metric not in cell:
         return None
     return float(cell[metric]["median"])
 
 
-def _launch_cell(data: Data, tool: str, n: int) -> Optional[Data]:
+def _launch_cell(data: Data, tool: str, n: int) -> Data | None:
     return data.get("launch", {}).get("rows", {}).get(tool, {}).get(str(n))
 
 
-def _floor_note(data: Data) -> List[str]:
+def _floor_note(data: Data) -> list[str]:
     """What the plain single-process Hydra run (no launcher can beat it) is worth against torchrun."""
     plain = _median(_launch_cell(data, "hydra_plain", 1), "wall")
     torchrun = _median(_launch_cell(data, "torchrun", 2), "wall")
@@ -97,11 +98,11 @@ def _floor_note(data: Data) -> List[str]:
             f"and stops the ranks, so it cannot come in under that ratio.", ""]
 
 
-def targets(data: Data) -> List[Tuple[str, str, Optional[bool]]]:
+def targets(data: Data) -> list[tuple[str, str, bool | None]]:
     """(target, measured, met) for each target of issue 6 that the data can judge."""
-    rows: List[Tuple[str, str, Optional[bool]]] = []
+    rows: list[tuple[str, str, bool | None]] = []
 
-    def ratio_row(text: str, ours: Optional[float], other: Optional[float], limit: float, other_name: str) -> None:
+    def ratio_row(text: str, ours: float | None, other: float | None, limit: float, other_name: str) -> None:
         if ours is None or other is None:
             rows.append((text, "not measured", None))
             return
@@ -124,7 +125,8 @@ def targets(data: Data) -> List[Tuple[str, str, Optional[bool]]]:
     per_job = _median(sweep.get("rows", {}).get("hydra_ddpw"), "per_job")
     rows.append((f"Sweep: per-job overhead after the first job <= 0.4 s ((total - first job) / "
                  f"{sweep.get('n_jobs', 8) - 1})",
-                 "not measured" if per_job is None else f"{per_job:.2f} s", None if per_job is None else per_job <= 0.4))
+                 "not measured" if per_job is None else f"{per_job:.2f} s",
+                 None if per_job is None else per_job <= 0.4))
 
     exit_s = _median(data.get("failure", {}).get("rows", {}).get("hydra_ddpw"), "exit_after_raise")
     rows.append(("Failure: command exits <= 0.5 s after the rank raised (median)",
@@ -154,7 +156,7 @@ def targets(data: Data) -> List[Tuple[str, str, Optional[bool]]]:
 
 # Markdown --------------------------------------------------------------------------------------------
 
-def _fmt(cell: Optional[Data], metric: str, scale: float = 1.0, digits: int = 2) -> str:
+def _fmt(cell: Data | None, metric: str, scale: float = 1.0, digits: int = 2) -> str:
     if cell is None:
         return ""
     if "error" in cell:
@@ -162,13 +164,13 @@ def _fmt(cell: Optional[Data], metric: str, scale: float = 1.0, digits: int = 2)
     return Stats.from_dict(cell[metric]).fmt(scale, digits)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return lines + [""]
 
 
-def _errors(rows: Data, labels: Dict[str, str]) -> List[str]:
+def _errors(rows: Data, labels: dict[str, str]) -> list[str]:
     """A line per row that failed (a whole row, or any of its cells), with the reason."""
     lines = []
     for key, row in rows.items():
@@ -228,7 +230,7 @@ def markdown(data: Data, reps: int, quick: bool) -> str:
     return "\n".join(out)
 
 
-def _launch_md(launch: Data) -> List[str]:
+def _launch_md(launch: Data) -> list[str]:
     sizes = launch["sizes"]
     tools = launch["tools"]
     out = ["## 1. Launch", "",
@@ -248,7 +250,7 @@ def _launch_md(launch: Data) -> List[str]:
     return out
 
 
-def _sweep_md(sweep: Data) -> List[str]:
+def _sweep_md(sweep: Data) -> list[str]:
     n = sweep["n_jobs"]
     out = [f"## 2. Sweep: {n} jobs x {sweep['n_ranks']} ranks", "",
            f"Per job: (total - first job) / {n - 1}, the first job ending when its last rank finished. "
@@ -263,7 +265,7 @@ def _sweep_md(sweep: Data) -> List[str]:
     return out
 
 
-def _failure_md(failure: Data) -> List[str]:
+def _failure_md(failure: Data) -> list[str]:
     out = [f"## 3. Failure ({failure['n_ranks']} ranks)", "",
            "Rank 1 writes the time and raises just after its process group is made; rank 0 goes on to an "
            "all_reduce. Measured: from rank 1's raise to the command's exit.", ""]
@@ -273,7 +275,7 @@ def _failure_md(failure: Data) -> List[str]:
     return out + _errors(failure["rows"], failure["labels"])
 
 
-def _steady_md(steady: Data) -> List[str]:
+def _steady_md(steady: Data) -> list[str]:
     iters = steady.get("iters", {})
     out = [f"## 4. Steady state ({steady['n_ranks']} ranks)", "",
            f"Rank 0's median time of one all_reduce of a float32 tensor ({steady.get('warmup', '?')} warm-up "
@@ -284,7 +286,7 @@ def _steady_md(steady: Data) -> List[str]:
     return out + _errors(steady["rows"], steady["labels"])
 
 
-def _footprint_md(fp: Data) -> List[str]:
+def _footprint_md(fp: Data) -> list[str]:
     out = [f"## 5. Controller footprint ({fp['n_ranks']} ranks)", "",
            "Peak RSS (VmHWM) of the command's own process, the one the user started (for hydra-ddpw the Hydra "
            "process; for torchrun its agent; for mp.spawn the parent), polled every 20 ms while the ranks run "
@@ -299,14 +301,14 @@ def _footprint_md(fp: Data) -> List[str]:
     return out + _errors(fp["rows"], fp["labels"])
 
 
-def _scale_md(scale: Data) -> List[str]:
+def _scale_md(scale: Data) -> list[str]:
     row = scale["row"]
     fits = scale["slope_s_per_rank"]
     out = [f"## 6. Scale: {scale['label']}", "", "![scale](scale.png)", ""]
     out += _table(["ranks", "whole command", "all ranks ready"],
                   [[str(n), _fmt(row.get(str(n)), "wall"), _fmt(row.get(str(n)), "ready")] for n in scale["sizes"]])
 
-    def s(value: Optional[float]) -> str:
+    def s(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f} s"
 
     out += [f"Growth per extra rank (least-squares slope of the medians): whole command {s(fits['wall']['up_to_8'])} "
@@ -317,7 +319,7 @@ def _scale_md(scale: Data) -> List[str]:
 
 # Plots -----------------------------------------------------------------------------------------------
 
-def plots(data: Data, folder: Path) -> List[Path]:
+def plots(data: Data, folder: Path) -> list[Path]:
     """launch.png (and scale.png, sweep.png when there is data for them); the paths written."""
     import matplotlib
 
@@ -334,7 +336,7 @@ def plots(data: Data, folder: Path) -> List[Path]:
     return written
 
 
-def _series(row: Data, sizes: Sequence[int], metric: str) -> Tuple[List[int], List[float], List[List[float]]]:
+def _series(row: Data, sizes: Sequence[int], metric: str) -> tuple[list[int], list[float], list[list[float]]]:
     xs, ys, err_lo, err_hi = [], [], [], []
     for n in sizes:
         cell = row.get(str(n))
@@ -399,12 +401,14 @@ def _plot_sweep_failure(plt: Any, data: Data, path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     panels = (("sweep", "per_job", "Sweep: overhead per job after the first", 0.4),
               ("failure", "exit_after_raise", "Failure: rank raises -> command exits", 0.5))
-    for ax, (section, metric, title, target) in zip(axes, panels):
+    for ax, (section, metric, title, target) in zip(axes, panels, strict=True):
         part = data.get(section)
         if not part:
             ax.set_visible(False)
             continue
-        names, ys, err = [], [], [[], []]
+        names: list[str] = []
+        ys: list[float] = []
+        err: list[list[float]] = [[], []]
         for key, row in part["rows"].items():
             if "error" in row:
                 continue

@@ -7,9 +7,11 @@ so every measured run finds the same warm file caches.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from suite.harness import CommandFailed, Run, Stats, run_command
 from suite.tools import (
@@ -23,8 +25,8 @@ from suite.tools import (
     sweep_argv,
 )
 
-Data = Dict[str, Any]
-Case = Tuple[str, Callable[[], Any]]
+Data = dict[str, Any]
+Case = tuple[str, Callable[[], Any]]
 WARM_UP = True
 """Run each command once unmeasured before the measured runs (run.py --no-warm-up turns it off)."""
 
@@ -33,11 +35,11 @@ def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _measure(cases: Sequence[Case], reps: int, what: str, warm_up: bool = True) -> Dict[str, List[Any] | str]:
+def _measure(cases: Sequence[Case], reps: int, what: str, warm_up: bool = True) -> dict[str, list[Any] | str]:
     """Run every case once unmeasured (unless not `warm_up`), then `reps` times interleaved; per case
     its values, or the reason it failed. A failed run is tried once more (a busy machine can make a
     rendezvous time out); a case that fails twice in a row is dropped, keeping the reason."""
-    out: Dict[str, List[Any] | str] = {}
+    out: dict[str, list[Any] | str] = {}
     for key, fn in cases:
         if not (warm_up and WARM_UP):
             out[key] = []
@@ -86,25 +88,25 @@ def _stats(values: Iterable[float]) -> Data:
 def launch(sizes: Sequence[int], reps: int, tools: Sequence[Tool] = LAUNCH_TOOLS) -> Data:
     """Whole-command wall time, and time until every rank is in the task (entry) and has its process
     group (ready), for each tool and rank count."""
-    cases: List[Case] = []
+    cases: list[Case] = []
     for tool in tools:
         for n in sizes:
             if tool.supports(n):
-                cases.append((f"{tool.key}:{n}", lambda tool=tool, n=n: _launch_once(tool, n)))
+                cases.append((f"{tool.key}:{n}", functools.partial(_launch_once, tool, n)))
     measured = _measure(cases, reps, "launch")
     rows: Data = {}
     for key, values in measured.items():
-        tool_key, n = key.split(":")
+        tool_key, size = key.split(":")
         row = rows.setdefault(tool_key, {})
         if isinstance(values, str):
-            row[n] = {"error": values}
+            row[size] = {"error": values}
         else:
-            row[n] = {metric: _stats(v[metric] for v in values) for metric in ("wall", "entry", "ready")}
+            row[size] = {metric: _stats(v[metric] for v in values) for metric in ("wall", "entry", "ready")}
     return {"sizes": list(sizes), "rows": rows,
             "tools": {t.key: {"label": t.label, "note": t.note} for t in tools}}
 
 
-def _launch_once(tool: Tool, n: int) -> Dict[str, float]:
+def _launch_once(tool: Tool, n: int) -> dict[str, float]:
     run = run_command(tool.argv(n, "trivial"))
     _expect_ranks(run, n)
     return {"wall": run.wall_s, "entry": run.since_start("entry"), "ready": run.since_start("ready")}
@@ -120,7 +122,7 @@ def _expect_ranks(run: Run, n: int, tags: int = 1) -> None:
 def sweep(n_jobs: int, n_ranks: int, reps: int) -> Data:
     """A sweep of `n_jobs` jobs of `n_ranks` ranks: total time, the first job, and the overhead of each
     job after the first."""
-    cases: List[Case] = [(key, lambda key=key: _sweep_once(key, n_jobs, n_ranks)) for key in SWEEP_TOOLS]
+    cases: list[Case] = [(key, functools.partial(_sweep_once, key, n_jobs, n_ranks)) for key in SWEEP_TOOLS]
     # No warm-up run: each sweep is long, and its first job already pays any cold start.
     measured = _measure(cases, reps, "sweep", warm_up=False)
     rows: Data = {}
@@ -132,7 +134,7 @@ def sweep(n_jobs: int, n_ranks: int, reps: int) -> Data:
     return {"n_jobs": n_jobs, "n_ranks": n_ranks, "rows": rows, "labels": dict(SWEEP_TOOLS)}
 
 
-def _sweep_once(tool_key: str, n_jobs: int, n_ranks: int) -> Dict[str, float]:
+def _sweep_once(tool_key: str, n_jobs: int, n_ranks: int) -> dict[str, float]:
     # Commands after the first follow at once: they are part of one measured sweep.
     runs = [run_command(argv, quiet_first=k == 0) for k, argv in enumerate(sweep_argv(tool_key, n_jobs, n_ranks))]
     start, end = runs[0].start, runs[-1].end
@@ -153,7 +155,7 @@ def _sweep_once(tool_key: str, n_jobs: int, n_ranks: int) -> Dict[str, float]:
 
 def failure(n_ranks: int, reps: int, tools: Sequence[Tool] = FAILURE_TOOLS) -> Data:
     """Rank 1 raises right after its process group is up: seconds from its raise to the command's exit."""
-    cases: List[Case] = [(t.key, lambda t=t: _failure_once(t, n_ranks)) for t in tools]
+    cases: list[Case] = [(t.key, functools.partial(_failure_once, t, n_ranks)) for t in tools]
     measured = _measure(cases, reps, "failure")
     rows: Data = {}
     for key, values in measured.items():
@@ -166,7 +168,7 @@ def failure(n_ranks: int, reps: int, tools: Sequence[Tool] = FAILURE_TOOLS) -> D
     return {"n_ranks": n_ranks, "rows": rows, "labels": {t.key: t.label for t in tools}}
 
 
-def _failure_once(tool: Tool, n: int) -> Dict[str, float]:
+def _failure_once(tool: Tool, n: int) -> dict[str, float]:
     run = run_command(tool.argv(n, "fail"), expect_ok=False)
     raised = [m["raise"] for m in run.marks if "raise" in m]
     if not raised:
@@ -179,7 +181,7 @@ def _failure_once(tool: Tool, n: int) -> Dict[str, float]:
 def steady(n_ranks: int, reps: int, tools: Sequence[Tool] = STEADY_TOOLS) -> Data:
     """Median all_reduce time per size (rank 0's median over the timed iterations), per tool."""
     settings: Data = {}
-    cases: List[Case] = [(t.key, lambda t=t: _steady_once(t, n_ranks, settings)) for t in tools]
+    cases: list[Case] = [(t.key, functools.partial(_steady_once, t, n_ranks, settings)) for t in tools]
     measured = _measure(cases, reps, "steady")
     rows: Data = {}
     for key, values in measured.items():
@@ -190,7 +192,7 @@ def steady(n_ranks: int, reps: int, tools: Sequence[Tool] = STEADY_TOOLS) -> Dat
     return {"n_ranks": n_ranks, "rows": rows, "labels": {t.key: t.label for t in tools}, **settings}
 
 
-def _steady_once(tool: Tool, n: int, settings: Data) -> Dict[str, float]:
+def _steady_once(tool: Tool, n: int, settings: Data) -> dict[str, float]:
     run = run_command(tool.argv(n, "allreduce"))
     _expect_ranks(run, n)
     rank0 = next(m for m in run.marks if m["rank"] == 0)
@@ -203,7 +205,7 @@ def _steady_once(tool: Tool, n: int, settings: Data) -> Dict[str, float]:
 def footprint(n_ranks: int, reps: int, tools: Sequence[Tool] = FOOTPRINT_TOOLS) -> Data:
     """Peak RSS of the command's own process (the controller) while `n_ranks` ranks run (each holds
     for a second after its work), and whether it had imported torch."""
-    cases: List[Case] = [(t.key, lambda t=t: _footprint_once(t, n_ranks)) for t in tools]
+    cases: list[Case] = [(t.key, functools.partial(_footprint_once, t, n_ranks)) for t in tools]
     measured = _measure(cases, reps, "footprint")
     rows: Data = {}
     for key, values in measured.items():
@@ -216,7 +218,7 @@ def footprint(n_ranks: int, reps: int, tools: Sequence[Tool] = FOOTPRINT_TOOLS) 
     return {"n_ranks": n_ranks, "rows": rows, "labels": {t.key: t.label for t in tools}}
 
 
-def _footprint_once(tool: Tool, n: int) -> Dict[str, Any]:
+def _footprint_once(tool: Tool, n: int) -> dict[str, Any]:
     run = run_command(tool.argv(n, "hold"), watch_controller=True, ranks_expected=n)
     if run.peak_rss_mb is None:
         raise CommandFailed("the controller's RSS could not be read")
@@ -240,11 +242,11 @@ def scale(sizes: Sequence[int], reps: int, tool: Tool = HYDRA_DDPW) -> Data:
     return {"sizes": list(sizes), "row": row, "label": tool.label, "slope_s_per_rank": fits}
 
 
-def slope(points: Sequence[Tuple[int, float]]) -> Optional[float]:
+def slope(points: Sequence[tuple[int, float]]) -> float | None:
     """Least-squares slope of y over x (seconds per extra rank); None with fewer than two points."""
     if len(points) < 2:
         return None
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None

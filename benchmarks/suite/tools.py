@@ -6,8 +6,8 @@ Every command runs the same rank work (apps/rank_work.py) in a given mode; see a
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
 
 from suite.harness import APPS, python_argv
 
@@ -18,8 +18,8 @@ class Tool:
 
     key: str
     label: str
-    argv: Callable[[int, str], List[str]]
-    ranks: Optional[Tuple[int, ...]] = None
+    argv: Callable[[int, str], list[str]]
+    ranks: tuple[int, ...] | None = None
     """The only rank counts it runs at (None: any)."""
     note: str = ""
 
@@ -28,7 +28,7 @@ class Tool:
         return self.ranks is None or n_ranks in self.ranks
 
 
-def _torchrun(n: int, *script_args: str) -> List[str]:
+def _torchrun(n: int, *script_args: str) -> list[str]:
     # `python -m torch.distributed.run` is what the `torchrun` entry point runs.
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *script_args]
 
@@ -90,7 +90,7 @@ FOOTPRINT_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, WRAPPER, TORCHRU
 STEADY_TOOLS: Sequence[Tool] = (HYDRA_DDPW, TORCHRUN)
 
 
-def sweep_argv(tool_key: str, n_jobs: int, n_ranks: int) -> List[List[str]]:
+def sweep_argv(tool_key: str, n_jobs: int, n_ranks: int) -> list[list[str]]:
     """The command(s) that run a sweep of `n_jobs` jobs of `n_ranks` ranks each, run one after another."""
     jobs = f"job=range(0,{n_jobs})"
     if tool_key == "hydra_ddpw":

@@ -10,12 +10,13 @@ each launch.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 from hydra.types import HydraContext
 from omegaconf import DictConfig
 
-_Key = Tuple[int, Tuple[str, ...]]
+_Key = tuple[int, tuple[str, ...]]
 
 
 class ComposedOnce:
@@ -24,14 +25,14 @@ class ComposedOnce:
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
-        self.kept: Dict[_Key, DictConfig] = {}
+        self.kept: dict[_Key, DictConfig] = {}
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("loader", "kept"):
             raise AttributeError(name)
         return getattr(self.loader, name)
 
-    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: List[str]) -> DictConfig:
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
         """Compose one job's config (as the wrapped loader does) and keep it for the launcher."""
         config = self.loader.load_sweep_config(master_config, sweep_overrides)
         self.kept[(id(master_config), tuple(sweep_overrides))] = config

@@ -1,8 +1,8 @@
-"""The local launcher's launch: one Hydra job = one distributed job on this machine.
+"""The local launcher's jobs: one Hydra job = one distributed job on this machine.
 
-Every job is prepared (composed, checked) before the first starts; then Hydra's `run_job` is called
-once per job with a `JobTask`, so the output dir, `.hydra/`, the job log and the callbacks happen
-exactly once per job.
+The jobs come prepared (composed, checked: `prepare.py`); Hydra's `run_job` is called once per job
+with a `JobTask`, so the output dir, `.hydra/`, the job log and the callbacks happen exactly once per
+job.
 """
 
 from __future__ import annotations
@@ -13,34 +13,21 @@ from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
 
-from ddpw_conf import LocalLauncherConf, Platform
-from ddpw_runtime.hydra_jobs.prepare import PreparedJob, prepare_jobs
+from ddpw_conf import LocalLauncherConf
+from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.hydra_jobs.summary import interrupted_line
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, JobTask
-from ddpw_runtime.launch.engine import NodeJob, check, describe
+from ddpw_runtime.launch.engine import NodeJob, describe
 from ddpw_runtime.launch.supervisor import Grace
 
 log = logging.getLogger(__name__)
 
 
-def launch(
-    hydra_context: HydraContext,
-    task_function: TaskFunction,
-    config: DictConfig,
-    job_overrides: Sequence[Sequence[str]],
-    initial_job_idx: int,
-    options: LocalLauncherConf,
+def run_jobs(
+    hydra_context: HydraContext, task_function: TaskFunction, jobs: Sequence[PreparedJob], options: LocalLauncherConf
 ) -> list[JobReturn]:
-    """Run each job of a batch as a distributed job; one JobReturn per job, in order."""
-    options.validate()
-
-    def check_here(platform: Platform) -> None:
-        check(platform)
-        options.validate_platform(platform)
-
-    jobs = prepare_jobs(hydra_context, config, job_overrides, initial_job_idx, check_here)
+    """Run each (prepared) job of a batch as a distributed job; one JobReturn per job, in order."""
     runs: list[JobReturn] = []
     for job in jobs:
         log.info(f"#{job.idx} : {job.shown}")
@@ -50,7 +37,7 @@ def launch(
             runs.append(DdpwJobReturn(overrides=job.overrides, cfg=job.config, status=JobStatus.COMPLETED))
             continue
         runs.append(_run(hydra_context, task_function, job, options))
-        configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+        configure_log(job.config.hydra.hydra_logging, job.config.hydra.verbose)
     return runs
 
 
@@ -60,7 +47,9 @@ def node_job(job: PreparedJob, options: LocalLauncherConf) -> NodeJob:
                    max_restarts=options.max_restarts)
 
 
-def _run(hydra_context: HydraContext, task_function: TaskFunction, job: PreparedJob, options: LocalLauncherConf) -> DdpwJobReturn:
+def _run(
+    hydra_context: HydraContext, task_function: TaskFunction, job: PreparedJob, options: LocalLauncherConf
+) -> DdpwJobReturn:
     task = JobTask(task_function, node_job(job, options), job.idx)
     key, subkey = job.dir_keys
     try:

@@ -35,16 +35,16 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from ddpw_conf import LocalLauncherConf, Platform, platform_from_config
+from ddpw_conf import Platform, platform_from_config
 from ddpw_conf.launcher import LauncherOptions, selected_options
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import Interrupted, RankFailure
-from ddpw_runtime.hydra_jobs.prepare import hydra_config_of, pin_now
+from ddpw_runtime.hydra_jobs.prepare import hydra_config_of, job_check, pin_now
 from ddpw_runtime.hydra_jobs.summary import JobConsole, interrupted_line
 from ddpw_runtime.hydra_jobs.task import JobTask
 from ddpw_runtime.launch.caller_rank import CallerRank, check_caller_rank
 from ddpw_runtime.launch.console import CallerOutput
-from ddpw_runtime.launch.engine import LocalJob, NodeJob, check, describe, settle
+from ddpw_runtime.launch.engine import LocalJob, NodeJob, describe, settle
 from ddpw_runtime.launch.payload import TaskCall
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.supervisor import Grace
@@ -88,7 +88,7 @@ class PlainRun(Callback):
             job.finish(job_return)
 
 
-def selected_launcher(hydra: DictConfig) -> LauncherOptions | None:
+def selected_launcher(hydra: Any) -> LauncherOptions | None:
     """The selected launcher's options (`hydra` is Hydra's node of the run's config) when it is a ddpw
     launcher (a plain run whose launcher was replaced on the command line keeps this callback but has
     nothing to do)."""
@@ -98,9 +98,8 @@ def selected_launcher(hydra: DictConfig) -> LauncherOptions | None:
 def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
     """The platform of a plain run's job config (`config`, with or without its `hydra` node), after
     every check a plain run must pass."""
-    assert isinstance(options, LocalLauncherConf)
-    platform = check(platform_from_config(OmegaConf.select(config, "platform")))
-    options.validate_platform(platform)
+    platform = platform_from_config(OmegaConf.select(config, "platform"))
+    job_check(options)(platform)
     check_caller_rank(platform)
     return platform
 
@@ -207,5 +206,5 @@ def _code_of(task_function: Any) -> CodeType | None:
     """The code object that runs when `task_function` is called (a function, a method, a partial, an
     object with `__call__`)."""
     target = getattr(task_function, "func", task_function)
-    code = getattr(target, "__code__", None) or getattr(getattr(type(target), "__call__", None), "__code__", None)
+    code = getattr(target, "__code__", None) or getattr(type(target).__call__, "__code__", None)
     return code if isinstance(code, CodeType) else None

@@ -17,7 +17,9 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
 from ddpw_conf import Platform, platform_from_config
+from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.hydra_jobs.compose_once import forget_unused, job_config
+from ddpw_runtime.launch.engine import check
 
 RUN_DIR_KEYS = ("hydra.run.dir", None)
 """`run_job`'s output dir keys for a plain run: the run dir itself."""
@@ -40,6 +42,29 @@ class PreparedJob:
     def shown(self) -> str:
         """The job's overrides as Hydra shows them (`#3 : lr=0.1 seed=2`)."""
         return " ".join(filter_overrides(self.overrides))
+
+
+def job_check(options: LauncherOptions) -> Callable[[Platform], None]:
+    """Every check of a job's platform with these launcher options (and, for ranks on this machine,
+    against its GPUs)."""
+
+    def check_job(platform: Platform) -> None:
+        check(platform, here=options.runs_here)
+        options.validate_platform(platform)
+
+    return check_job
+
+
+def prepare_launch(
+    hydra_context: HydraContext,
+    config: DictConfig,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+    options: LauncherOptions,
+) -> list[PreparedJob]:
+    """What every ddpw launcher does first: check its options, then prepare every job of the batch."""
+    options.validate()
+    return prepare_jobs(hydra_context, config, job_overrides, initial_job_idx, job_check(options))
 
 
 def prepare_jobs(
@@ -67,7 +92,11 @@ def prepare_jobs(
 
 
 def prepared(
-    config: DictConfig, idx: int, overrides: list[str], check: Callable[[Platform], Any], dir_keys: tuple[str, str | None]
+    config: DictConfig,
+    idx: int,
+    overrides: list[str],
+    check: Callable[[Platform], Any],
+    dir_keys: tuple[str, str | None],
 ) -> PreparedJob:
     """One composed job config made a `PreparedJob`: platform checked, output dir and `${now:}` pinned."""
     with hydra_config_of(config):
@@ -86,7 +115,7 @@ def hydra_config_of(config: DictConfig) -> Iterator[None]:
     try:
         yield
     finally:
-        HydraConfig.instance().cfg = saved  # type: ignore[assignment]
+        HydraConfig.instance().cfg = saved
 
 
 def pin_output_dir(config: DictConfig, dir_keys: tuple[str, str | None]) -> Path:

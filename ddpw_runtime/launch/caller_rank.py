@@ -66,9 +66,9 @@ class CallerRank:
     stops them, and always puts the process back as it was.
 
     `task_code`: the code of the function that runs the task here; `RankStopped` is raised only while
-    a frame of it (or of `enter_rank`) is on the main thread's stack. `on_stop`: called when the job is being stopped, before
-    any rank gets a signal (the console stops echoing there). `log_file`: rank 0's log, if it has one.
-    `interrupt`: what Ctrl-C raises in the caller's task (a KeyboardInterrupt).
+    a frame of it (or of `enter_rank`) is on the main thread's stack. `on_stop`: called when the job is
+    being stopped, before any rank gets a signal (the console stops echoing there). `log_file`: rank 0's
+    log, if it has one. `interrupt`: what Ctrl-C raises in the caller's task (a KeyboardInterrupt).
     """
 
     def __init__(

@@ -23,7 +23,7 @@ import termios
 import threading
 import tty
 from pathlib import Path
-from typing import TextIO, Union
+from typing import TextIO
 
 _CHUNK = 1 << 16
 _IDLE_WAIT_S = 0.05
@@ -32,7 +32,7 @@ _DRAIN_WAIT_S = 2.0
 rank started may still hold the terminal open)."""
 
 
-Console = Union[int, TextIO]
+Console = int | TextIO
 """Where console lines go: a file descriptor, or a stream without one (a notebook's `sys.stdout`)."""
 
 

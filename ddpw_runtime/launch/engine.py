@@ -77,7 +77,7 @@ def resolve_callable(key: str, path: str) -> Callable[..., Any]:
         raise ConfigError(key, path, f"cannot import it ({exc}); give 'package.module:function'") from exc
     if not callable(fn):
         raise ConfigError(key, path, "this names something that is not callable")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 class LocalJob:

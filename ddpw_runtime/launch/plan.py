@@ -6,7 +6,6 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
 
 from ddpw_conf import Device, Platform
 
@@ -29,14 +28,14 @@ class LaunchPlan:
     init_method: str
     log_dir: Path
     threads_per_rank: int
-    console_ranks: List[int] = field(default_factory=list)
-    groups: List[List[int]] = field(default_factory=list)
+    console_ranks: list[int] = field(default_factory=list)
+    groups: list[list[int]] = field(default_factory=list)
     run_id: str = ""
     max_restarts: int = 0
     """How many times the job may be started again after a failure (torchrun's `--max-restarts`)."""
 
     @property
-    def global_ranks(self) -> List[int]:
+    def global_ranks(self) -> list[int]:
         """The global ranks that run on this node."""
         first = self.node_rank * self.ranks_per_node
         return list(range(first, first + self.ranks_per_node))
@@ -88,8 +87,8 @@ def plan_local(
     rendezvous_dir: Path,
     run_id: str,
     node_rank: int = 0,
-    master_addr: Optional[str] = None,
-    master_port: Optional[int] = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
     max_restarts: int = 0,
 ) -> LaunchPlan:
     """The plan for node `node_rank` of a validated `platform`.

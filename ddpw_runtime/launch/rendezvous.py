@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import errno
 import socket
-from typing import Optional
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_runtime.launch.plan import LOOPBACK
 
 
-def listen(platform: Platform, master_addr: Optional[str], master_port: Optional[int]) -> socket.socket:
+def listen(platform: Platform, master_addr: str | None, master_port: int | None) -> socket.socket:
     """A listening socket for the job's TCPStore on `platform.master_addr` (else `master_addr`, else
     loopback) and `platform.master_port` (else `master_port`, else a free port)."""
     addr = platform.master_addr or master_addr or LOOPBACK

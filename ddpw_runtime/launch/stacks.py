@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from types import FrameType
-from typing import List
 
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)$')
@@ -28,7 +27,7 @@ def where(log_file: Path) -> str:
             break
         dump.insert(0, start)
     chosen = next((i for i in dump if lines[i].startswith("Current thread")), dump[0])
-    frames: List[str] = []
+    frames: list[str] = []
     for line in lines[chosen + 1:]:
         match = _FRAME.match(line)
         if not match:
@@ -40,7 +39,7 @@ def where(log_file: Path) -> str:
 
 def where_in(frame: FrameType | None) -> str:
     """Where a live thread is, given its innermost frame, written as `where` writes a dump."""
-    frames: List[str] = []
+    frames: list[str] = []
     while frame is not None and len(frames) < _FRAMES_SHOWN:
         code = frame.f_code
         frames.append(f"{code.co_name} ({code.co_filename}:{frame.f_lineno})")

@@ -150,7 +150,9 @@ class RankStarter:
             return self._process.poll() is None
         return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
 
-    def start(self, payload_path: str, local_rank: int, listen_fd: int | None = None, terminal: int | None = None) -> int:
+    def start(
+        self, payload_path: str, local_rank: int, listen_fd: int | None = None, terminal: int | None = None
+    ) -> int:
         """Start one rank, handing it `listen_fd` (the rendezvous socket) and `terminal` (where its output
         goes instead of its log file) if given; returns its pid."""
         request = StartRank(payload_path, local_rank, exec_fresh=not self.preload, listen_fd=listen_fd is not None,

@@ -91,9 +91,9 @@ class _Server:
             for fd in (self.wake_r, self.wake_w, self.channel.fileno()):
                 os.close(fd)
             if request.exec_fresh:
-                for fd in (listen_fd, terminal):
-                    if fd is not None:
-                        os.set_inheritable(fd, True)
+                for passed in (listen_fd, terminal):
+                    if passed is not None:
+                        os.set_inheritable(passed, True)
                 args = [request.payload_path, str(request.local_rank), *(_arg(fd) for fd in (listen_fd, terminal))]
                 os.execv(sys.executable, [sys.executable, "-m", "ddpw_runtime.rank.entry", *args])
             from ddpw_runtime.rank.entry import run_rank

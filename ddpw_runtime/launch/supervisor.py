@@ -264,7 +264,9 @@ def _wait_for_dumps(logs: list[Path], before: list[int]) -> None:
         now = time.monotonic()
         if sizes != last:
             last, changed_at = sizes, now
-        elif all(size > old for size, old in zip(sizes, before, strict=True)) and now - changed_at >= _STACK_DUMP_QUIET_S:
+        elif now - changed_at >= _STACK_DUMP_QUIET_S and all(
+            size > old for size, old in zip(sizes, before, strict=True)
+        ):
             return
 
 

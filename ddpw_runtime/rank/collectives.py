@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ddpw_runtime.rank import context
 
@@ -11,7 +12,7 @@ if TYPE_CHECKING:
     import torch
 
 
-def average(value: Union[float, "torch.Tensor"], group: Optional[Any] = None) -> Union[float, "torch.Tensor"]:
+def average(value: float | torch.Tensor, group: Any | None = None) -> float | torch.Tensor:
     """The mean of `value` over the ranks of `group` (default: the world), on every rank.
 
     A number gives a float; a tensor gives a tensor of the same shape (element-wise mean, in floating
@@ -21,8 +22,11 @@ def average(value: Union[float, "torch.Tensor"], group: Optional[Any] = None) ->
     import torch.distributed as dist
 
     group = group if group is not None else dist.group.WORLD
-    as_tensor = torch.is_tensor(value)
-    tensor = value.detach().clone() if as_tensor else torch.tensor(float(value), dtype=torch.float64)
+    as_tensor = isinstance(value, torch.Tensor)
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().clone()
+    else:
+        tensor = torch.tensor(float(value), dtype=torch.float64)
     if not tensor.is_floating_point():
         tensor = tensor.double()
     original_device = tensor.device
@@ -32,7 +36,7 @@ def average(value: Union[float, "torch.Tensor"], group: Optional[Any] = None) ->
     return tensor.to(original_device) if as_tensor else tensor.item()
 
 
-def all_to_all(tensors: Sequence["torch.Tensor"], group: Optional[Any] = None) -> List["torch.Tensor"]:
+def all_to_all(tensors: Sequence[torch.Tensor], group: Any | None = None) -> list[torch.Tensor]:
     """Send `tensors[i]` to the i-th rank of `group` (default: the world); returns the tensors received,
     the j-th from the j-th rank.
 
@@ -58,10 +62,10 @@ def all_to_all(tensors: Sequence["torch.Tensor"], group: Optional[Any] = None) -
         group=group,
     )
     pieces = received.split([math.prod(shape) for shape in shapes])
-    return [piece.reshape(shape) for piece, shape in zip(pieces, shapes)]
+    return [piece.reshape(shape) for piece, shape in zip(pieces, shapes, strict=True)]
 
 
-def _shapes_from(sending: List["torch.Tensor"], group: Any) -> List[tuple]:
+def _shapes_from(sending: list[torch.Tensor], group: Any) -> list[tuple]:
     """The shape of the tensor each rank of `group` is about to send to this one."""
     import torch
     import torch.distributed as dist

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ddpw_conf.layout import AXES
 from ddpw_runtime.rank.environment import RESTART_COUNT_ENV
@@ -15,32 +16,31 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from ddpw_conf import Platform
-
     from ddpw_runtime.launch.plan import LaunchPlan
 
 
 @dataclass
 class _RankState:
-    plan: "LaunchPlan"
+    plan: LaunchPlan
     rank: int
     local_rank: int
-    device: "torch.device"
-    group: Optional[Any]
-    mesh: Optional["DeviceMesh"]
+    device: torch.device
+    group: Any | None
+    mesh: DeviceMesh | None
 
 
 _R = TypeVar("_R")
-_state: Optional[_RankState] = None
+_state: _RankState | None = None
 
 
 
 def enter(
-    plan: "LaunchPlan",
+    plan: LaunchPlan,
     rank: int,
     local_rank: int,
-    device: "torch.device",
-    group: Optional[Any],
-    mesh: Optional["DeviceMesh"] = None,
+    device: torch.device,
+    group: Any | None,
+    mesh: DeviceMesh | None = None,
 ) -> None:
     """Record the state of this rank (called by the runtime before the task starts)."""
     global _state
@@ -89,7 +89,7 @@ def restart_count() -> int:
     return int(os.environ.get(RESTART_COUNT_ENV, "0"))
 
 
-def platform() -> "Platform":
+def platform() -> Platform:
     """The Platform of the running job."""
     return _current().plan.platform
 
@@ -99,12 +99,12 @@ def node_rank() -> int:
     return _current().plan.node_rank
 
 
-def device() -> "torch.device":
+def device() -> torch.device:
     """The torch device this rank computes on (its own GPU on GPU platforms)."""
     return _current().device
 
 
-def group(name: Optional[str] = None) -> Any:
+def group(name: str | None = None) -> Any:
     """A process group of this rank.
 
     Without a name: its group from `platform.ipc_groups`, or the world group. With a name from
@@ -129,7 +129,7 @@ def group(name: Optional[str] = None) -> Any:
     )
 
 
-def mesh() -> "DeviceMesh":
+def mesh() -> DeviceMesh:
     """The DeviceMesh of `platform.layout`, axes ("pipeline", "data", "tensor"), for DTensor, FSDP2 or
     tensor parallelism; `mesh()["tensor"]` is this rank's tensor-parallel sub-mesh.
 
@@ -150,7 +150,7 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def rank_zero_only(fn: Callable[..., _R]) -> Callable[..., Optional[_R]]:
+def rank_zero_only(fn: Callable[..., _R]) -> Callable[..., _R | None]:
     """Decorator: `fn` runs on global rank 0 only and returns None on every other rank.
 
     Outside a rank (a plain single process) `fn` runs, as that process is its own rank 0. Never put a
@@ -158,7 +158,7 @@ def rank_zero_only(fn: Callable[..., _R]) -> Callable[..., Optional[_R]]:
     """
 
     @functools.wraps(fn)
-    def on_rank_zero(*args: Any, **kwargs: Any) -> Optional[_R]:
+    def on_rank_zero(*args: Any, **kwargs: Any) -> _R | None:
         if _state is not None and _state.rank != 0:
             return None
         return fn(*args, **kwargs)

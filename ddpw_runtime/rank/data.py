@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from ddpw_runtime.rank import context
 
@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 
 
 def distributed_sampler(
-    dataset: "Dataset", *, shuffle: bool = True, seed: Optional[int] = None, drop_last: bool = False
-) -> "DistributedSampler":
+    dataset: Dataset, *, shuffle: bool = True, seed: int | None = None, drop_last: bool = False
+) -> DistributedSampler:
     """A DistributedSampler giving this rank its share of `dataset` among the data-parallel replicas.
 
     Replicas are the ranks of `group("data")` (the whole world unless `platform.layout` splits it): the
@@ -38,7 +38,7 @@ def distributed_sampler(
     )
 
 
-def to_device(batch: Any, device: Optional["torch.device"] = None, non_blocking: bool = False) -> Any:
+def to_device(batch: Any, device: torch.device | None = None, non_blocking: bool = False) -> Any:
     """`batch` with every tensor moved to `device` (default: this rank's device), through nested tuples,
     named tuples, lists and dicts; everything else is returned as it is."""
     import torch

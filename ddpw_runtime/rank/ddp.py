@@ -6,8 +6,8 @@ torch is imported inside the functions, so importing `ddpw_runtime` stays cheap 
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, ContextManager
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
 
 from ddpw_runtime.rank import context
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from torch.nn.parallel import DistributedDataParallel
 
 
-def wrap_model(model: "nn.Module", *, sync_batchnorm: bool = False, **ddp_options: Any) -> "DistributedDataParallel":
+def wrap_model(model: nn.Module, *, sync_batchnorm: bool = False, **ddp_options: Any) -> DistributedDataParallel:
     """`model` moved to this rank's device and wrapped in DistributedDataParallel over the data group.
 
     `find_unused_parameters` is False unless given (it costs a graph walk per step; pass True for models
@@ -45,7 +45,7 @@ def wrap_model(model: "nn.Module", *, sync_batchnorm: bool = False, **ddp_option
     return DistributedDataParallel(model, process_group=data_group, **ddp_options)
 
 
-def unwrap_model(model: "nn.Module") -> "nn.Module":
+def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain module inside `model`: through DistributedDataParallel / DataParallel (`.module`) and
     `torch.compile` (`._orig_mod`) wrappers, however nested. Save and load state dicts on this one so
     the keys carry no `module.` prefix."""
@@ -60,7 +60,7 @@ def unwrap_model(model: "nn.Module") -> "nn.Module":
             return model
 
 
-def no_sync(model: "nn.Module", skip: bool = True) -> ContextManager[None]:
+def no_sync(model: nn.Module, skip: bool = True) -> AbstractContextManager[None]:
     """A context in which backward passes of a DDP `model` accumulate gradients locally, without the
     all-reduce; the first backward outside it synchronises everything accumulated.
 

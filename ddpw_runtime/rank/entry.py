@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 
@@ -91,7 +91,7 @@ def _redirect_output(log_file: Path, terminal: int | None) -> None:
 
 def _unbuffered(fd: int) -> io.TextIOWrapper:
     raw = io.FileIO(fd, "w", closefd=False)
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", write_through=True)  # type: ignore[arg-type]
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", write_through=True)
 
 
 def _libc() -> Any:
@@ -130,16 +130,16 @@ def configure_logging(rank: int) -> None:
     log gets each line once; their records go to their own log file through the console handlers."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import configure_log
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     if not HydraConfig.initialized():
         return
     hydra = HydraConfig.get()
-    configure_log(hydra.hydra_logging, hydra.verbose)
-    job_logging = OmegaConf.to_container(hydra.job_logging, resolve=True) if hydra.job_logging else None
+    configure_log(cast(DictConfig, hydra.hydra_logging), hydra.verbose)
+    job_logging: Any = OmegaConf.to_container(hydra.job_logging, resolve=True) if hydra.job_logging else None
     if isinstance(job_logging, dict) and rank != 0:
         _drop_file_handlers(job_logging)
-    configure_log(OmegaConf.create(job_logging) if job_logging else None, hydra.verbose)  # type: ignore[arg-type]
+    configure_log(cast(DictConfig, OmegaConf.create(job_logging) if job_logging else None), hydra.verbose)
 
 
 def _drop_file_handlers(logging_config: dict[str, Any]) -> None:

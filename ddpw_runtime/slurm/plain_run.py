@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.utils import JobReturn
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
 from ddpw_conf.launcher import SlurmLauncherConf, selected_options
 from ddpw_runtime import _compat
 from ddpw_runtime.hydra_jobs.plain_run import PlainRun
-from ddpw_runtime.hydra_jobs.prepare import RUN_DIR_KEYS, prepared
-from ddpw_runtime.slurm.submit import checker, run_jobs
+from ddpw_runtime.hydra_jobs.prepare import RUN_DIR_KEYS, job_check, prepared
+from ddpw_runtime.slurm.submit import run_jobs
 
 
 class SlurmPlainRun(PlainRun):
@@ -36,11 +37,12 @@ class SlurmPlainRun(PlainRun):
         if task_function is None:
             return
         overrides = list(config.hydra.overrides.task)
-        job = _compat.report_like_hydra(lambda: prepared(config, 0, overrides, checker(options), RUN_DIR_KEYS))
+        job = _compat.report_like_hydra(lambda: prepared(config, 0, overrides, job_check(options), RUN_DIR_KEYS))
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(),
                                callbacks=_compat.run_callbacks(config))
+        folder = _folder(config, options, job.output_dir)
         (ret,) = _compat.report_like_hydra(
-            lambda: run_jobs(context, task_function, [job], options, _folder(config, options, job.output_dir), job.output_dir)
+            lambda: run_jobs(context, task_function, [job], options, folder, job.output_dir)
         )
         _compat.report_like_hydra(lambda: ret.return_value)  # a failed job: reported, status 1
         sys.exit(0)
@@ -48,7 +50,7 @@ class SlurmPlainRun(PlainRun):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Nothing: the job runs on the allocation."""
 
-    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         """Nothing: the job runs on the allocation."""
 
 

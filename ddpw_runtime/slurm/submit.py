@@ -22,16 +22,14 @@ from typing import Any
 import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from ddpw_conf import Platform
 from ddpw_conf.launcher import SlurmLauncherConf
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import SlurmJobError
-from ddpw_runtime.hydra_jobs.prepare import PreparedJob, prepare_jobs
+from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
 from ddpw_runtime.launch.console import ConsoleEcho, console_of
-from ddpw_runtime.launch.engine import check
 from ddpw_runtime.launch.supervisor import Grace
 from ddpw_runtime.slurm import outcomes as node_outcomes
 from ddpw_runtime.slurm import sbatch
@@ -59,40 +57,19 @@ class _Job:
     node_errors: dict[int, str] = field(default_factory=dict)
 
 
-def checker(options: SlurmLauncherConf) -> Any:
-    """The check of each job's platform before anything is submitted."""
-
-    def check_for_slurm(platform: Platform) -> None:
-        check(platform, here=False)
-        options.validate_platform(platform)
-
-    return check_for_slurm
-
-
-def launch(
-    hydra_context: HydraContext,
-    task_function: TaskFunction,
-    config: DictConfig,
-    job_overrides: Sequence[Sequence[str]],
-    initial_job_idx: int,
-    options: SlurmLauncherConf,
-) -> list[JobReturn]:
-    """Run each job of a batch on SLURM; one JobReturn per job, in order."""
-    options.validate()
-    prepared = prepare_jobs(hydra_context, config, job_overrides, initial_job_idx, checker(options))
-    folder = Path(options.submitit_folder).expanduser().absolute()
-    return run_jobs(hydra_context, task_function, prepared, options, folder, Path(str(config.hydra.sweep.dir)))
-
-
 def run_jobs(
     hydra_context: HydraContext,
     task_function: TaskFunction,
-    prepared: list[PreparedJob],
+    prepared: Sequence[PreparedJob],
     options: SlurmLauncherConf,
-    folder: Path,
-    manifest_dir: Path,
+    folder: Path | None = None,
+    manifest_dir: Path | None = None,
 ) -> list[JobReturn]:
-    """Submit `prepared` (checked) jobs, wait for them, and return what each ended with."""
+    """Submit `prepared` (checked) jobs, wait for them, and return what each ended with. submitit's
+    `folder` is `hydra.launcher.submitit_folder` unless given; the manifest goes to `manifest_dir`, by
+    default the sweep dir."""
+    folder = folder if folder is not None else Path(options.submitit_folder).expanduser().absolute()
+    manifest_dir = manifest_dir if manifest_dir is not None else Path(str(prepared[0].config.hydra.sweep.dir))
     jobs = [_Job(job, sbatch.sbatch_parameters(job.platform, options)) for job in prepared]
     groups = _arrays(jobs)
     if options.dry_run:

@@ -6,13 +6,18 @@ start-up, and those imports must stay cheap (no torch, no submitit).
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from ddpw_conf.launcher import LauncherOptions
+
+if TYPE_CHECKING:  # the runtime is imported when a launch starts, not when Hydra discovers plugins
+    from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 
 Options = TypeVar("Options", bound=LauncherOptions)
 
@@ -23,7 +28,7 @@ class DdpwLauncher(Launcher, Generic[Options]):
     options_type: type[Options]
 
     def __init__(self, **options: Any) -> None:
-        self.options: Options = self.options_type.from_mapping(options)  # type: ignore[assignment]
+        self.options: Options = self.options_type.from_mapping(options)
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
@@ -34,7 +39,17 @@ class DdpwLauncher(Launcher, Generic[Options]):
         self.hydra_context = hydra_context
         self.task_function = task_function
 
-    def launching(self) -> tuple[HydraContext, TaskFunction, DictConfig]:
-        """What `setup` kept (Hydra calls `setup` before `launch`)."""
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Check the options and prepare every job of the batch (nothing starts before all are checked),
+        then run them (`run_jobs`); one JobReturn per job, in order."""
+        from ddpw_runtime.hydra_jobs.prepare import prepare_launch
+
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        return self.hydra_context, self.task_function, self.config
+        jobs = prepare_launch(self.hydra_context, self.config, job_overrides, initial_job_idx, self.options)
+        return self.run_jobs(self.hydra_context, self.task_function, jobs)
+
+    def run_jobs(
+        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob]
+    ) -> list[JobReturn]:
+        """Run the prepared jobs (`ddpw_runtime.hydra_jobs.prepare.PreparedJob`)."""
+        raise NotImplementedError

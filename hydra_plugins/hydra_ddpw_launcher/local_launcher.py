@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
@@ -10,6 +10,9 @@ from omegaconf import DictConfig
 
 from ddpw_conf.launcher import LocalLauncherConf
 from hydra_plugins.hydra_ddpw_launcher.base import DdpwLauncher
+
+if TYPE_CHECKING:  # the runtime is imported when a launch starts, not when Hydra discovers plugins
+    from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 
 
 class DdpwLocalLauncher(DdpwLauncher[LocalLauncherConf]):
@@ -25,8 +28,10 @@ class DdpwLocalLauncher(DdpwLauncher[LocalLauncherConf]):
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         compose_once(hydra_context)
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        """Run each job as a distributed job; one JobReturn per job."""
-        from ddpw_runtime.hydra_jobs.local import launch
+    def run_jobs(
+        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob]
+    ) -> list[JobReturn]:
+        """Run each job as a distributed job on this machine."""
+        from ddpw_runtime.hydra_jobs.local import run_jobs
 
-        return launch(*self.launching(), job_overrides, initial_job_idx, self.options)
+        return run_jobs(hydra_context, task_function, jobs, self.options)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from hydra.core.utils import JobReturn
+from hydra.types import HydraContext, TaskFunction
 
 from ddpw_conf.launcher import SlurmLauncherConf
 from hydra_plugins.hydra_ddpw_launcher.base import DdpwLauncher
+
+if TYPE_CHECKING:  # the runtime is imported when a launch starts, not when Hydra discovers plugins
+    from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 
 
 class DdpwSlurmLauncher(DdpwLauncher[SlurmLauncherConf]):
@@ -15,8 +19,10 @@ class DdpwSlurmLauncher(DdpwLauncher[SlurmLauncherConf]):
 
     options_type = SlurmLauncherConf
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        """Submit each job (equal resources as one job array) and wait; one JobReturn per job."""
-        from ddpw_runtime.slurm.submit import launch
+    def run_jobs(
+        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob]
+    ) -> list[JobReturn]:
+        """Submit each job (equal resources as one job array) and wait."""
+        from ddpw_runtime.slurm.submit import run_jobs
 
-        return launch(*self.launching(), job_overrides, initial_job_idx, self.options)
+        return run_jobs(hydra_context, task_function, jobs, self.options)

@@ -4,9 +4,8 @@ import sys
 
 import hydra
 import torch
-from omegaconf import DictConfig
-
 from client_report import EXAMPLES, save
+from omegaconf import DictConfig
 
 sys.path.insert(0, str(EXAMPLES))
 import accelerate_train  # noqa: E402 - the example under test

@@ -3,7 +3,7 @@
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
@@ -13,15 +13,15 @@ import ddpw_runtime
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def children(pid: int) -> List[int]:
+def children(pid: int) -> list[int]:
     """The live child processes of `pid` (every thread's children)."""
-    found: List[int] = []
+    found: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         found += [int(p) for p in (task / "children").read_text().split()]
     return sorted(found)
 
 
-def save(facts: Dict[str, Any]) -> None:
+def save(facts: dict[str, Any]) -> None:
     """Write `facts` and this rank's process facts to `seen_rank_<k>.json` in the job's output dir. Ends
     with a barrier, so every rank is still alive while the others look at their processes."""
     rank = ddpw_runtime.rank()

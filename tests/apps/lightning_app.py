@@ -5,11 +5,11 @@ import sys
 import hydra
 import torch
 import torch.distributed as dist
+from client_report import EXAMPLES, save
 from lightning_utilities.core.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
 import ddpw_runtime
-from client_report import EXAMPLES, save
 
 sys.path.insert(0, str(EXAMPLES))
 import lightning_train  # noqa: E402 - the example under test
@@ -17,7 +17,7 @@ import lightning_train  # noqa: E402 - the example under test
 
 @hydra.main(version_base=None, config_path=str(EXAMPLES / "conf"), config_name="config")
 def main(cfg: DictConfig) -> float:
-    rank_zero_before_trainer = rank_zero_only.rank
+    rank_zero_before_trainer = getattr(rank_zero_only, "rank", None)
     group = dist.group.WORLD
     trainer, model, accuracy = lightning_train.fit(cfg)
     weights = torch.cat([p.detach().flatten() for p in model.parameters()]).to(ddpw_runtime.device())
@@ -28,7 +28,7 @@ def main(cfg: DictConfig) -> float:
         "lightning_global_rank": trainer.global_rank,
         "lightning_local_rank": trainer.local_rank,
         "num_devices": trainer.num_devices,
-        "cluster_environment": type(trainer.strategy.cluster_environment).__name__,
+        "cluster_environment": type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
         "strategy": type(trainer.strategy).__name__,
         "same_process_group": dist.group.WORLD is group and dist.is_initialized(),
         "rank_zero_only_before_trainer": rank_zero_before_trainer,

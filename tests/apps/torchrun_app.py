@@ -6,10 +6,10 @@ import sys
 
 import hydra
 import torch.distributed as dist
+from client_report import EXAMPLES, save
 from omegaconf import DictConfig
 
 import ddpw_runtime
-from client_report import EXAMPLES, save
 
 sys.path.insert(0, str(EXAMPLES))
 import torchrun_style  # noqa: E402 - the example under test

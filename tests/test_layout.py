@@ -1,0 +1,100 @@
+"""The runtime's layout rules, read off the code: which process each subpackage runs in decides what it
+may import.
+
+- The controller side (`ddpw_runtime.launch`, `.hydra_jobs`, `.slurm`, the top-level modules),
+  `ddpw_conf` and the Hydra plugin never import torch at import time (the controller of a sweep stays
+  light; Hydra imports the plugin at every start-up).
+- Rank code (`ddpw_runtime.rank`) imports only the data modules of the controller side.
+- Only the Hydra plugin imports `ddpw_runtime.slurm`.
+- A handful of modules at the top of `ddpw_runtime`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNTIME = ROOT / "ddpw_runtime"
+
+DATA_MODULES = {
+    "ddpw_runtime.launch.plan",
+    "ddpw_runtime.launch.payload",
+    "ddpw_runtime.launch.process_state",
+    "ddpw_runtime.launch.records",
+}
+"""The controller-side modules that hold only data (what goes to a rank and comes back from it)."""
+
+TOP_LEVEL = {"__init__.py", "_compat.py", "errors.py", "wrapper.py"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def python_files(*folders: Path) -> list[Path]:
+    return sorted(p for folder in folders for p in folder.rglob("*.py"))
+
+
+def imported(path: Path) -> set[str]:
+    """Every module `path` imports, anywhere in it (at the top or inside a function)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+CONTROLLER = [
+    module_name(p) for p in python_files(RUNTIME, ROOT / "ddpw_conf", ROOT / "hydra_plugins")
+    if not module_name(p).startswith("ddpw_runtime.rank")
+]
+
+
+@pytest.mark.subprocess
+def test_the_controller_side_never_imports_torch_at_import_time() -> None:
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {CONTROLLER!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'count': len(" + repr(CONTROLLER) + ")}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report == {"torch": False, "count": len(CONTROLLER)}
+    assert "ddpw_runtime.launch.supervisor" in CONTROLLER and "ddpw_runtime.slurm.node" in CONTROLLER
+
+
+def test_rank_code_imports_only_the_data_modules_of_the_controller_side() -> None:
+    controller = ("ddpw_runtime.launch", "ddpw_runtime.hydra_jobs", "ddpw_runtime.slurm")
+    for path in python_files(RUNTIME / "rank"):
+        used = {name for name in imported(path) if name.startswith(controller)}
+        modules = {name for name in used if name in DATA_MODULES or not any(name.startswith(d) for d in DATA_MODULES)}
+        assert modules <= DATA_MODULES, f"{module_name(path)} imports {sorted(modules - DATA_MODULES)}"
+
+
+def test_only_the_hydra_plugin_imports_the_slurm_runtime() -> None:
+    for path in python_files(RUNTIME, ROOT / "ddpw_conf"):
+        name = module_name(path)
+        if name.startswith("ddpw_runtime.slurm"):
+            continue
+        assert not any(i.startswith("ddpw_runtime.slurm") for i in imported(path)), f"{name} imports slurm/"
+    plugin = ROOT / "hydra_plugins" / "hydra_ddpw_launcher" / "slurm_launcher.py"
+    assert "ddpw_runtime.slurm.submit" in imported(plugin)
+
+
+def test_a_handful_of_modules_at_the_top() -> None:
+    assert {p.name for p in RUNTIME.glob("*.py")} == TOP_LEVEL
+    assert {p.name for p in RUNTIME.iterdir() if p.is_dir() and not p.name.startswith("__")} == {
+        "launch", "rank", "hydra_jobs", "slurm"
+    }
