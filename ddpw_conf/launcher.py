@@ -61,13 +61,14 @@ class LauncherOptions:
     def validate_platform(self, platform: Platform) -> None:
         """Raise `ConfigError` for a (validated) platform that cannot run with these options."""
 
-    def validate(self) -> LauncherOptions:
-        """Raise `ConfigError` for an option that cannot run; returns self."""
+    def validate(self, where: str = "hydra.launcher.") -> LauncherOptions:
+        """Raise `ConfigError` for an option that cannot run (its key is `where` + the option's name);
+        returns self."""
         if not isinstance(self.dry_run, bool):
-            raise ConfigError("hydra.launcher.dry_run", self.dry_run, "use true or false")
+            raise ConfigError(f"{where}dry_run", self.dry_run, "use true or false")
         for key in ("interrupt_grace_s", "stop_grace_s"):
-            _seconds(key, getattr(self, key))
-        _integer("max_restarts", self.max_restarts, 0)
+            _seconds(f"{where}{key}", getattr(self, key))
+        _integer(f"{where}max_restarts", self.max_restarts, 0)
         return self
 
 
@@ -80,11 +81,11 @@ class LocalLauncherConf(LauncherOptions):
     """Jobs of a sweep that may run side by side, each on devices of its own: an integer, or null for
     as many as this machine's GPUs (GPU jobs) or CPUs (CPU jobs that set `platform.n_cpus_per_node`) fit."""
 
-    def validate(self) -> LocalLauncherConf:
+    def validate(self, where: str = "hydra.launcher.") -> LocalLauncherConf:
         """Raise `ConfigError` for an option that cannot run; returns self."""
         super().validate()
         if self.max_parallel_jobs is not None:
-            _integer("max_parallel_jobs", self.max_parallel_jobs, 1, " or null (as many as fit)")
+            _integer("hydra.launcher.max_parallel_jobs", self.max_parallel_jobs, 1, " or null (as many as fit)")
         return self
 
     def validate_platform(self, platform: Platform) -> None:
@@ -156,7 +157,7 @@ class SlurmLauncherConf(LauncherOptions):
         """Whether the ranks run on this machine: no, on SLURM nodes."""
         return False
 
-    def validate(self) -> SlurmLauncherConf:
+    def validate(self, where: str = "hydra.launcher.") -> SlurmLauncherConf:
         """Raise `ConfigError` for an option that cannot run or would add lines or options to the
         sbatch script; returns self."""
         super().validate()
@@ -185,8 +186,8 @@ class SlurmLauncherConf(LauncherOptions):
                     f"hydra.launcher.setup[{index}]", line,
                     "each entry is one shell line; put each command in its own entry",
                 )
-        _integer("array_parallelism", self.array_parallelism, 1)
-        _integer("signal_delay_s", self.signal_delay_s, 1)
+        _integer("hydra.launcher.array_parallelism", self.array_parallelism, 1)
+        _integer("hydra.launcher.signal_delay_s", self.signal_delay_s, 1)
         if self.max_restarts and self.interrupt_grace_s >= self.signal_delay_s:
             raise ConfigError(
                 "hydra.launcher.interrupt_grace_s", self.interrupt_grace_s,
@@ -228,12 +229,12 @@ class SlurmLauncherConf(LauncherOptions):
 
 def _seconds(key: str, value: Any) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"hydra.launcher.{key}", value, "use a number of seconds >= 0")
+        raise ConfigError(key, value, "use a number of seconds >= 0")
 
 
 def _integer(key: str, value: Any, minimum: int, alternative: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"hydra.launcher.{key}", value, f"use an integer >= {minimum}{alternative}")
+        raise ConfigError(key, value, f"use an integer >= {minimum}{alternative}")
 
 
 def selected_options(launcher: Mapping[str, Any] | None) -> LauncherOptions | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ddpw_conf import Platform
+from ddpw_conf.launcher import LauncherOptions
 
 _R = TypeVar("_R")
 
@@ -49,6 +50,10 @@ class Wrapper:
     `stop_grace_s`: after a failure, how long the other ranks get between SIGTERM and SIGKILL;
     `interrupt_grace_s`: after Ctrl-C or SIGTERM, how long the ranks get to finish before they are killed.
 
+    `max_restarts`: a failed call is started again on every rank, up to this many times (as torchrun's
+    `--max-restarts`), with the same `run_id()` and log folder; `restart_count()` says which restart a
+    rank is in. A time limit or an interruption is not restarted.
+
     The platform is validated here, so a bad configuration fails before anything starts.
     """
 
@@ -61,6 +66,7 @@ class Wrapper:
         task_context: Callable[[], AbstractContextManager[Any]] | None = None,
         stop_grace_s: float = 1.0,
         interrupt_grace_s: float = 10.0,
+        max_restarts: int = 0,
     ) -> None:
         # The engine is imported here, not at the top: `ddpw_runtime` imports this module, and the
         # starter and rank processes run as `python -m ddpw_runtime.<package>.<module>`, which must not
@@ -70,6 +76,9 @@ class Wrapper:
 
         check(platform)
         platform.validate_local()
+        options = LauncherOptions(stop_grace_s=stop_grace_s, interrupt_grace_s=interrupt_grace_s,
+                                  max_restarts=max_restarts)
+        options.validate(where="Wrapper.")
         if caller_rank:
             check_caller_rank(platform)
         self.platform = platform
@@ -78,6 +87,7 @@ class Wrapper:
         self.task_context = task_context
         self.stop_grace_s = stop_grace_s
         self.interrupt_grace_s = interrupt_grace_s
+        self.max_restarts = max_restarts
         self.last_log_dir: Path | None = None
         """The log folder of the latest `start`."""
 
@@ -97,7 +107,8 @@ class Wrapper:
         log_dir = self.log_dir if self.log_dir is not None else default_log_dir()
         self.last_log_dir = log_dir.resolve()
         task: Callable[..., _R] = target if self.task_context is None else InContext(target, self.task_context)
-        job = NodeJob(self.platform, log_dir, Grace(self.stop_grace_s, self.interrupt_grace_s))
+        job = NodeJob(self.platform, log_dir, Grace(self.stop_grace_s, self.interrupt_grace_s),
+                      max_restarts=self.max_restarts)
         return run_ranks(TaskCall(task, args, kwargs), job, caller_rank=self.caller_rank)
 
 

@@ -3,15 +3,22 @@ many ranks and many jobs. Real processes throughout; each test checks nothing is
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ddpw_conf import Platform
-from tests.helpers import alive, job_dirs, leftover, open_fds, run_app, run_ranks, seen, start_app, wait_for
+from tests.helpers import APPS, alive, job_dirs, leftover, open_fds, run_app, run_ranks, seen, start_app, wait_for
 
 pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
@@ -157,3 +164,210 @@ def test_a_rank_failing_before_the_process_group_exists_is_reported(tmp_path: Pa
         run_ranks(print, _FailsToArrive(), platform=Platform(n_procs_per_node=2, verbose=False), log_dir=tmp_path)
     assert "argument could not be rebuilt in the rank" in str(info.value)
     assert info.value.rank in (0, 1)
+
+
+# ----------------------------------------------------------------------- what ranks start, what they leave
+def _job_children(job: Path, ranks: int = 2) -> list[int]:
+    """The pids of the sleeps the job's `ranks` ranks started (two per rank, one in a session of its own),
+    once every rank has written them."""
+    wait_for(lambda: len(list(job.glob("children_rank_*.json"))) == ranks, what="the ranks to start their children")
+    return [pid for path in job.glob("children_rank_*.json") for pid in json.loads(path.read_text())]
+
+
+def _ended(pids: list[int]) -> Callable[[], bool]:
+    """Whether every process of `pids` has ended."""
+    return lambda: not any(alive(pid) for pid in pids)
+
+
+@pytest.fixture
+def private_tmp() -> Iterator[Path]:
+    """A TMPDIR of the test's own, to see what a job leaves there (short: Unix socket paths in it, such
+    as DataLoader workers use, must fit in 108 bytes)."""
+    folder = Path(tempfile.mkdtemp(prefix="t"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+def test_processes_the_ranks_start_end_with_the_job_even_in_a_session_of_their_own(tmp_path: Path) -> None:
+    for flags in ((), ("-m",)):
+        proc = run_app(tmp_path, *flags, "behaviour=children")
+        assert proc.returncode == 0, proc.stderr
+        job = job_dirs(tmp_path)[-1]
+        children = _job_children(job)
+        assert len(children) == 4
+        wait_for(_ended(children), timeout=10, what="the ranks' children to end")
+        assert leftover(seen(job)) == []
+
+
+def test_a_failed_job_ends_what_its_ranks_started(tmp_path: Path) -> None:
+    proc = start_app(tmp_path, "-m", "behaviour=children_wait")
+    ranks = _started(tmp_path, proc)
+    children = _job_children(job_dirs(tmp_path)[0])
+    os.kill(ranks[1]["pid"], signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    wait_for(_ended(children), timeout=10, what="the ranks' children to end")
+    assert leftover(ranks) == []
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGHUP"])
+def test_when_the_controller_dies_every_process_and_file_of_the_job_goes(
+    tmp_path: Path, private_tmp: Path, how: str
+) -> None:
+    shm = _shm()
+    proc = subprocess.Popen(
+        [sys.executable, str(APPS / "app.py"), "-m", "behaviour=children_wait"], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        env={**os.environ, "TMPDIR": str(private_tmp)}, start_new_session=True,
+    )
+    ranks = _started(tmp_path, proc)
+    children = _job_children(job_dirs(tmp_path)[0])
+    assert len(children) == 4 and list(private_tmp.iterdir())  # the job's private folder is there
+    if how == "SIGHUP":
+        os.killpg(proc.pid, signal.SIGHUP)  # to the whole process group, as when the terminal closes
+    else:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    wait_for(lambda: leftover(ranks) == [] and not any(alive(pid) for pid in children), timeout=15,
+             what="every process of the job to end")
+    wait_for(lambda: not list(private_tmp.iterdir()), timeout=15, what="the job's private folder to go")
+    assert _shm() - shm == set()
+
+
+@pytest.mark.parametrize("behaviour", ["loader", "spawn_lock_kill", "local_exception"])
+def test_a_job_leaves_no_file_in_tmp_or_dev_shm(tmp_path: Path, private_tmp: Path, behaviour: str) -> None:
+    shm = _shm()
+    proc = subprocess.run(
+        [sys.executable, str(APPS / "app.py"), f"behaviour={behaviour}", "fail_rank=1"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        env={**os.environ, "TMPDIR": str(private_tmp)},
+    )
+    assert proc.returncode == (0 if behaviour == "loader" else 1), proc.stderr
+    assert list(private_tmp.iterdir()) == []
+    assert _shm() - shm == set()
+    if behaviour == "local_exception":
+        assert "DefinedInTheTask: an exception class defined inside the task" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "behaviour, shown", [("main_class_value", "Point(0)"), ("refuses_pickling", "RefusesPickling()")]
+)
+def test_a_value_the_controller_cannot_rebuild_comes_back_as_text(tmp_path: Path, behaviour: str, shown: str) -> None:
+    proc = run_app(tmp_path, "-m", f"behaviour={behaviour}", "fail_rank=0", "platform.spawn_method=spawn",
+                   "+hydra.callbacks.recorder._target_=recorder.Recorder")
+    assert proc.returncode == 0, proc.stderr
+    (end,) = [e for e in map(json.loads, (tmp_path / "callback_events.jsonl").read_text().splitlines())
+              if e["event"] == "on_job_end"]
+    assert end["status"] == "COMPLETED" and shown in end["return_value"]
+
+
+# ----------------------------------------------------------------------- output that must not be lost
+@pytest.mark.parametrize(
+    "behaviour, in_log",
+    [
+        ("printf", "printf without a newline"),
+        ("partial_exit", "partial line before os._exit"),
+    ],
+)
+def test_output_still_in_a_buffer_when_a_rank_ends_reaches_its_log(tmp_path: Path, behaviour: str, in_log: str) -> None:
+    proc = run_app(tmp_path, "-m", f"behaviour={behaviour}")
+    job = job_dirs(tmp_path)[0]
+    assert in_log in (job / "rank_1.log").read_text(), proc.stdout
+    if behaviour == "partial_exit":
+        assert proc.returncode == 1 and "exited with code 5" in proc.stderr
+
+
+def test_a_rank_that_closed_its_streams_and_raised_is_still_the_root_cause(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "behaviour=closed_streams")
+    assert proc.returncode == 1
+    assert "rank 1 (node 0) failed: ValueError: raised after closing stdout and stderr" in proc.stderr
+
+
+def test_an_odd_output_dir_still_shows_the_root_cause(tmp_path: Path) -> None:
+    # Spaces unquoted, as users type them; non-ASCII quoted (Hydra's grammar refuses it unquoted).
+    for run_dir, where in (("hydra.run.dir=my runs/job 1", "my runs/job 1"), ("hydra.run.dir='runs/été'", "runs/été")):
+        proc = run_app(tmp_path, run_dir, "behaviour=raise")
+        assert proc.returncode == 1
+        assert "rank 1 (node 0) failed: ValueError: rank asked to fail" in proc.stderr
+        assert "rank asked to fail" in (tmp_path / where / "rank_1.log").read_text()
+
+
+# ----------------------------------------------------------------------- Ctrl-C and SIGTERM at any moment
+@pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain", "multirun"])
+@pytest.mark.parametrize("after_s", [0.0, 0.05, 0.3])
+def test_ctrl_c_right_after_the_job_starts_exits_130(tmp_path: Path, flags: tuple, after_s: float) -> None:
+    proc = start_app(tmp_path, *flags, "behaviour=wait")
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    while line and "[ddpw] job #0 started" not in line:
+        line = proc.stdout.readline()
+    time.sleep(after_s)  # the moment the interruption comes, not a wait for anything
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Interrupted" in stderr and "Traceback" not in stderr, stderr
+    jobs = job_dirs(tmp_path)
+    assert not jobs or leftover(seen(jobs[0])) == []
+
+
+def test_ctrl_c_before_any_rank_starts_exits_130_with_a_message(tmp_path: Path) -> None:
+    proc = start_app(tmp_path, "-m", "behaviour=wait", "+slow=1,2,3", "hydra/sweeper=basic",
+                     "hydra.sweeper.max_batch_size=3", "platform.spawn_method=spawn")
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    while line and "#0 :" not in line:  # the sweep is composed and checked: ddpw is in charge
+        line = proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Interrupted" in stderr, stderr
+
+
+def test_a_second_sigterm_still_ends_with_143(tmp_path: Path) -> None:
+    proc = start_app(tmp_path, "behaviour=wait")
+    ranks = _started(tmp_path, proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    wait_for(lambda: leftover(ranks) == [], timeout=10, what="the ranks to end")
+
+
+# ----------------------------------------------------------------------- refused before anything starts
+def test_a_local_launcher_refuses_several_nodes_whatever_the_device(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "platform.device=slurm", "platform.n_gpus_per_node=0", "platform.n_nodes=2")
+    assert proc.returncode == 1
+    assert "platform.n_nodes=2: ranks started here run on this machine only" in proc.stderr
+    assert not list(tmp_path.rglob("rank_*.log"))
+
+
+# ----------------------------------------------------------------------- local restarts, as torchrun's
+def _attempts(job: Path, rank: int) -> list[dict]:
+    return [json.loads(line) for line in (job / f"attempts_rank_{rank}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain", "multirun"])
+def test_a_failed_job_starts_again_in_the_same_output_dir_until_restarts_run_out(tmp_path: Path, flags: tuple) -> None:
+    proc = run_app(tmp_path, *flags, "behaviour=fail_first_attempt", "hydra.launcher.max_restarts=2")
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    for rank in (0, 1):
+        attempts = _attempts(job, rank)
+        assert [a["restart_count"] for a in attempts] == [0, 1]
+        assert len({a["run_id"] for a in attempts}) == 1  # the same run id across restarts
+    assert "attempt 1 of 3 failed: rank 1 (node 0) failed: ValueError: the first attempt fails" in proc.stdout
+    assert "COMPLETED" in proc.stdout
+    proc = run_app(tmp_path, *flags, "behaviour=raise", "hydra.launcher.max_restarts=1")
+    assert proc.returncode == 1
+    assert "attempt 1 of 2 failed" in proc.stdout and "rank 1 (node 0) failed: ValueError" in proc.stderr
+    assert [a["restart_count"] for a in _attempts(job_dirs(tmp_path)[-1], 1)] == [0, 1]
+
+
+def test_a_time_limit_is_not_restarted(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "behaviour=hang", "platform.timeout_min=0.02", "hydra.launcher.max_restarts=2")
+    assert proc.returncode == 1
+    assert "ran past its time limit" in proc.stderr and "attempt" not in proc.stdout

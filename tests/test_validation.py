@@ -473,3 +473,32 @@ def test_good_override_through_hydra_does_start_ranks(tmp_path: Path) -> None:
     proc = _run_train(tmp_path, "platform.n_procs_per_node=1", "epochs=1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert list(tmp_path.rglob("rank_0.log"))
+
+
+@pytest.mark.parametrize(
+    "options, key",
+    [
+        ({"stop_grace_s": -5}, "hydra.launcher.stop_grace_s"),
+        ({"interrupt_grace_s": "soon"}, "hydra.launcher.interrupt_grace_s"),
+        ({"dry_run": "yes"}, "hydra.launcher.dry_run"),
+        ({"max_restarts": -1}, "hydra.launcher.max_restarts"),
+        ({"max_parallel_jobs": 0}, "hydra.launcher.max_parallel_jobs"),
+    ],
+)
+def test_local_launcher_options_are_checked_as_the_slurm_ones(options: dict[str, Any], key: str) -> None:
+    from ddpw_conf.launcher import LocalLauncherConf, SlurmLauncherConf
+
+    with pytest.raises(ConfigError) as info:
+        LocalLauncherConf(**options).validate()
+    assert info.value.key == key
+    if key != "hydra.launcher.max_parallel_jobs":  # the one option SLURM does not have
+        with pytest.raises(ConfigError):
+            SlurmLauncherConf(**options).validate()
+
+
+def test_an_unknown_launcher_option_is_refused_naming_the_known_ones() -> None:
+    from ddpw_conf.launcher import LocalLauncherConf
+
+    with pytest.raises(ConfigError) as info:
+        LocalLauncherConf.from_mapping({"stop_grace": 2})
+    assert info.value.key == "hydra.launcher.stop_grace" and "stop_grace_s" in str(info.value)

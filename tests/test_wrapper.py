@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import ddpw_runtime
-from ddpw_runtime import ConfigError, Layout, Platform, RankFailure, Wrapper, wrapper
+from ddpw_runtime import ConfigError, JobTimedOut, Layout, Platform, RankFailure, Wrapper, wrapper
 from tests.helpers import alive
 
 pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
@@ -249,3 +249,110 @@ def test_works_from_python_c(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "[(0, 49), (1, 49)]" in done.stdout
+
+
+VALUES_FROM_A_SCRIPT = """
+import ddpw_runtime
+from ddpw_runtime import Platform, Wrapper
+
+class Point:
+    def __init__(self, x):
+        self.x = x
+
+    def __repr__(self):
+        return f"Point({self.x})"
+
+class RefusesPickling:
+    def __reduce__(self):
+        raise TypeError("this value refuses pickling")
+
+    def __repr__(self):
+        return "RefusesPickling()"
+
+def task(kind):
+    return Point(ddpw_runtime.rank()) if kind == "point" else RefusesPickling()
+
+if __name__ == "__main__":
+    for caller_rank in (False, True):
+        runner = Wrapper(Platform(n_procs_per_node=2, spawn_method="spawn"), log_dir="logs", caller_rank=caller_rank)
+        print(runner.start(task, "point"))
+        print(runner.start(task, "refuses"))
+"""
+
+
+def test_values_of_a_script_class_or_that_refuse_pickling_come_back(tmp_path: Path) -> None:
+    (tmp_path / "values.py").write_text(VALUES_FROM_A_SCRIPT)
+    done = subprocess.run([sys.executable, "values.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == lines[2] == "[Point(0), Point(1)]"
+    refused = "'RefusesPickling() (not picklable: this value refuses pickling)'"
+    assert lines[1] == f"[{refused}, {refused}]"
+    assert lines[3] == f"[RefusesPickling(), {refused}]"  # rank 0 ran in the caller: the object itself
+
+
+def hang_on_every_rank() -> None:
+    while True:
+        threading.Event().wait(1.0)
+
+
+@pytest.mark.parametrize("n_procs", [1, 2])
+def test_caller_rank_hanging_past_the_time_limit_is_stopped(tmp_path: Path, n_procs: int) -> None:
+    runner = Wrapper(Platform(n_procs_per_node=n_procs, timeout_min=0.02), log_dir=tmp_path, caller_rank=True)
+    with pytest.raises(JobTimedOut) as info:
+        runner.start(hang_on_every_rank)
+    assert "time limit" in str(info.value)
+    assert [v[0] for v in runner.start(who, 3)] == list(range(n_procs))  # and the caller can run the next job
+
+
+INTERRUPTED_THEN_AGAIN = """
+import os, signal, sys, threading, time
+from ddpw_runtime import Platform, Wrapper
+
+def wait_forever():
+    while True:
+        time.sleep(1)
+
+def rank_and_value(x):
+    import ddpw_runtime
+    return (ddpw_runtime.rank(), x)
+
+caller_rank = sys.argv[1] == "caller"
+runner = Wrapper(Platform(n_procs_per_node=2), log_dir="logs", caller_rank=caller_rank)
+for after_s in (0.0, 0.01, 0.05, 0.2, 0.5, 1.5):
+    try:
+        threading.Timer(after_s, os.kill, (os.getpid(), signal.SIGINT)).start()  # the moment Ctrl-C comes
+        runner.start(wait_forever)
+    except KeyboardInterrupt as interrupted:
+        print("interrupted:", type(interrupted).__name__, flush=True)
+    print(runner.start(rank_and_value, after_s), flush=True)
+"""
+
+
+@pytest.mark.parametrize("where", ["caller", "ranks"])
+def test_a_wrapper_interrupted_at_any_moment_runs_again(tmp_path: Path, where: str) -> None:
+    (tmp_path / "again.py").write_text(INTERRUPTED_THEN_AGAIN)
+    done = subprocess.run([sys.executable, "again.py", where], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines.count("interrupted: KeyboardInterrupt") == 6, done.stdout
+    for after_s in (0.0, 0.01, 0.05, 0.2, 0.5, 1.5):
+        assert f"[(0, {after_s}), (1, {after_s})]" in lines, done.stdout
+
+
+def fail_on_rank_1_until(attempt: int) -> tuple:
+    if ddpw_runtime.rank() == 1 and ddpw_runtime.restart_count() < attempt:
+        raise ValueError(f"attempt {ddpw_runtime.restart_count()} fails")
+    return ddpw_runtime.restart_count(), ddpw_runtime.run_id()
+
+
+@pytest.mark.parametrize("caller_rank", [False, True], ids=["ranks", "caller"])
+def test_a_failed_call_starts_again_until_restarts_run_out(tmp_path: Path, caller_rank: bool) -> None:
+    runner = Wrapper(TWO, log_dir=tmp_path, caller_rank=caller_rank, max_restarts=2)
+    values = runner.start(fail_on_rank_1_until, 2)
+    assert [v[0] for v in values] == [2, 2] and values[0][1] == values[1][1]  # third attempt, one run id
+    with pytest.raises(RankFailure) as info:
+        runner.start(fail_on_rank_1_until, 3)
+    assert info.value.rank == 1 and "attempt 2 fails" in str(info.value)  # the last attempt's cause

@@ -8,6 +8,7 @@ job.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -15,8 +16,9 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job
 from hydra.types import HydraContext, TaskFunction
 
 from ddpw_conf import LocalLauncherConf
+from ddpw_runtime.errors import Interrupted, Terminated
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
-from ddpw_runtime.hydra_jobs.summary import interrupted_line
+from ddpw_runtime.hydra_jobs.summary import stopped_line
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, JobTask
 from ddpw_runtime.launch.engine import NodeJob, describe
 from ddpw_runtime.launch.supervisor import Grace
@@ -56,6 +58,9 @@ def _run(
         ret = run_job(hydra_context=hydra_context, task_function=task, config=job.config, job_dir_key=key,
                       job_subdir_key=subkey)
     except KeyboardInterrupt:
-        sys.stderr.write(interrupted_line(job.idx) + "\n")
-        raise SystemExit(130) from None
+        sys.stderr.write(stopped_line(job.idx, signal.SIGINT) + "\n")
+        raise Interrupted() from None
+    except Terminated:
+        sys.stderr.write(stopped_line(job.idx, signal.SIGTERM) + "\n")
+        raise
     return DdpwJobReturn.of(ret, task.values)

@@ -25,6 +25,9 @@ import faulthandler
 import signal
 import sys
 import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from types import CodeType
 from typing import Any
@@ -38,13 +41,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from ddpw_conf import Platform, platform_from_config
 from ddpw_conf.launcher import LauncherOptions, selected_options
 from ddpw_runtime import _compat
-from ddpw_runtime.errors import Interrupted, RankFailure
+from ddpw_runtime.errors import Interrupted, RankFailure, Terminated
+from ddpw_runtime.hydra_jobs import interrupts
 from ddpw_runtime.hydra_jobs.prepare import hydra_config_of, job_check, pin_now
-from ddpw_runtime.hydra_jobs.summary import JobConsole, interrupted_line
+from ddpw_runtime.hydra_jobs.summary import JobConsole, stopped_line
 from ddpw_runtime.hydra_jobs.task import JobTask
 from ddpw_runtime.launch.caller_rank import CallerRank, check_caller_rank
 from ddpw_runtime.launch.console import CallerOutput
-from ddpw_runtime.launch.engine import LocalJob, NodeJob, describe, settle
+from ddpw_runtime.launch.engine import LocalJob, NodeJob, describe, restart_after, settle
 from ddpw_runtime.launch.payload import TaskCall
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.supervisor import Grace
@@ -64,6 +68,7 @@ class PlainRun(Callback):
         options = _compat.report_like_hydra(lambda: selected_launcher(config.hydra))
         if options is None:
             return
+        interrupts.install()
         _compat.notify_last(self)  # so the job's return is final when the others' on_job_end sees it
         with hydra_config_of(config):
             platform = _compat.report_like_hydra(lambda: checked_platform(config, options))
@@ -106,10 +111,19 @@ def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
 
 class RankZeroHere:
     """One plain run's job, with this process as rank 0: made when the task is about to run, finished
-    with the task's `JobReturn`. Any failure to start ends the program as Hydra ends a failed run."""
+    with the task's `JobReturn`. Any failure to start ends the program as Hydra ends a failed run. A
+    failed run is started again while restarts are left (`hydra.launcher.max_restarts`): the other
+    ranks are started again, and rank 0 calls the task again here."""
 
     def __init__(self, task_cfg: DictConfig, task_function: TaskFunction) -> None:
-        _compat.report_like_hydra(lambda: self._start(task_cfg, task_function))
+        self.output: CallerOutput | None = None
+        self._running = ExitStack()
+        try:
+            _compat.report_like_hydra(lambda: self._start(task_cfg, task_function))
+        except (KeyboardInterrupt, Terminated) as stopped:  # before any rank ran: say so, as a job says it
+            signum = signal.SIGINT if isinstance(stopped, KeyboardInterrupt) else signal.SIGTERM
+            sys.stderr.write(stopped_line(0, signum) + "\n")
+            raise
 
     def _start(self, task_cfg: DictConfig, task_function: TaskFunction) -> None:
         hydra = HydraConfig.get()
@@ -120,23 +134,12 @@ class RankZeroHere:
         self.console = JobConsole(0, platform, output_dir, Path(str(hydra.runtime.cwd)))
         self.started = time.monotonic()
         self.job = NodeJob(platform, output_dir, Grace(options.stop_grace_s, options.interrupt_grace_s),
-                           max_restarts=options.max_restarts)
-        self.console.started()
-        self.local = LocalJob(TaskCall(task_function, (task_cfg,)), self.job, host_store_here=True)
-        log_file = self.local.plan.log_file(0)
-        # The other ranks' console first: it writes to this process's output before rank 0's takes it over.
-        self.rank = CallerRank(self.local, _code_of(task_function), self._freeze_output, str(log_file), Interrupted)
-        shown = 0 in self.local.console_ranks
-        self.output: CallerOutput | None = CallerOutput(log_file, self.local.console_prefix(0), shown)
+                           run_id=uuid.uuid4().hex[:12], max_restarts=options.max_restarts)
+        self.task = TaskCall(task_function, (task_cfg,))
         self._faulthandler = faulthandler.is_enabled()
-        faulthandler.enable()  # a crash of rank 0 leaves its Python stack in its log, as in every rank
-        try:
-            self.rank.start()
-        except BaseException as error:  # nothing of the job stays behind; Hydra reports the error
-            self._restore_output()
-            self.rank.abort(error)
-            self._close()
-            raise
+        self.console.started()
+        self._running.enter_context(interrupts.job_running())
+        self._begin()
         atexit.register(self._abandoned)
         try:
             self.rank.enter_rank()
@@ -147,25 +150,60 @@ class RankZeroHere:
             assert failure is not None
             raise failure from None
 
-    def finish(self, job_return: JobReturn) -> None:
-        """Rank 0's task ended as `job_return` says: wait for the others, and make a failure of any rank
-        the job's."""
-        error = _compat.job_error(job_return)
-        own = RankResult(0) if error is None else RankResult.failure(0, error)
+    def _begin(self) -> None:
+        """Start a run of the job: the other ranks, and this process's output to rank 0's log too."""
+        self.local = LocalJob(self.task, self.job, host_store_here=True)
+        log_file = self.local.plan.log_file(0)
+        # The other ranks' console first: it writes to this process's output before rank 0's takes it over.
+        self.rank = CallerRank(self.local, _code_of(self.task.target), self._freeze_output, str(log_file), Interrupted)
+        self.output = CallerOutput(log_file, self.local.console_prefix(0), 0 in self.local.console_ranks)
+        faulthandler.enable()  # a crash of rank 0 leaves its Python stack in its log, as in every rank
         try:
-            self.rank.leave_rank(own)
+            self.rank.start()
+        except BaseException as error:  # nothing of the job stays behind; Hydra reports the error
             self._restore_output()
-            outcomes = self.rank.finish()
-            settle(self.job, outcomes)
-        except Exception as failure:
+            self.rank.abort(error)
+            self._close()
+            raise
+
+    def finish(self, job_return: JobReturn) -> None:
+        """Rank 0's task ended as `job_return` says: wait for the others, start the job again after a
+        failure while restarts are left, and make a failure of any rank the job's."""
+        own_error = _compat.job_error(job_return)
+        self.rank.leave_rank(RankResult(0) if own_error is None else RankResult.failure(0, own_error))
+        try:
+            failure = self._settled()
+            restarted = False
+            while isinstance(failure, RankFailure) and restart_after(self.job, failure):
+                self.rank.close()
+                self.local.close()
+                self.job = replace(self.job, restart_count=self.job.restart_count + 1)
+                self._begin()
+                value = self.rank.call(self.task)
+                own_error, restarted = self.rank.own_error, True
+                failure = self._settled()
+            if failure is None:
+                self.console.completed(time.monotonic() - self.started)
+                if restarted:
+                    job_return.status, job_return.return_value = JobStatus.COMPLETED, value
+                return
             self.console.failed(failure, time.monotonic() - self.started)
-            if not (isinstance(failure, RankFailure) and failure.rank == 0 and error is not None):
+            if not (isinstance(failure, RankFailure) and failure.rank == 0 and own_error is not None):
                 job_return.status = JobStatus.FAILED  # rank 0's own error stays the job's, as Hydra shows it
                 job_return.return_value = failure
-        else:
-            self.console.completed(time.monotonic() - self.started)
+            elif restarted:
+                job_return.status, job_return.return_value = JobStatus.FAILED, own_error
         finally:
             self._close()
+
+    def _settled(self) -> Exception | None:
+        """Wait for the other ranks of this run; why the job failed, or None."""
+        self._restore_output()
+        try:
+            settle(self.job, self.rank.finish())
+        except Exception as failure:
+            return failure
+        return None
 
     def _abandoned(self) -> None:
         """The program exits while rank 0's task never returned (Ctrl-C, SIGTERM, `sys.exit`): stop the
@@ -173,8 +211,10 @@ class RankZeroHere:
         exc = getattr(sys, "last_value", None) or SystemExit()
         self._restore_output()
         self.rank.abort(exc)
-        if self.rank.interrupted == signal.SIGINT or isinstance(exc, KeyboardInterrupt):
-            sys.stderr.write(interrupted_line(0) + "\n")
+        if isinstance(exc, KeyboardInterrupt):
+            sys.stderr.write(stopped_line(0, signal.SIGINT) + "\n")
+        elif self.rank.interrupted is not None:
+            sys.stderr.write(stopped_line(0, self.rank.interrupted) + "\n")
         self._close()
 
     def _freeze_output(self) -> None:
@@ -192,6 +232,7 @@ class RankZeroHere:
         atexit.unregister(self._abandoned)
         self.rank.close()
         self.local.close()
+        self._running.close()
 
 
 def _task_config(config: DictConfig) -> DictConfig:

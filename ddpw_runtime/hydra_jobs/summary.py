@@ -11,6 +11,7 @@ terminal that supports it (see `use_colour`).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -136,9 +137,10 @@ def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: s
     return "\n".join(lines)
 
 
-def interrupted_line(job: int) -> str:
-    """What is printed (on stderr) when Ctrl-C stopped a job."""
-    return f"Interrupted: every rank of job #{job} was stopped."
+def stopped_line(job: int, signum: int) -> str:
+    """What is printed (on stderr) when Ctrl-C (SIGINT) or SIGTERM stopped a job."""
+    what = "Interrupted" if signum == signal.SIGINT else "Terminated (SIGTERM)"
+    return f"{what}: every rank of job #{job} was stopped."
 
 
 class JobConsole:

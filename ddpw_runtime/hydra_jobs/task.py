@@ -17,6 +17,7 @@ from hydra.core.utils import JobReturn
 from hydra.types import TaskFunction
 from omegaconf import DictConfig
 
+from ddpw_runtime.hydra_jobs import interrupts
 from ddpw_runtime.hydra_jobs.summary import JobConsole
 from ddpw_runtime.launch.engine import NodeJob, run_ranks
 from ddpw_runtime.launch.payload import TaskCall
@@ -70,7 +71,7 @@ class JobTask:
         if console is not None:
             console.started()
         try:
-            with self.around_ranks():
+            with self.around_ranks(), interrupts.job_running():
                 self.values = run_ranks(TaskCall(self.task_function, (cfg,)), job)
         except Exception as error:
             if console is not None:

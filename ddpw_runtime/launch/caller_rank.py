@@ -20,6 +20,7 @@ fail at once instead of after the collective timeout.
 from __future__ import annotations
 
 import faulthandler
+import logging
 import os
 import signal
 import sys
@@ -34,11 +35,14 @@ from typing import Any
 from ddpw_conf import ConfigError, Platform
 from ddpw_runtime.errors import JobTimedOut, RankStopped, Terminated
 from ddpw_runtime.launch.engine import LocalJob
+from ddpw_runtime.launch.job_processes import JobProcesses
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
-from ddpw_runtime.launch.payload import TaskCall, from_task
+from ddpw_runtime.launch.payload import JOB_ENV, TaskCall, from_task
 from ddpw_runtime.launch.records import RaisedError, RankResult, qualified_name
 from ddpw_runtime.launch.stacks import where_in
 from ddpw_runtime.launch.supervisor import supervise
+
+log = logging.getLogger("ddpw")
 
 STOP_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 """The signal that raises `RankStopped` in the caller's main thread (a real-time signal no library
@@ -126,7 +130,9 @@ class CallerRank:
         self._store = _host_store(self.local)
         from ddpw_runtime.rank.environment import rank_environment
 
-        variables = {**rank_environment(self.plan, 0, 0), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+        # JOB_ENV names the job in what rank 0's task starts too, so that it ends with the job (`close`).
+        variables = {**rank_environment(self.plan, 0, 0), "TORCHELASTIC_USE_AGENT_STORE": "True",
+                     JOB_ENV: self.local.payload.result_dir}
         self._saved_env = {name: os.environ.get(name) for name in variables}
         os.environ.update(variables)
         if threading.current_thread() is threading.main_thread():
@@ -241,11 +247,17 @@ class CallerRank:
         return RankResult(0, error=RaisedError(name, "", stack))
 
     def close(self) -> None:
-        """Put the process back as it was (environment, signal handlers) and stop hosting the store."""
+        """Stop what rank 0's task started (see `job_processes.py`), put the process back as it was
+        (environment, signal handlers) and stop hosting the store."""
         self._task_over.set()
         if self._thread.is_alive():
             self._ranks.request_stop()
             self._thread.join()
+        if self._saved_env:
+            mine = JobProcesses(self.local.payload.result_dir, cgroup=False, spared=frozenset({self.local.starter.pid}))
+            left = mine.stop()
+            if left:
+                log.error("processes rank 0 started would not die; left behind: pids %s", ", ".join(map(str, left)))
         self._console.stop()
         for sig, handler in self._saved_handlers.items():
             signal.signal(sig, handler)
@@ -312,12 +324,16 @@ class CallerRank:
             )
 
     def _on_interrupt(self, signum: int, frame: FrameType | None) -> None:
-        self.interrupted = signum
-        self._interrupted_at = "".join(traceback.format_stack(frame))
-        self._ranks.request_interrupt(signum)  # a second Ctrl-C: the ranks are killed at once
+        again = self.interrupted is not None
+        if not again:
+            self.interrupted = signum
+            self._interrupted_at = "".join(traceback.format_stack(frame))
+        self._ranks.request_interrupt(signum)  # again: the ranks are killed at once
         if signum == signal.SIGTERM:
-            raise Terminated()
-        raise self.interrupt
+            if not again:
+                raise Terminated()
+        else:
+            raise self.interrupt
 
 
 _STOPPED_NAME = f"{RankStopped.__module__}.{RankStopped.__qualname__}"

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -46,6 +46,12 @@ class NodeJob:
     """The job's id as the ranks see it (`TORCHELASTIC_RUN_ID`, `run_id()`): the same on every node and
     across restarts when given, else a new random id."""
     max_restarts: int = 0
+    """How many times the job may be started again: after a failure (`restart_on_failure`), or, on SLURM,
+    after a preemption or its time limit."""
+    restart_count: int = 0
+    """How many times the job has been started again before this run."""
+    restart_on_failure: bool = True
+    """A failed run is started again while restarts are left (locally; a SLURM job is requeued instead)."""
     console_prefix: str = ""
     """Put before every console line of this job's ranks (a job's number when jobs run side by side)."""
 
@@ -100,7 +106,7 @@ class LocalJob:
             port = self.listener.getsockname()[1] if self.listener is not None else job.master_port
             self.plan: LaunchPlan = plan_local(
                 platform, Path(job.log_dir).resolve(), self.workdir, job.run_id or uuid.uuid4().hex[:12],
-                job.node_rank, job.master_addr, port, job.max_restarts,
+                job.node_rank, job.master_addr, port, job.max_restarts, job.restart_count,
             )
             extra_env = {"TORCHELASTIC_USE_AGENT_STORE": "True"} if host_store_here else {}
             self.payload = RankPayload(self.plan, task.pack(), ProcessState.capture(extra_env), str(self.workdir))
@@ -171,15 +177,42 @@ def settle(job: NodeJob, outcomes: list[RankOutcome]) -> None:
 
 def run_ranks(task: TaskCall, job: NodeJob, caller_rank: bool = False) -> list[Any]:
     """Run `task` on every rank of this node; the return values of this node's ranks in rank order.
-    Raises RankFailure (root cause first) when any rank fails; no rank outlives the call.
+    Raises RankFailure (root cause first) when any rank fails and no restart is left; no rank outlives
+    the call. A failed run is started again, in the same log dir with the same run id, while restarts
+    are left (`job.max_restarts`); a time limit or an interruption is not.
 
     With `caller_rank`, rank 0 runs in this process (see `caller_rank.py`; this imports torch here)
     and its value is the object itself, not a copy.
     """
-    from ddpw_runtime.launch.caller_rank import CallerRank, check_caller_rank
+    from ddpw_runtime.launch.caller_rank import check_caller_rank
 
     if caller_rank:
         check_caller_rank(job.platform)
+    job = replace(job, run_id=job.run_id or uuid.uuid4().hex[:12])
+    while True:
+        try:
+            return _run_once(task, job, caller_rank)
+        except RankFailure as failure:
+            if not restart_after(job, failure):
+                raise
+            job = replace(job, restart_count=job.restart_count + 1)
+
+
+def restart_after(job: NodeJob, failure: RankFailure) -> bool:
+    """Whether a run of `job` that failed with `failure` is started again; says so on the console."""
+    if not job.restart_on_failure or job.restart_count >= job.max_restarts:
+        return False
+    log.warning(
+        "%sattempt %d of %d failed: rank %d (node %d) failed: %s; starting the job again (restart %d of %d), "
+        "in the same output dir", job.console_prefix, job.restart_count + 1, job.max_restarts + 1, failure.rank,
+        failure.node, failure.cause, job.restart_count + 1, job.max_restarts,
+    )
+    return True
+
+
+def _run_once(task: TaskCall, job: NodeJob, caller_rank: bool) -> list[Any]:
+    from ddpw_runtime.launch.caller_rank import CallerRank
+
     with LocalJob(task, job, host_store_here=caller_rank) as local:
         if not caller_rank:
             outcomes = local.run()

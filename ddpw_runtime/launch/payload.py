@@ -44,6 +44,10 @@ def from_task(exc: BaseException) -> BaseException:
     return exc
 
 
+JOB_ENV = "DDPW_JOB"
+"""The variable that names a rank's job (its private folder) in its environment and its descendants'."""
+
+
 @dataclass
 class RankPayload:
     """What every rank of a job needs: the plan, the task (cloudpickled) and the launching process's state."""
@@ -57,6 +61,14 @@ class RankPayload:
     def result_file(self, rank: int) -> Path:
         """Where global rank `rank` writes its `RankResult`."""
         return Path(self.result_dir) / f"rank_{rank}.result"
+
+    def job_environment(self) -> dict[str, str]:
+        """What every rank of the job has in its environment besides its own rank's variables: the job's
+        name (`JOB_ENV`), and the job's private folder as TMPDIR, so what temporary files and
+        `multiprocessing`'s folders a killed rank could not clean up go with the folder. (The folder
+        itself, not one inside it: Unix socket paths there, such as torch's DataLoader uses, must stay
+        short.)"""
+        return {JOB_ENV: self.result_dir, "TMPDIR": self.result_dir}
 
     def write(self, path: Path) -> None:
         """Write this payload to `path` with mode 0600."""

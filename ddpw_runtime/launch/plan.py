@@ -32,7 +32,9 @@ class LaunchPlan:
     groups: list[list[int]] = field(default_factory=list)
     run_id: str = ""
     max_restarts: int = 0
-    """How many times the job may be started again after a failure (torchrun's `--max-restarts`)."""
+    """How many times the job may be started again (torchrun's `--max-restarts`)."""
+    restart_count: int = 0
+    """How many times it has been started again before this run (0: its first run)."""
 
     @property
     def global_ranks(self) -> list[int]:
@@ -90,6 +92,7 @@ def plan_local(
     master_addr: str | None = None,
     master_port: int | None = None,
     max_restarts: int = 0,
+    restart_count: int = 0,
 ) -> LaunchPlan:
     """The plan for node `node_rank` of a validated `platform`.
 
@@ -120,4 +123,5 @@ def plan_local(
         groups=[list(g) for g in platform.ipc_groups],
         run_id=run_id,
         max_restarts=max_restarts,
+        restart_count=restart_count,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 import time
 import traceback
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +99,8 @@ class RankResult:
     error: RaisedError | None = None
     value_pickle: bytes | None = None
     value_text: str | None = None
-    """repr() of a return value that could not be pickled (then `value_pickle` is None)."""
+    """repr() of a return value that could not be pickled (then `value_pickle` is None), or whose class
+    the launching process may not be able to import."""
     value_type: str = ""
     """The qualified name of the return value's class."""
     warning: str | None = None
@@ -111,14 +113,17 @@ class RankResult:
         return self.error is None
 
     @staticmethod
-    def success(rank: int, value: Any) -> RankResult:
-        """A result carrying `value`, or its repr() when it cannot be pickled."""
+    def success(rank: int, value: Any, known_modules: Collection[str] = ()) -> RankResult:
+        """A result carrying `value`, or its repr() when it cannot be pickled. When the value's class comes
+        from a module outside `known_modules` (one the task itself loaded, which the launching process
+        may not be able to import), its repr() travels too, for the launching process to show instead."""
         kind = qualified_name(type(value))
         try:  # not `portable_pickle`: loading a large value again here would double its cost
             blob = cloudpickle.dumps(value)
         except Exception as exc:  # any pickling failure turns the value into text
             return RankResult(rank, value_text=f"{_bounded_repr(value)} (not picklable: {exc})", value_type=kind)
-        return RankResult(rank, value_pickle=blob, value_type=kind)
+        text = None if type(value).__module__ in known_modules else _bounded_repr(value)
+        return RankResult(rank, value_pickle=blob, value_text=text, value_type=kind)
 
     @staticmethod
     def failure(rank: int, exc: BaseException) -> RankResult:
@@ -126,13 +131,15 @@ class RankResult:
         return RankResult(rank, error=RaisedError.of(exc))
 
     def value(self) -> Any:
-        """The rank's return value; its text when it could not travel or cannot be rebuilt here (a
+        """The rank's return value; its repr() text when it could not travel or cannot be rebuilt here (a
         class this process cannot import)."""
         if self.value_pickle is None:
             return self.value_text
         try:
             return pickle.loads(self.value_pickle)
         except Exception as exc:  # the value's class does not exist here
+            if self.value_text is not None:
+                return f"{self.value_text} (cannot be rebuilt in the launching process: {exc})"
             return f"<{self.value_type} value that cannot be rebuilt in the launching process: {exc}>"
 
 

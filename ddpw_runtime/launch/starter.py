@@ -29,6 +29,10 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ddpw_runtime.launch.signals import STOPPING_SIGNALS, held
+
+_ANSWER_WAIT_S = 30.0
+"""The longest wait for the starter's answer (it stops a job's processes in 6 s at most)."""
 _CLOSE_WAIT_S = 5.0
 """How long closing a starter waits for it to exit (it kills its ranks first) before killing it."""
 
@@ -44,6 +48,22 @@ class StartRank:
     exec_fresh: bool
     listen_fd: bool = False
     terminal: bool = False
+
+
+@dataclass(frozen=True)
+class EndJob:
+    """Every rank of the job whose files are in `job` has ended: stop whatever they started (processes in
+    new sessions included, see `job_processes.py`)."""
+
+    job: str
+
+
+@dataclass(frozen=True)
+class JobEnded:
+    """Answer to `EndJob`: the pids of the job's processes that would not die (none, normally)."""
+
+    job: str
+    left: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -119,24 +139,33 @@ class RankStarter:
         self.preload = preload
         self._exits: list[RankExited] = []
         self._process: subprocess.Popen[bytes] | None = None
+        controller = os.getpid()
         if preload and _can_fork_controller():
             # torch (and the user's own imports) are loaded here already: a forked copy of this
             # process is a ready starter, with no second torch import.
-            with warnings.catch_warnings():  # Python 3.12+ warns about native threads; see above
-                warnings.simplefilter("ignore", DeprecationWarning)
-                self.pid = os.fork()
+            # Ctrl-C and SIGTERM are held back over the fork: a handler that raised inside `os.fork()`'s
+            # at-fork hooks would be reported as unraisable and lost. They come right after, in this
+            # process; the starter sets its own handlers before it lets them in.
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING_SIGNALS)
+            try:
+                with warnings.catch_warnings():  # Python 3.12+ warns about native threads; see above
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    self.pid = os.fork()
+            finally:
+                if os.getpid() == controller:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, before)
             if self.pid == 0:
                 ours.close()
                 try:
                     from ddpw_runtime.launch.starter_process import serve
 
-                    serve(Channel(theirs), preload=True)
+                    serve(Channel(theirs), True, controller, before)
                 finally:
                     os._exit(0)
         else:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "ddpw_runtime.launch.starter_process", str(theirs.fileno()),
-                 "1" if preload else "0"],
+                 "1" if preload else "0", str(controller)],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
             )
@@ -154,18 +183,36 @@ class RankStarter:
         self, payload_path: str, local_rank: int, listen_fd: int | None = None, terminal: int | None = None
     ) -> int:
         """Start one rank, handing it `listen_fd` (the rendezvous socket) and `terminal` (where its output
-        goes instead of its log file) if given; returns its pid."""
+        goes instead of its log file) if given; returns its pid (in milliseconds). Call it with Ctrl-C and
+        SIGTERM held (`signals.held`), and note the pid before letting them in: a rank must never run
+        unbeknown to the controller."""
         request = StartRank(payload_path, local_rank, exec_fresh=not self.preload, listen_fd=listen_fd is not None,
                             terminal=terminal is not None)
         self.channel.send(request, [fd for fd in (listen_fd, terminal) if fd is not None])
         while True:
-            message = self._recv(None)
+            message = self._recv(_ANSWER_WAIT_S)
             if message is None:
-                raise RuntimeError(f"the rank starter (pid {self.pid}) exited while starting a rank")
+                raise RuntimeError(f"the rank starter (pid {self.pid}) did not start rank {local_rank} "
+                                   f"within {_ANSWER_WAIT_S:.0f} s")
             if isinstance(message, RankStarted):
                 return message.pid
             assert isinstance(message, RankExited)
             self._exits.append(message)
+
+    def end_job(self, job: str) -> tuple[int, ...]:
+        """Stop every process the ranks of `job` (its private folder) started; the pids that would not die.
+        Ctrl-C and SIGTERM wait until the answer is in (at most a few seconds: see `job_processes.py`)."""
+        with held():
+            self.channel.send(EndJob(job))
+            while True:
+                message = self._recv(_ANSWER_WAIT_S)
+                if message is None:
+                    raise RuntimeError(f"the rank starter (pid {self.pid}) did not stop a job's processes "
+                                       f"within {_ANSWER_WAIT_S:.0f} s")
+                if isinstance(message, JobEnded) and message.job == job:
+                    return message.left
+                assert isinstance(message, RankExited)
+                self._exits.append(message)
 
     def next_exit(self, timeout: float | None, wake_fd: int | None = None) -> RankExited | None:
         """The next rank that ended, or None when `timeout` seconds pass first or `wake_fd` becomes
@@ -180,7 +227,8 @@ class RankStarter:
         if not self.channel.poll(timeout, wake_fd):
             return None
         try:
-            message, _ = self.channel.recv()
+            with held():  # a message is read whole, or not at all
+                message, _ = self.channel.recv()
         except (EOFError, OSError) as exc:
             raise RuntimeError(f"the rank starter (pid {self.pid}) died") from exc
         return message

@@ -1,11 +1,16 @@
 """The rank starter process (see `starter.py` for the controller's handle and the messages).
 
 It forks each rank (or, with `spawn`, execs a fresh interpreter for it) and reports every exit. Every
-rank leads its own process group, so stopping it stops what it started. When the controller goes away
-(even by SIGKILL) the starter sees its socket close, kills every rank and exits; it also dies with the
-controller (PR_SET_PDEATHSIG), and so does each rank with the starter.
+rank leads its own process group, and every process of a job is tracked (`job_processes.py`), so when
+the job ends (`EndJob`) whatever its ranks started is stopped too, processes in new sessions included.
 
-Run as `python -m ddpw_runtime.launch.starter_process FD PRELOAD`, or called in a fork of the controller.
+When the controller goes away (even by SIGKILL), the starter gets SIGHUP (PR_SET_PDEATHSIG), or sees
+its socket close: it stops every job's processes, removes their private folders and exits; each rank
+gets SIGKILL if the starter dies first (PR_SET_PDEATHSIG). A SIGHUP to the terminal's process group
+(a closed terminal) ends the controller too, and so reaches the same clean-up.
+
+Run as `python -m ddpw_runtime.launch.starter_process FD PRELOAD CONTROLLER_PID`, or called in a fork of
+the controller.
 """
 
 from __future__ import annotations
@@ -13,41 +18,69 @@ from __future__ import annotations
 import ctypes
 import os
 import select
+import shutil
 import signal
 import sys
 import traceback
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, NoReturn
 
+from ddpw_runtime.launch.job_processes import JobProcesses
 from ddpw_runtime.launch.signals import send_to_group
-from ddpw_runtime.launch.starter import Channel, RankExited, RankStarted, StartRank
+from ddpw_runtime.launch.starter import Channel, EndJob, JobEnded, RankExited, RankStarted, StartRank
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (Linux only)."""
+def _prctl(option: int, value: int) -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
+        libc.prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux
         pass
 
 
-def serve(channel: Channel, preload: bool) -> None:
-    """Serve `channel` until the controller closes it."""
-    die_with_parent()
-    _Server(channel, preload).serve()
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send `sig` to this process when its parent dies (Linux only)."""
+    _prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def serve(channel: Channel, preload: bool, controller: int, signal_mask: Iterable[int] | None = None) -> None:
+    """Serve `channel` until the controller (pid `controller`) closes it or dies. The starter leads a
+    session of its own, so a signal to the controller's process group (a terminal's, or `kill -9 -PGID`)
+    does not end it before it has stopped the ranks. `signal_mask`: the signal mask to take on once the
+    starter's own handlers are set (a fork of the controller starts with Ctrl-C and SIGTERM held)."""
+    if os.getsid(0) != os.getpid():
+        os.setsid()
+    die_with_parent(signal.SIGHUP)
+    # What a rank started and left behind (its parent gone) becomes the starter's child, not init's: it
+    # stays on this side until its job ends, and the starter reaps it.
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    if os.getppid() != controller:  # it died before that took effect
+        os._exit(0)
+    server = _Server(channel, preload)
+    if signal_mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
+    server.serve()
 
 
 class _Server:
     def __init__(self, channel: Channel, preload: bool) -> None:
         self.channel = channel
-        self.children: set[int] = set()
+        self.ranks: dict[int, JobProcesses] = {}
+        """The job of each running rank, by pid."""
+        self.jobs: dict[str, JobProcesses] = {}
         self.pid = os.getpid()
         if preload:
             from ddpw_runtime.rank.setup import warm_up  # imports torch and torch.distributed once
 
             warm_up()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+        signal.signal(signal.SIGHUP, self._controller_gone)
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:  # (ignored on a SLURM node: see slurm/node.py)
+            signal.signal(signal.SIGTERM, self._controller_gone)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
@@ -63,19 +96,25 @@ class _Server:
                 try:
                     request, fds = self.channel.recv()
                 except (EOFError, OSError):
-                    self._kill_all()
-                    return
+                    self.end()
+                if isinstance(request, EndJob):
+                    self._end_job(request.job)
+                    continue
                 assert isinstance(request, StartRank)
                 attached = iter(fds)
                 listen_fd = next(attached) if request.listen_fd else None
                 terminal = next(attached) if request.terminal else None
-                pid = self._start(request, listen_fd, terminal)
+                job_key = str(Path(request.payload_path).parent)
+                if job_key not in self.jobs:  # the controller's environment may name the job (its own rank 0)
+                    self.jobs[job_key] = JobProcesses(job_key, spared=frozenset({os.getppid()}))
+                job = self.jobs[job_key]
+                pid = self._start(request, job, listen_fd, terminal)
                 for fd in fds:
                     os.close(fd)
-                self.children.add(pid)
+                self.ranks[pid] = job
                 self.channel.send(RankStarted(request.local_rank, pid))
 
-    def _start(self, request: StartRank, listen_fd: int | None, terminal: int | None) -> int:
+    def _start(self, request: StartRank, job: JobProcesses, listen_fd: int | None, terminal: int | None) -> int:
         pid = os.fork()
         if pid:
             return pid
@@ -85,8 +124,13 @@ class _Server:
             die_with_parent()
             if os.getppid() != self.pid:
                 os._exit(1)
+            job.join()
             signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for sig in (signal.SIGCHLD, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            # Ctrl-C is held until the rank's output goes to its log (`run_rank` lets it through), so
+            # a rank stopped while it starts reports it like any rank, not on the controller's terminal.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             signal.signal(signal.SIGINT, signal.SIG_DFL if request.exec_fresh else signal.default_int_handler)
             for fd in (self.wake_r, self.wake_w, self.channel.fileno()):
                 os.close(fd)
@@ -105,20 +149,55 @@ class _Server:
             os._exit(code)
 
     def _reap(self) -> None:
-        while self.children:
+        """Report the ranks that ended."""
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            self.children.discard(pid)
-            send_to_group(pid, signal.SIGKILL)  # whatever the rank started dies with it
+            if self.ranks.pop(pid, None) is None:  # a process a rank left behind (see `serve`)
+                continue
+            # What the rank started gets SIGTERM now (helpers that clean up after it, such as the
+            # multiprocessing resource tracker, ignore it and finish their work); `EndJob` sweeps the rest.
+            send_to_group(pid, signal.SIGTERM)
             self.channel.send(RankExited(pid, os.waitstatus_to_exitcode(status)))
 
-    def _kill_all(self) -> None:
-        for pid in list(self.children):
+    def _end_job(self, key: str) -> None:
+        job = self.jobs.pop(key, None)
+        left = job.stop() if job is not None else []
+        if job is not None:
+            job.close()
+        self.channel.send(JobEnded(key, tuple(left)))
+
+    def _controller_gone(self, signum: int, frame: Any) -> NoReturn:
+        self.end()
+
+    def end(self) -> NoReturn:
+        """The controller is gone: stop every job's processes, remove their private folders, exit."""
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        for pid in list(self.ranks):
             send_to_group(pid, signal.SIGKILL)
+        for key, job in self.jobs.items():
+            job.stop()
+            job.close()
+            shutil.rmtree(key, ignore_errors=True)
+        for pid in _children():  # left behind by ranks, and not found as any job's (see `serve`)
+            send_to_group(pid, signal.SIGKILL, group=False)
+        os._exit(0)
+
+
+def _children() -> list[int]:
+    """The pids of this process's children."""
+    me, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+    return found
 
 
 def _arg(fd: int | None) -> str:
@@ -128,4 +207,4 @@ def _arg(fd: int | None) -> str:
 if __name__ == "__main__":
     import socket
 
-    serve(Channel(socket.socket(fileno=int(sys.argv[1]))), sys.argv[2] == "1")
+    serve(Channel(socket.socket(fileno=int(sys.argv[1]))), sys.argv[2] == "1", int(sys.argv[3]))

@@ -25,7 +25,7 @@ from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import RankPayload
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.signals import send_to_group
+from ddpw_runtime.launch.signals import held, send_to_group
 from ddpw_runtime.launch.stacks import where
 from ddpw_runtime.launch.starter import RankExited, RankStarter
 
@@ -94,14 +94,15 @@ class NodeRanks:
         first = plan.global_ranks[0]
         for rank in self.ranks:
             terminal = self.console.terminal_of(rank) if self.console is not None else None
-            pid = self.starter.start(
-                str(self.payload_path), rank - first, self.listen_fd if rank == 0 else None, terminal
-            )
-            if self.console is not None:
-                self.console.handed_over(rank)
-            self.pids[pid] = rank
-            if on_start is not None:
-                on_start(pid)
+            with held():  # Ctrl-C or SIGTERM comes once the rank is known here, so that it is stopped too
+                pid = self.starter.start(
+                    str(self.payload_path), rank - first, self.listen_fd if rank == 0 else None, terminal
+                )
+                if self.console is not None:
+                    self.console.handed_over(rank)
+                self.pids[pid] = rank
+                if on_start is not None:
+                    on_start(pid)
 
     def running(self) -> list[int]:
         """The pids of the ranks still running."""
@@ -128,8 +129,12 @@ class NodeRanks:
         for pid in self.running():
             send_to_group(pid, sig, group)
 
-    def _record(self, event: RankExited) -> int:
-        rank = self.pids[event.pid]
+    def _record(self, event: RankExited) -> int | None:
+        """Note how a rank ended; its rank, or None for a process of an earlier job (one that outlived
+        its job's bounded stop, see `kill`)."""
+        rank = self.pids.get(event.pid)
+        if rank is None:
+            return None
         self.codes[rank] = event.exit_code
         self.ended_at[rank] = time.time()
         return rank
@@ -172,7 +177,7 @@ class NodeRanks:
                     grace_end = time.monotonic() + self.grace.stop_s
                 continue
             rank = self._record(event)
-            if self.codes[rank] != 0 and not self.stopped:
+            if rank is not None and self.codes[rank] != 0 and not self.stopped:
                 self._begin_stop()
                 grace_end = time.monotonic() + self.grace.stop_s
         return timed_out
@@ -200,7 +205,7 @@ class NodeRanks:
                 if event is None:
                     break  # the grace is over, or another thread asked again: kill now
                 self._record(event)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM: kill now
             pass
         self.kill()
 
@@ -236,6 +241,16 @@ class NodeRanks:
             )
             for rank in self.ranks
         ]
+
+    def end(self) -> None:
+        """After the ranks ended: have the starter stop whatever they started (`job_processes.py`)."""
+        try:
+            left = self.starter.end_job(str(self.payload_path.parent))
+        except RuntimeError:  # the starter is gone, and every process of the job with it
+            return
+        if left:
+            log.error("processes the ranks started would not die 6 s after SIGTERM and SIGKILL (stuck in the "
+                      "kernel?); left behind: pids %s", ", ".join(map(str, left)))
 
     def close(self) -> None:
         """Release the wake-up pipe; later requests are ignored."""
@@ -310,6 +325,7 @@ def supervise(ranks: NodeRanks, on_start: Callable[[int], None] | None = None) -
             ranks.kill()
             raise
         finally:
+            ranks.end()
             ranks.close()
     if timed_out:
         raise JobTimedOut(plan.platform.timeout_min, {rank: where(plan.log_file(rank)) for rank in ranks.ranks})

@@ -13,6 +13,7 @@ import io
 import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, cast
 
@@ -37,14 +38,16 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     rank = plan.node_rank * plan.ranks_per_node + local_rank
     _redirect_output(plan.log_file(rank), terminal)
     try:
-        payload.state.enter(rank_environment(plan, rank, local_rank))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held by the starter until now
+        payload.state.enter({**rank_environment(plan, rank, local_rank), **payload.job_environment()})
+        tempfile.tempdir = None  # the job's own TMPDIR from now on, even if the starter had asked before
         tell_imported_libraries(rank)
         configure_logging(rank)
         task: TaskCall = cloudpickle.loads(payload.task)
         setup_rank(plan, rank, local_rank, listen_fd)
-        before = world_collectives()
+        before, known_modules = world_collectives(), set(sys.modules)
         value = task()
-        result = RankResult.success(rank, value)
+        result = RankResult.success(rank, value, known_modules)
         result.warning = lone_rank_warning(plan, before, world_collectives())
     except SystemExit as exc:
         result = _exit_result(rank, exc)

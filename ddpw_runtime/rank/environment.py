@@ -38,7 +38,7 @@ def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict[str, 
     defaults["PL_TRAINER_NUM_NODES"] = str(plan.platform.n_nodes)
     if plan.device == "cpu":
         defaults["ACCELERATE_USE_CPU"] = "true"
-    restarts = os.environ.get(RESTART_COUNT_ENV, "0")
+    restarts = str(plan.restart_count)
     return {
         **{name: value for name, value in defaults.items() if name not in os.environ},
         "RANK": str(rank),

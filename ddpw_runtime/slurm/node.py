@@ -142,7 +142,8 @@ class _NodeRun:
         platform = self.spec.platform if self.node == 0 else replace(self.spec.platform, upon_finish=None)
         master_addr, master_port = rendezvous(platform, self.env.hostnames[0], self.env.raw_job_id)
         job = NodeJob(platform, Path("."), self.spec.grace, self.node, master_addr, master_port,
-                      run_id=self.env.job_id, max_restarts=self.spec.max_restarts)
+                      run_id=self.env.job_id, max_restarts=self.spec.max_restarts, restart_count=self.attempt,
+                      restart_on_failure=False)
         task = JobTask(task_function, job, self.spec.idx, announce=False, around_ranks=self._ranks_run)
         key, subkey = self.spec.dir_keys
         if self.node == 0:

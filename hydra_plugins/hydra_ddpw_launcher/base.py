@@ -34,7 +34,10 @@ class DdpwLauncher(Launcher, Generic[Options]):
         self.hydra_context: HydraContext | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        """Keep what `launch` needs."""
+        """Keep what `launch` needs; from now on Ctrl-C and SIGTERM end the sweep cleanly (130, 143)."""
+        from ddpw_runtime.hydra_jobs import interrupts
+
+        interrupts.install()
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function

@@ -2,8 +2,10 @@
 
 import ctypes
 import json
+import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -42,10 +44,14 @@ def report(cfg: DictConfig) -> dict:
         "ppid": os.getppid(),
         "threads": torch.get_num_threads(),
         "cfg_behaviour": cfg.behaviour,
+        "restart_count": ddpw_runtime.restart_count(),
+        "run_id": ddpw_runtime.run_id(),
     }
     path = os.path.join(HydraConfig.get().runtime.output_dir, f"seen_rank_{rank}.json")
     with open(path, "w") as out:
         json.dump(seen, out)
+    with open(os.path.join(HydraConfig.get().runtime.output_dir, f"attempts_rank_{rank}.jsonl"), "a") as out:
+        out.write(json.dumps({"restart_count": seen["restart_count"], "run_id": seen["run_id"]}) + "\n")
     return seen
 
 
@@ -60,6 +66,37 @@ def wait_for_signals(rank: int, output_dir: str) -> None:
     signal.signal(signal.SIGTERM, save_and_exit)
     while True:
         signal.pause()
+
+
+def start_children(output_dir: str, rank: int) -> None:
+    """Start two long sleeps, one in this rank's session and one in a session of its own, and write their
+    pids to `children_rank_<k>.json`."""
+    own = subprocess.Popen(["sleep", "1000"])
+    detached = subprocess.Popen(["sleep", "1001"], start_new_session=True)
+    path = os.path.join(output_dir, f"children_rank_{rank}.json")
+    with open(path + ".tmp", "w") as out:
+        json.dump([own.pid, detached.pid], out)
+    os.replace(path + ".tmp", path)  # whole, for whoever reads it while the rank runs
+
+
+class Point:
+    """A class of the app's script (`__main__`), which a spawned rank knows only by value."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __repr__(self) -> str:
+        return f"Point({self.x})"
+
+
+class RefusesPickling:
+    """A value whose `__reduce__` raises."""
+
+    def __reduce__(self) -> tuple:
+        raise TypeError("this value refuses pickling")
+
+    def __repr__(self) -> str:
+        return "RefusesPickling()"
 
 
 def misbehave(behaviour: str) -> object:
@@ -83,6 +120,30 @@ def misbehave(behaviour: str) -> object:
         ctypes.string_at(0)
     if behaviour == "unpicklable":
         return threading.Lock()
+    if behaviour == "main_class_value":
+        return Point(ddpw_runtime.rank())
+    if behaviour == "refuses_pickling":
+        return RefusesPickling()
+    if behaviour == "printf":  # C-level output left in the C library's buffer, then a return
+        ctypes.CDLL(None).printf(b"printf without a newline")
+    if behaviour == "partial_exit":  # a partial line of Python output, then an exit that flushes nothing
+        sys.stdout.write("partial line before os._exit")
+        os._exit(5)
+    if behaviour == "closed_streams":
+        sys.stdout.close()
+        sys.stderr.close()
+        raise ValueError("raised after closing stdout and stderr")
+    if behaviour == "spawn_lock_kill":  # a semaphore in /dev/shm (spawn context), then death by SIGKILL
+        multiprocessing.get_context("spawn").Lock()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if behaviour == "local_exception":
+
+        class DefinedInTheTask(Exception):
+            pass
+
+        raise DefinedInTheTask("an exception class defined inside the task")
+    if behaviour == "fail_first_attempt" and ddpw_runtime.restart_count() == 0:
+        raise ValueError("the first attempt fails")
     return None
 
 
@@ -91,7 +152,12 @@ def main(cfg: DictConfig) -> object:
     seen = report(cfg)
     print(f"hello from rank {seen['rank']}", flush=True)
     os.write(1, f"raw fd write from rank {seen['rank']}\n".encode())
-    if cfg.behaviour == "wait":
+    if cfg.behaviour in ("children", "children_wait"):
+        start_children(seen["output_dir"], seen["rank"])
+    if cfg.behaviour == "loader":  # DataLoader workers, the way training loops use them
+        data = torch.utils.data.TensorDataset(torch.arange(64))
+        assert sum(len(b[0]) for b in torch.utils.data.DataLoader(data, batch_size=8, num_workers=2)) == 64
+    if cfg.behaviour in ("wait", "children_wait"):
         wait_for_signals(seen["rank"], seen["output_dir"])
     odd = None
     if ddpw_runtime.rank() == cfg.fail_rank and cfg.behaviour != "ok":
