@@ -14,13 +14,14 @@ from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job
 from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
 
-from ddpw_conf import LocalLauncherConf
+from ddpw_conf import ConfigError, LocalLauncherConf, platform_from_config
 from ddpw_runtime.errors import Interrupted, Terminated
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.hydra_jobs.summary import stopped_line
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, JobTask
-from ddpw_runtime.launch.engine import NodeJob, describe
+from ddpw_runtime.launch.engine import NodeJob, describe, starter_for
 from ddpw_runtime.launch.supervisor import Grace
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,17 @@ def run_jobs(
         runs.append(_run(hydra_context, task_function, job, options))
         configure_log(job.config.hydra.hydra_logging, job.config.hydra.verbose)
     return runs
+
+
+def start_starter_early(config: DictConfig, options: LocalLauncherConf) -> None:
+    """Start the rank starter for the sweep's platform now, so that it imports torch while Hydra composes
+    the jobs (nothing when the platform is unreadable: the checks report that before any job starts)."""
+    if options.dry_run:
+        return
+    try:
+        starter_for(platform_from_config(OmegaConf.select(config, "platform")))
+    except ConfigError:
+        pass
 
 
 def node_job(job: PreparedJob, options: LocalLauncherConf) -> NodeJob:

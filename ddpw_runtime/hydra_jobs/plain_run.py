@@ -48,7 +48,7 @@ from ddpw_runtime.hydra_jobs.summary import JobConsole, stopped_line
 from ddpw_runtime.hydra_jobs.task import JobTask
 from ddpw_runtime.launch.caller_rank import CallerRank, check_caller_rank
 from ddpw_runtime.launch.console import CallerOutput
-from ddpw_runtime.launch.engine import LocalJob, NodeJob, describe, restart_after, settle
+from ddpw_runtime.launch.engine import LocalJob, NodeJob, describe, restart_after, settle, starter_for
 from ddpw_runtime.launch.payload import TaskCall
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.supervisor import Grace
@@ -78,6 +78,7 @@ class PlainRun(Callback):
                 print(f"--- job #0: {' '.join(config.hydra.overrides.task) or '(no overrides)'} (dry run, nothing "
                       f"started)\n{describe(platform, output_dir)}")
                 sys.exit(0)
+        starter_for(platform)  # it imports torch while Hydra sets the job up
 
     def on_job_start(self, config: DictConfig, *, task_function: TaskFunction, **kwargs: Any) -> None:
         """Make this process rank 0 of the job and start the other ranks."""

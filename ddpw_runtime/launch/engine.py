@@ -86,6 +86,13 @@ def resolve_callable(key: str, path: str) -> Callable[..., Any]:
     return fn
 
 
+def starter_for(platform: Platform) -> RankStarter:
+    """The rank starter for `platform`'s start method, started now if it is not running yet. Asking for
+    it early (as the launchers do once the config is checked) has it import torch while this process
+    goes on."""
+    return get_starter(preload=platform.spawn_method == "forkserver")
+
+
 class LocalJob:
     """The ranks of one node of one job, ready to start: the rank starter, the rendezvous socket (bound
     before any rank starts, on the node that hosts the store), the plan, the payload, a private folder
@@ -98,7 +105,7 @@ class LocalJob:
     def __init__(self, task: TaskCall, job: NodeJob, host_store_here: bool = False) -> None:
         platform = check(job.platform)
         self.job = job
-        self.starter: RankStarter = get_starter(preload=platform.spawn_method == "forkserver")
+        self.starter = starter_for(platform)
         hosts_store = job.node_rank == 0 and platform.ipc_protocol == "tcp"
         self.listener = rendezvous.listen(platform, job.master_addr, job.master_port) if hosts_store else None
         self.workdir = Path(tempfile.mkdtemp(prefix="ddpw-"))

@@ -141,8 +141,8 @@ class RankStarter:
         self._process: subprocess.Popen[bytes] | None = None
         controller = os.getpid()
         if preload and _can_fork_controller():
-            # torch (and the user's own imports) are loaded here already: a forked copy of this
-            # process is a ready starter, with no second torch import.
+            # A forked copy of this process has the user's imports (and torch, when loaded here) and
+            # skips an interpreter's start-up; it imports torch itself if need be.
             # Ctrl-C and SIGTERM are held back over the fork: a handler that raised inside `os.fork()`'s
             # at-fork hooks would be reported as unraisable and lost. They come right after, in this
             # process; the starter sets its own handlers before it lets them in.
@@ -254,12 +254,13 @@ class RankStarter:
 
 
 def _can_fork_controller() -> bool:
-    """Whether this process can safely be forked into a starter: torch imported, a build without CUDA
-    (with CUDA, merely counting GPUs makes torch refuse CUDA in forked children, and that cannot be
-    seen from here), and no Python thread but this one (forking one can copy a held lock). Native
-    worker pools (OpenBLAS, OpenMP) handle fork themselves, as in every DataLoader worker."""
+    """Whether this process can safely be forked into a starter: no Python thread but this one (forking
+    one can copy a held lock), and torch either not imported yet (the starter imports it, while this
+    process goes on) or a build without CUDA (with CUDA, merely counting GPUs makes torch refuse CUDA in
+    forked children, and that cannot be seen from here). Native worker pools (OpenBLAS, OpenMP) handle
+    fork themselves, as in every DataLoader worker."""
     torch = sys.modules.get("torch")
-    return torch is not None and torch.version.cuda is None and threading.active_count() == 1
+    return threading.active_count() == 1 and (torch is None or torch.version.cuda is None)
 
 
 _starters: dict[bool, RankStarter] = {}

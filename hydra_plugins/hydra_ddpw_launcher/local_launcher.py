@@ -22,11 +22,13 @@ class DdpwLocalLauncher(DdpwLauncher[LocalLauncherConf]):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep what `launch` needs; the sweep's checks and this launcher compose each job's config
-        once between them (`ddpw_runtime.hydra_jobs.compose_once`)."""
+        once between them (`ddpw_runtime.hydra_jobs.compose_once`); the rank starter starts now."""
         from ddpw_runtime.hydra_jobs.compose_once import compose_once
+        from ddpw_runtime.hydra_jobs.local import start_starter_early
 
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         compose_once(hydra_context)
+        start_starter_early(config, self.options)
 
     def run_jobs(
         self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob]
