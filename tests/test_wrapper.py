@@ -356,3 +356,18 @@ def test_a_failed_call_starts_again_until_restarts_run_out(tmp_path: Path, calle
     with pytest.raises(RankFailure) as info:
         runner.start(fail_on_rank_1_until, 3)
     assert info.value.rank == 1 and "attempt 2 fails" in str(info.value)  # the last attempt's cause
+
+
+def import_torch_checkpointing() -> bool:
+    """Whether torch.distributed.checkpoint was loaded before this task imported it."""
+    loaded = "torch.distributed.checkpoint" in sys.modules
+    import torch.distributed.checkpoint  # noqa: F401
+
+    return loaded
+
+
+def test_the_next_calls_ranks_find_the_torch_modules_the_last_ones_imported(tmp_path: Path) -> None:
+    runner = Wrapper(Platform(n_procs_per_node=2), log_dir=tmp_path)
+    first = runner.start(import_torch_checkpointing)
+    assert first == [False, False]  # no rank of this test session imported it before
+    assert runner.start(import_torch_checkpointing) == [True, True]  # the starter imported it meanwhile

@@ -105,6 +105,9 @@ class RankResult:
     """The qualified name of the return value's class."""
     warning: str | None = None
     """Something the rank noticed that the user should hear of (see `environment.lone_rank_warning`)."""
+    imported: tuple[str, ...] = ()
+    """The torch modules this rank imported that the process it was forked from did not hold: the rank
+    starter imports them once, so that the next jobs' ranks find them loaded (see `starter.Preload`)."""
     finished_at: float = field(default_factory=time.time)
 
     @property

@@ -9,14 +9,19 @@ build, where a forked copy of a process that touched CUDA cannot use it) it is a
 that imports torch. With `spawn` it is a fresh interpreter that starts a fresh interpreter per rank.
 
 The two talk over a socket pair (`Channel`): `StartRank` (with the rendezvous socket attached for the
-rank that hosts the store) is answered by `RankStarted`; `RankExited` comes when a rank ends.
+rank that hosts the store) is answered by `RankStarted`, `EndJob` by `JobEnded`; `RankExited` comes
+when a rank ends; `Preload` asks the starter to import modules, for the ranks it forks later. Jobs that
+run side by side share one starter: a reader thread hands each answer to the thread that asked, and
+each exit to the `Inbox` of the job the rank belongs to.
 """
 
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import pickle
+import queue
 import select
 import signal
 import socket
@@ -26,6 +31,7 @@ import sys
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,15 +45,24 @@ _CLOSE_WAIT_S = 5.0
 
 @dataclass(frozen=True)
 class StartRank:
-    """Start local rank `local_rank` of the job whose payload is at `payload_path`. Attached
-    descriptors follow, in this order: the rendezvous socket when `listen_fd` (the rank that hosts the
-    store), the rank's terminal when `terminal` (a console rank on a terminal console)."""
+    """Start local rank `local_rank` of the job whose payload is at `payload_path`; `request` numbers the
+    request, for the answer. Attached descriptors follow, in this order: the rendezvous socket when
+    `listen_fd` (the rank that hosts the store), the rank's terminal when `terminal` (a console rank on
+    a terminal console)."""
 
+    request: int
     payload_path: str
     local_rank: int
     exec_fresh: bool
     listen_fd: bool = False
     terminal: bool = False
+
+
+@dataclass(frozen=True)
+class Preload:
+    """Import `modules` in the starter (those that fail to import are skipped); no answer."""
+
+    modules: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -68,9 +83,9 @@ class JobEnded:
 
 @dataclass(frozen=True)
 class RankStarted:
-    """Answer to `StartRank`: the rank's pid."""
+    """Answer to `StartRank` number `request`: the rank's pid."""
 
-    local_rank: int
+    request: int
     pid: int
 
 
@@ -109,13 +124,6 @@ class Channel:
         (length,) = self._HEADER.unpack(head)
         return pickle.loads(self._exactly(length)), fds
 
-    def poll(self, timeout: float | None, wake_fd: int | None = None) -> bool:
-        """Whether a message is waiting (waits at most `timeout` seconds, None: until one comes, or
-        until `wake_fd` becomes readable)."""
-        watched = [self.sock.fileno()] if wake_fd is None else [self.sock.fileno(), wake_fd]
-        ready, _, _ = select.select(watched, [], [], timeout)
-        return self.sock.fileno() in ready
-
     def _exactly(self, size: int) -> bytes:
         chunks = []
         while size:
@@ -131,14 +139,78 @@ class Channel:
         self.sock.close()
 
 
+class StarterGone(RuntimeError):
+    """The rank starter died (every rank it started died with it)."""
+
+
+class Inbox:
+    """What one job's supervisor waits on: its ranks' exits, put there by the starter's reader thread,
+    and wake-ups from other threads (a stop request), both through one pipe so that one `select` sees
+    either."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._items: deque[RankExited | StarterGone] = deque()
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def put(self, item: RankExited | StarterGone) -> None:
+        """Add `item` and wake the waiting thread (callable from any thread)."""
+        self._items.append(item)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the waiting thread (callable from any thread; nothing once closed)."""
+        with self._lock:
+            if not self._closed:
+                try:
+                    os.write(self._w, b"!")
+                except BlockingIOError:  # the pipe is full: the thread will wake anyway
+                    pass
+
+    def next(self, timeout: float | None) -> RankExited | None:
+        """The next exit; None when `timeout` seconds (None: no limit) pass first or a wake-up comes
+        (the caller looks at what it was asked). Raises StarterGone when the starter died."""
+        if not self._items:
+            select.select([self._r], [], [], timeout)
+        try:
+            while os.read(self._r, 4096):
+                pass
+        except BlockingIOError:  # drained: every wake-up so far is seen by this call
+            pass
+        item = self._items.popleft() if self._items else None
+        if isinstance(item, StarterGone):
+            self._items.appendleft(item)  # for every later call too
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Release the pipe; later wake-ups are ignored."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self._r)
+                os.close(self._w)
+
+
 class RankStarter:
-    """Controller-side handle on a starter process (see the module docstring)."""
+    """Controller-side handle on a starter process (see the module docstring). Its methods may be called
+    from several threads (one per job that runs)."""
 
     def __init__(self, preload: bool) -> None:
         ours, theirs = socket.socketpair()
         self.preload = preload
-        self._exits: list[RankExited] = []
         self._process: subprocess.Popen[bytes] | None = None
+        self._requests = itertools.count()
+        self._send_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._answers: dict[object, queue.SimpleQueue[object]] = {}
+        """Who waits for which answer: a StartRank's number, or ("end", job)."""
+        self._inbox_of_request: dict[int, Inbox] = {}
+        self._inbox_of_pid: dict[int, Inbox] = {}
+        self._gone: StarterGone | None = None
         controller = os.getpid()
         if preload and _can_fork_controller():
             # A forked copy of this process has the user's imports (and torch, when loaded here) and
@@ -172,6 +244,63 @@ class RankStarter:
             self.pid = self._process.pid
         theirs.close()
         self.channel = Channel(ours)
+        self._reader = threading.Thread(target=self._read, name="ddpw-rank-starter", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        """The reader thread: hand each message to whoever waits for it, until the channel closes."""
+        while True:
+            try:
+                message, _ = self.channel.recv()
+            except (EOFError, OSError):
+                break
+            with self._state_lock:
+                if isinstance(message, RankStarted):
+                    inbox = self._inbox_of_request.pop(message.request, None)
+                    if inbox is not None:
+                        self._inbox_of_pid[message.pid] = inbox
+                    self._answer(message.request, message)
+                elif isinstance(message, JobEnded):
+                    self._answer(("end", message.job), message)
+                elif isinstance(message, RankExited):
+                    inbox = self._inbox_of_pid.pop(message.pid, None)
+                    if inbox is not None:
+                        inbox.put(message)
+        with self._state_lock:
+            self._gone = StarterGone(f"the rank starter (pid {self.pid}) died")
+            for waiting in self._answers.values():
+                waiting.put(self._gone)
+            for inbox in {*self._inbox_of_request.values(), *self._inbox_of_pid.values()}:
+                inbox.put(self._gone)
+
+    def _answer(self, key: object, message: object) -> None:
+        waiting = self._answers.get(key)
+        if waiting is not None:
+            waiting.put(message)
+
+    def _ask(self, key: object, request: object, fds: Sequence[int], what: str) -> object:
+        """Send `request` and wait for its answer (filed under `key`), at most `_ANSWER_WAIT_S`."""
+        waiting: queue.SimpleQueue[object] = queue.SimpleQueue()
+        with self._state_lock:
+            if self._gone is not None:
+                raise self._gone
+            self._answers[key] = waiting
+        try:
+            with self._send_lock:
+                self.channel.send(request, fds)
+            try:
+                answer = waiting.get(timeout=_ANSWER_WAIT_S)
+            except queue.Empty:
+                raise RuntimeError(f"the rank starter (pid {self.pid}) did not {what} within "
+                                   f"{_ANSWER_WAIT_S:.0f} s") from None
+        except OSError as exc:
+            raise StarterGone(f"the rank starter (pid {self.pid}) died") from exc
+        finally:
+            with self._state_lock:
+                self._answers.pop(key, None)
+        if isinstance(answer, StarterGone):
+            raise answer
+        return answer
 
     def alive(self) -> bool:
         """Whether the starter process is still running."""
@@ -180,62 +309,49 @@ class RankStarter:
         return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
 
     def start(
-        self, payload_path: str, local_rank: int, listen_fd: int | None = None, terminal: int | None = None
+        self, inbox: Inbox, payload_path: str, local_rank: int, listen_fd: int | None = None,
+        terminal: int | None = None,
     ) -> int:
-        """Start one rank, handing it `listen_fd` (the rendezvous socket) and `terminal` (where its output
-        goes instead of its log file) if given; returns its pid (in milliseconds). Call it with Ctrl-C and
-        SIGTERM held (`signals.held`), and note the pid before letting them in: a rank must never run
-        unbeknown to the controller."""
-        request = StartRank(payload_path, local_rank, exec_fresh=not self.preload, listen_fd=listen_fd is not None,
-                            terminal=terminal is not None)
-        self.channel.send(request, [fd for fd in (listen_fd, terminal) if fd is not None])
-        while True:
-            message = self._recv(_ANSWER_WAIT_S)
-            if message is None:
-                raise RuntimeError(f"the rank starter (pid {self.pid}) did not start rank {local_rank} "
-                                   f"within {_ANSWER_WAIT_S:.0f} s")
-            if isinstance(message, RankStarted):
-                return message.pid
-            assert isinstance(message, RankExited)
-            self._exits.append(message)
+        """Start one rank, whose exit will go to `inbox`, handing it `listen_fd` (the rendezvous socket)
+        and `terminal` (where its output goes instead of its log file) if given; returns its pid (in
+        milliseconds). Call it with Ctrl-C and SIGTERM held (`signals.held`), and note the pid before
+        letting them in: a rank must never run unbeknown to the controller."""
+        number = next(self._requests)
+        request = StartRank(number, payload_path, local_rank, exec_fresh=not self.preload,
+                            listen_fd=listen_fd is not None, terminal=terminal is not None)
+        with self._state_lock:
+            self._inbox_of_request[number] = inbox
+        answer = self._ask(number, request, [fd for fd in (listen_fd, terminal) if fd is not None],
+                           f"start rank {local_rank}")
+        assert isinstance(answer, RankStarted)
+        return answer.pid
+
+    def preload_modules(self, modules: Sequence[str]) -> None:
+        """Have the starter import `modules` (for the ranks it starts from now on)."""
+        if modules and self.preload:
+            with self._send_lock:
+                try:
+                    self.channel.send(Preload(tuple(modules)))
+                except OSError:  # the starter is gone; the next start says so
+                    pass
 
     def end_job(self, job: str) -> tuple[int, ...]:
         """Stop every process the ranks of `job` (its private folder) started; the pids that would not die.
         Ctrl-C and SIGTERM wait until the answer is in (at most a few seconds: see `job_processes.py`)."""
         with held():
-            self.channel.send(EndJob(job))
-            while True:
-                message = self._recv(_ANSWER_WAIT_S)
-                if message is None:
-                    raise RuntimeError(f"the rank starter (pid {self.pid}) did not stop a job's processes "
-                                       f"within {_ANSWER_WAIT_S:.0f} s")
-                if isinstance(message, JobEnded) and message.job == job:
-                    return message.left
-                assert isinstance(message, RankExited)
-                self._exits.append(message)
-
-    def next_exit(self, timeout: float | None, wake_fd: int | None = None) -> RankExited | None:
-        """The next rank that ended, or None when `timeout` seconds pass first or `wake_fd` becomes
-        readable."""
-        if self._exits:
-            return self._exits.pop(0)
-        message = self._recv(timeout, wake_fd)
-        assert message is None or isinstance(message, RankExited)
-        return message
-
-    def _recv(self, timeout: float | None, wake_fd: int | None = None) -> object | None:
-        if not self.channel.poll(timeout, wake_fd):
-            return None
-        try:
-            with held():  # a message is read whole, or not at all
-                message, _ = self.channel.recv()
-        except (EOFError, OSError) as exc:
-            raise RuntimeError(f"the rank starter (pid {self.pid}) died") from exc
-        return message
+            answer = self._ask(("end", job), EndJob(job), (), "stop a job's processes")
+        assert isinstance(answer, JobEnded)
+        return answer.left
 
     def close(self) -> None:
         """Stop the starter (it kills any rank still running); kill it if it has not exited within
         `_CLOSE_WAIT_S`."""
+        try:
+            self.channel.sock.shutdown(socket.SHUT_RDWR)  # the starter sees the end; the reader wakes
+            os.kill(self.pid, signal.SIGHUP)  # the same, even while it imports modules (`Preload`)
+        except OSError:
+            pass
+        self._reader.join(_CLOSE_WAIT_S)
         self.channel.close()
         deadline = time.monotonic() + _CLOSE_WAIT_S
         while not self._reaped():

@@ -16,6 +16,7 @@ the controller.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import select
 import shutil
@@ -28,7 +29,7 @@ from typing import Any, NoReturn
 
 from ddpw_runtime.launch.job_processes import JobProcesses
 from ddpw_runtime.launch.signals import send_to_group
-from ddpw_runtime.launch.starter import Channel, EndJob, JobEnded, RankExited, RankStarted, StartRank
+from ddpw_runtime.launch.starter import Channel, EndJob, JobEnded, Preload, RankExited, RankStarted, StartRank
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -100,6 +101,9 @@ class _Server:
                 if isinstance(request, EndJob):
                     self._end_job(request.job)
                     continue
+                if isinstance(request, Preload):
+                    _import_all(request.modules)
+                    continue
                 assert isinstance(request, StartRank)
                 attached = iter(fds)
                 listen_fd = next(attached) if request.listen_fd else None
@@ -112,7 +116,7 @@ class _Server:
                 for fd in fds:
                     os.close(fd)
                 self.ranks[pid] = job
-                self.channel.send(RankStarted(request.local_rank, pid))
+                self.channel.send(RankStarted(request.request, pid))
 
     def _start(self, request: StartRank, job: JobProcesses, listen_fd: int | None, terminal: int | None) -> int:
         pid = os.fork()
@@ -186,6 +190,15 @@ class _Server:
         for pid in _children():  # left behind by ranks, and not found as any job's (see `serve`)
             send_to_group(pid, signal.SIGKILL, group=False)
         os._exit(0)
+
+
+def _import_all(modules: Iterable[str]) -> None:
+    """Import each of `modules` that imports (see `Preload`)."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a module that does not import here is simply not preloaded
+            continue
 
 
 def _children() -> list[int]:

@@ -9,7 +9,6 @@ pid and left behind rather than wedging the controller.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import signal
 import threading
@@ -27,7 +26,7 @@ from ddpw_runtime.launch.payload import RankPayload
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import held, send_to_group
 from ddpw_runtime.launch.stacks import where
-from ddpw_runtime.launch.starter import RankExited, RankStarter
+from ddpw_runtime.launch.starter import Inbox, RankExited, RankStarter
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +83,9 @@ class NodeRanks:
         """Ranks that were still running when the job was stopped."""
         self.signals_sent: set[int] = set()
         self._requests: list[int] = []
-        self._wake_r, self._wake_w = os.pipe()
         self._lock = threading.Lock()
-        self._closed = False
+        self.inbox = Inbox()
+        """Where this node's rank exits arrive, and what wakes the supervising thread."""
 
     def start(self, on_start: Callable[[int], None] | None = None) -> None:
         """Start every rank (`on_start(pid)` after each)."""
@@ -96,7 +95,8 @@ class NodeRanks:
             terminal = self.console.terminal_of(rank) if self.console is not None else None
             with held():  # Ctrl-C or SIGTERM comes once the rank is known here, so that it is stopped too
                 pid = self.starter.start(
-                    str(self.payload_path), rank - first, self.listen_fd if rank == 0 else None, terminal
+                    self.inbox, str(self.payload_path), rank - first, self.listen_fd if rank == 0 else None,
+                    terminal,
                 )
                 if self.console is not None:
                     self.console.handed_over(rank)
@@ -119,9 +119,8 @@ class NodeRanks:
 
     def _request(self, code: int) -> None:
         with self._lock:
-            if not self._closed:  # once supervision is over, there is nothing left to stop
-                self._requests.append(code)
-                os.write(self._wake_w, b"!")
+            self._requests.append(code)
+        self.inbox.wake()  # nothing once supervision is over: there is nothing left to stop
 
     def send(self, sig: int, group: bool = True) -> None:
         """Send `sig` to every running rank (and, with `group`, to what it started)."""
@@ -162,32 +161,27 @@ class NodeRanks:
         timed_out = False
         while self.running():
             timeout = min(grace_end, limit_end) - time.monotonic()
-            event = self.starter.next_exit(None if timeout == float("inf") else max(0.0, timeout), self._wake_r)
-            if event is None:
-                if self._take_requests():
-                    if not self.stopped:
-                        self._begin_stop()
-                        grace_end = time.monotonic() + self.grace.stop_s
-                elif time.monotonic() >= grace_end:
-                    self.kill()
-                    grace_end = float("inf")
-                elif time.monotonic() >= limit_end:
-                    timed_out, limit_end = True, float("inf")
-                    self._begin_stop()
-                    grace_end = time.monotonic() + self.grace.stop_s
-                continue
-            rank = self._record(event)
-            if rank is not None and self.codes[rank] != 0 and not self.stopped:
+            event = self.inbox.next(None if timeout == float("inf") else max(0.0, timeout))
+            rank = self._record(event) if event is not None else None
+            failed = rank is not None and self.codes[rank] != 0
+            if (self._take_requests() or failed) and not self.stopped:
+                self._begin_stop()
+                grace_end = time.monotonic() + self.grace.stop_s
+            if time.monotonic() >= grace_end:
+                self.kill()
+                grace_end = float("inf")
+            elif time.monotonic() >= limit_end:
+                timed_out, limit_end = True, float("inf")
                 self._begin_stop()
                 grace_end = time.monotonic() + self.grace.stop_s
         return timed_out
 
     def _take_requests(self) -> bool:
         """Act on the requests of other threads; whether a stop was asked for."""
-        if not self._requests:
+        with self._lock:
+            requests, self._requests = self._requests, []
+        if not requests:
             return False
-        os.read(self._wake_r, 4096)
-        requests, self._requests = self._requests, []
         interrupts = [-code for code in requests if code < 0]
         if interrupts:
             self.interrupt(interrupts[0], self.grace.interrupt_s)
@@ -200,11 +194,10 @@ class NodeRanks:
         self.send(sig)
         end = time.monotonic() + grace_s
         try:
-            while self.running():
-                event = self.starter.next_exit(max(0.0, end - time.monotonic()), self._wake_r)
-                if event is None:
-                    break  # the grace is over, or another thread asked again: kill now
-                self._record(event)
+            while self.running() and time.monotonic() < end and not self._requests:  # asked again: kill now
+                event = self.inbox.next(max(0.0, end - time.monotonic()))
+                if event is not None:
+                    self._record(event)
         except (KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM: kill now
             pass
         self.kill()
@@ -215,15 +208,16 @@ class NodeRanks:
         self.send(signal.SIGKILL)
         end = time.monotonic() + KILL_WAIT_S
         while self.running():
-            event = self.starter.next_exit(max(0.0, end - time.monotonic()))
-            if event is None:
+            event = self.inbox.next(max(0.0, end - time.monotonic()))
+            if event is None and time.monotonic() >= end:
                 for pid in self.running():
                     log.error(
                         "rank %d (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a "
                         "hung GPU call); it is left behind", self.pids[pid], pid, KILL_WAIT_S,
                     )
                 return
-            self._record(event)
+            if event is not None:
+                self._record(event)
 
     def outcomes(self) -> list[RankOutcome]:
         """How each rank ended, in rank order."""
@@ -253,12 +247,8 @@ class NodeRanks:
                       "kernel?); left behind: pids %s", ", ".join(map(str, left)))
 
     def close(self) -> None:
-        """Release the wake-up pipe; later requests are ignored."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                os.close(self._wake_r)
-                os.close(self._wake_w)
+        """Release the inbox; later requests are ignored."""
+        self.inbox.close()
 
 
 def _size(path: Path) -> int:
@@ -329,7 +319,9 @@ def supervise(ranks: NodeRanks, on_start: Callable[[int], None] | None = None) -
             ranks.close()
     if timed_out:
         raise JobTimedOut(plan.platform.timeout_min, {rank: where(plan.log_file(rank)) for rank in ranks.ranks})
-    return ranks.outcomes()
+    outcomes = ranks.outcomes()
+    ranks.starter.preload_modules(sorted({name for o in outcomes if o.result for name in o.result.imported}))
+    return outcomes
 
 
 def _read_result(path: Path) -> RankResult | None:

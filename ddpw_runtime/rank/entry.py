@@ -33,6 +33,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     # SIGTERM stops a rank unless its task installs a handler, even where the starter ignores it (on a
     # SLURM node, where SLURM signals every process of the job).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    inherited = set(sys.modules)
     payload = RankPayload.read(Path(payload_path))
     plan = payload.plan
     rank = plan.node_rank * plan.ranks_per_node + local_rank
@@ -53,6 +54,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
         result = _exit_result(rank, exc)
     except BaseException as exc:  # every failure goes back to the controller
         result = RankResult.failure(rank, from_task(exc))
+    result.imported = _torch_modules_imported(inherited)
     # The result is on disk before this rank's connections close, so when its peers fail on the
     # closed connection, the controller already knows this rank failed first.
     write_atomically(payload.result_file(rank), cloudpickle.dumps(result))
@@ -60,6 +62,16 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
         teardown_rank()
     flush_output()
     return 0 if result.ok else 1
+
+
+def _torch_modules_imported(inherited: set[str]) -> tuple[str, ...]:
+    """The torch modules loaded since this process started (forked with `inherited` loaded), which the
+    starter may hold for later ranks. None on a CUDA build of torch, where importing more in the
+    starter could touch CUDA before it forks ranks that need it."""
+    torch = sys.modules.get("torch")
+    if torch is None or torch.version.cuda is not None:
+        return ()
+    return tuple(sorted(name for name in set(sys.modules) - inherited if name.startswith("torch.")))
 
 
 def _exit_result(rank: int, exc: SystemExit) -> RankResult:
