@@ -77,9 +77,10 @@ class LocalLauncherConf(LauncherOptions):
     """Options of `hydra/launcher=ddpw_cpu|ddpw_gpu|ddpw_mps`: ranks on this machine."""
 
     _target_: str = LOCAL_LAUNCHER
-    max_parallel_jobs: int | None = 1
+    max_parallel_jobs: int | None = None
     """Jobs of a sweep that may run side by side, each on devices of its own: an integer, or null for
-    as many as this machine's GPUs (GPU jobs) or CPUs (CPU jobs that set `platform.n_cpus_per_node`) fit."""
+    as many as fit: GPU jobs get GPUs of their own, CPU jobs that set `platform.n_cpus_per_node` cores of
+    their own; a CPU job that does not (or an MPS job) takes the whole machine. 1: one after another."""
 
     def validate(self, where: str = "hydra.launcher.") -> LocalLauncherConf:
         """Raise `ConfigError` for an option that cannot run; returns self."""

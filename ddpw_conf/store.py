@@ -30,12 +30,14 @@ LAUNCHERS: dict[str, tuple[Any, Platform, str]] = {
 
 CALLBACK_KEY = "ddpw_plain_run"
 """The key of the plain-run callback under `hydra.callbacks`."""
+SUMMARY_CALLBACK = {"ddpw_sweep_summary": {"_target_": "ddpw_runtime.hydra_jobs.sweep_summary.PrintSweepSummary"}}
+"""The callback that prints a multirun's summary when it ends."""
 
 
 def launcher_node(launcher: Any, platform: Platform, callback: str) -> dict[str, Any]:
     """A `hydra/launcher` option (package `_global_`)."""
     return {
-        "hydra": {"launcher": launcher, "callbacks": {CALLBACK_KEY: {"_target_": callback}}},
+        "hydra": {"launcher": launcher, "callbacks": {CALLBACK_KEY: {"_target_": callback}, **SUMMARY_CALLBACK}},
         "platform": platform,
     }
 

@@ -48,13 +48,17 @@ def test_a_run_prints_a_start_line_and_a_summary_per_job_without_colour_on_a_pip
     completed = [line for line in out.splitlines() if line.startswith("[ddpw] job #0 COMPLETED in ")]
     assert len(completed) == 1 and completed[0].endswith("/0/rank_<k>.log")
     assert ": ranks 0-1 ok; logs multirun/" in completed[0]
-    summary = out[out.index("[ddpw] job #1 FAILED after "):].splitlines()
+    summary = out[out.index("[ddpw] job #1 FAILED after "):out.index("[ddpw] sweep summary")].splitlines()
     assert summary[0].endswith("s: rank 1 failed: ValueError: rank asked to fail")
     assert "  rank 1: FAILED (exit 1)" in summary
     assert any(line.startswith("  rank 0: ") for line in summary)  # stopped, failed too or ok: timing
     assert summary[-1].startswith("  logs: multirun/") and summary[-1].endswith("/1/rank_<k>.log")
     assert 'raise ValueError("rank asked to fail")' not in out  # the traceback is shown once, in the error
     assert proc.stderr.count('raise ValueError("rank asked to fail")') == 1
+    table = out[out.index("[ddpw] sweep summary: 2 jobs, 1 COMPLETED, 1 FAILED ("):].splitlines()
+    assert table[1].split() == ["job", "status", "time", "rank", "0", "returned", "output", "dir", "overrides"]
+    assert table[2].split()[:2] == ["#0", "COMPLETED"] and table[2].endswith("/0  behaviour=ok")
+    assert table[3].split()[:2] == ["#1", "FAILED"] and "rank 1 failed: ValueError: rank asked..." in table[3]
 
 
 @pytest.mark.subprocess

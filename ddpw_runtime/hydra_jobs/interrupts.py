@@ -23,6 +23,7 @@ from ddpw_runtime.errors import Interrupted, Terminated
 
 _jobs = 0
 """How many jobs are running now (their handling reports an interruption)."""
+_jobs_lock = threading.Lock()
 _terminating = False
 
 
@@ -37,11 +38,13 @@ def install() -> None:
 def job_running() -> Iterator[None]:
     """While a job runs: its own handling reports an interruption."""
     global _jobs
-    _jobs += 1
+    with _jobs_lock:
+        _jobs += 1
     try:
         yield
     finally:
-        _jobs -= 1
+        with _jobs_lock:
+            _jobs -= 1
 
 
 def _on_interrupt(signum: int, frame: FrameType | None) -> None:

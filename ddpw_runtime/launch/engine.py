@@ -12,15 +12,18 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ddpw_conf import ConfigError, Platform
+from ddpw_conf import ConfigError, Device, Platform
 from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.launch import rendezvous
 from ddpw_runtime.launch.console import ConsoleRanks
+from ddpw_runtime.launch.devices import Share, cpu_cores
+from ddpw_runtime.launch.interruption import stopping_error
 from ddpw_runtime.launch.outcome import RankOutcome, failure, note_failures
 from ddpw_runtime.launch.payload import RankPayload, TaskCall
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
@@ -54,6 +57,11 @@ class NodeJob:
     """A failed run is started again while restarts are left (locally; a SLURM job is requeued instead)."""
     console_prefix: str = ""
     """Put before every console line of this job's ranks (a job's number when jobs run side by side)."""
+    share: Share | None = None
+    """The GPUs and CPU cores of its own, when jobs run side by side."""
+    while_ranks_run: Callable[[NodeRanks], AbstractContextManager[Any]] | None = field(default=None, compare=False)
+    """A context entered while its ranks run (started, waited for), given them: how a job beside others
+    lets them have this process meanwhile and gets Ctrl-C or SIGTERM from the main thread."""
 
 
 def gpus_available(platform: Platform) -> int | None:
@@ -69,6 +77,11 @@ def check(platform: Platform, here: bool = True) -> Platform:
     """Validate `platform` (`here`: for this machine, whose GPUs are counted) and resolve `upon_finish`,
     before anything starts."""
     platform.validate(gpus_available(platform) if here else None)
+    if here and platform.device_kind is not Device.SLURM and platform.n_cpus_per_node is not None:
+        cores = len(cpu_cores())
+        if platform.n_cpus_per_node > cores:
+            raise ConfigError("platform.n_cpus_per_node", platform.n_cpus_per_node,
+                              f"this machine gives this program {cores} CPU cores; ask for at most {cores}")
     if platform.upon_finish:
         resolve_callable("platform.upon_finish", platform.upon_finish)
     return platform
@@ -113,10 +126,12 @@ class LocalJob:
             port = self.listener.getsockname()[1] if self.listener is not None else job.master_port
             self.plan: LaunchPlan = plan_local(
                 platform, Path(job.log_dir).resolve(), self.workdir, job.run_id or uuid.uuid4().hex[:12],
-                job.node_rank, job.master_addr, port, job.max_restarts, job.restart_count,
+                job.node_rank, job.master_addr, port, job.max_restarts, job.restart_count, job.share,
             )
-            extra_env = {"TORCHELASTIC_USE_AGENT_STORE": "True"} if host_store_here else {}
-            self.payload = RankPayload(self.plan, task.pack(), ProcessState.capture(extra_env), str(self.workdir))
+            state = ProcessState.capture()
+            if host_store_here:
+                state = replace(state, env={**state.env, "TORCHELASTIC_USE_AGENT_STORE": "True"})
+            self.payload = RankPayload(self.plan, task.pack(), state, str(self.workdir))
             self.payload_path = self.workdir / "payload.pkl"
             self.payload.write(self.payload_path)
         except BaseException:
@@ -151,9 +166,18 @@ class LocalJob:
                          self.listen_fd, on_stop)
 
     def run(self) -> list[RankOutcome]:
-        """Start every rank of this node as a process of its own and wait for them."""
+        """Start every rank of this node as a process of its own and wait for them. Raises the
+        signal's error when another thread passed Ctrl-C or SIGTERM on to them (`request_interrupt`)."""
         with self.console() as console:
-            return supervise(self.ranks(self.plan.global_ranks, console))
+            ranks = self.ranks(self.plan.global_ranks, console)
+            if self.job.while_ranks_run is None:
+                return supervise(ranks)
+            with self.job.while_ranks_run(ranks):
+                outcomes = supervise(ranks)
+        if ranks.interrupted_by is not None:
+            note_failures(outcomes)
+            raise stopping_error(ranks.interrupted_by)
+        return outcomes
 
     def close(self) -> None:
         """Close the rendezvous socket and remove the private folder."""

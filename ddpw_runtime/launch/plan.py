@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpw_conf import Device, Platform
+from ddpw_runtime.launch.devices import Share
 
 LOOPBACK = "127.0.0.1"
 
@@ -35,6 +36,8 @@ class LaunchPlan:
     """How many times the job may be started again (torchrun's `--max-restarts`)."""
     restart_count: int = 0
     """How many times it has been started again before this run (0: its first run)."""
+    share: Share | None = None
+    """The GPUs and CPU cores of its own, when jobs run side by side (None: the machine's)."""
 
     @property
     def global_ranks(self) -> list[int]:
@@ -93,12 +96,13 @@ def plan_local(
     master_port: int | None = None,
     max_restarts: int = 0,
     restart_count: int = 0,
+    share: Share | None = None,
 ) -> LaunchPlan:
     """The plan for node `node_rank` of a validated `platform`.
 
     Single-node jobs rendezvous on loopback unless `platform.master_addr` says otherwise; the port is
     `platform.master_port`, else `master_port`, else a free one. A `file` rendezvous uses a private file
-    in `rendezvous_dir`.
+    in `rendezvous_dir`. With `share`, the ranks use only its GPUs and cores.
     """
     addr = platform.master_addr or master_addr or LOOPBACK
     port = platform.master_port or master_port or free_port(addr if platform.n_nodes == 1 else "")
@@ -106,7 +110,7 @@ def plan_local(
         init_method = f"file://{rendezvous_dir / 'rendezvous'}"
     else:
         init_method = f"tcp://{addr}:{port}"
-    cpus = platform.n_cpus_per_node or os.cpu_count() or 1
+    cpus = len(share.cpus) if share is not None and share.cpus else platform.n_cpus_per_node or os.cpu_count() or 1
     return LaunchPlan(
         platform=platform,
         node_rank=node_rank,
@@ -124,4 +128,5 @@ def plan_local(
         run_id=run_id,
         max_restarts=max_restarts,
         restart_count=restart_count,
+        share=share,
     )

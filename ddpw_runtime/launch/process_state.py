@@ -29,10 +29,10 @@ class ProcessState:
     """Hydra's and OmegaConf's global state, cloudpickled (see `_compat.hydra_state`)."""
 
     @staticmethod
-    def capture(extra_env: Mapping[str, str] | None = None) -> ProcessState:
-        """This process's state now, with `extra_env` added to its environment."""
+    def capture() -> ProcessState:
+        """This process's state now."""
         return ProcessState(
-            env={**os.environ, **(extra_env or {})},
+            env=dict(os.environ),
             cwd=os.getcwd(),
             sys_path=list(sys.path),
             hydra_state=cloudpickle.dumps(_compat.hydra_state()),

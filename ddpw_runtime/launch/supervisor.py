@@ -83,6 +83,8 @@ class NodeRanks:
         """Ranks that were still running when the job was stopped."""
         self.signals_sent: set[int] = set()
         self._requests: list[int] = []
+        self.interrupted_by: int | None = None
+        """The signal another thread passed on to the ranks (`request_interrupt`), if any."""
         self._lock = threading.Lock()
         self.inbox = Inbox()
         """Where this node's rank exits arrive, and what wakes the supervising thread."""
@@ -184,6 +186,7 @@ class NodeRanks:
             return False
         interrupts = [-code for code in requests if code < 0]
         if interrupts:
+            self.interrupted_by = interrupts[0]
             self.interrupt(interrupts[0], self.grace.interrupt_s)
         return bool(requests)
 

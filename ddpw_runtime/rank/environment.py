@@ -30,8 +30,8 @@ _LIGHTNING_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 
 def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict[str, str]:
     """The variables of `rank` (torchrun's, and the libraries' below); a library variable the user set
-    is left alone. On a single-node job over loopback, gloo and NCCL are kept on the loopback interface
-    too (unless the user chose an interface)."""
+    is left alone; a job that runs beside others sees only its own GPUs. On a single-node job over
+    loopback, gloo and NCCL are kept on the loopback interface too (unless the user chose one)."""
     local_only = plan.platform.n_nodes == 1 and plan.master_addr.startswith("127.") and sys.platform == "linux"
     defaults = {name: "lo" for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if local_only}
     defaults["PL_TRAINER_DEVICES"] = str(plan.ranks_per_node)
@@ -39,6 +39,8 @@ def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict[str, 
     if plan.device == "cpu":
         defaults["ACCELERATE_USE_CPU"] = "true"
     restarts = str(plan.restart_count)
+    own_gpus = {} if plan.share is None or plan.share.gpus is None else {
+        "CUDA_VISIBLE_DEVICES": ",".join(plan.share.gpus)}  # rank k binds cuda:k, the k-th of its job's GPUs
     return {
         **{name: value for name, value in defaults.items() if name not in os.environ},
         "RANK": str(rank),
@@ -58,6 +60,7 @@ def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict[str, 
         "TORCHELASTIC_MAX_RESTARTS": str(plan.max_restarts),
         RESTART_COUNT_ENV: restarts,
         "OMP_NUM_THREADS": str(plan.threads_per_rank),
+        **own_gpus,
     }
 
 

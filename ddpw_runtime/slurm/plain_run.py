@@ -42,7 +42,7 @@ class SlurmPlainRun(PlainRun):
                                callbacks=_compat.run_callbacks(config))
         folder = _folder(config, options, job.output_dir)
         (ret,) = _compat.report_like_hydra(
-            lambda: run_jobs(context, task_function, [job], options, folder, job.output_dir)
+            lambda: run_jobs(context, task_function, [job], options, None, folder, job.output_dir)
         )
         _compat.report_like_hydra(lambda: ret.return_value)  # a failed job: reported, status 1
         sys.exit(0)

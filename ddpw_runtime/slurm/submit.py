@@ -14,7 +14,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from ddpw_conf.launcher import SlurmLauncherConf
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import SlurmJobError
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
+from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
 from ddpw_runtime.launch.console import ConsoleEcho, console_of
 from ddpw_runtime.launch.supervisor import Grace
@@ -62,12 +63,14 @@ def run_jobs(
     task_function: TaskFunction,
     prepared: Sequence[PreparedJob],
     options: SlurmLauncherConf,
+    summary: SweepSummary | None = None,
     folder: Path | None = None,
     manifest_dir: Path | None = None,
 ) -> list[JobReturn]:
-    """Submit `prepared` (checked) jobs, wait for them, and return what each ended with. submitit's
-    `folder` is `hydra.launcher.submitit_folder` unless given; the manifest goes to `manifest_dir`, by
-    default the sweep dir."""
+    """Submit `prepared` (checked) jobs, wait for them, and return what each ended with (noted in
+    `summary` as each ends, its time counted from the submission). submitit's `folder` is
+    `hydra.launcher.submitit_folder` unless given; the manifest goes to `manifest_dir`, by default the
+    sweep dir."""
     folder = folder if folder is not None else Path(options.submitit_folder).expanduser().absolute()
     manifest_dir = manifest_dir if manifest_dir is not None else Path(str(prepared[0].config.hydra.sweep.dir))
     jobs = [_Job(job, sbatch.sbatch_parameters(job.platform, options)) for job in prepared]
@@ -83,9 +86,17 @@ def run_jobs(
     # A lone job's console ranks are echoed here while it runs, as a local run shows them.
     shown = sbatch.console_logs(jobs[0].prepared.platform, jobs[0].prepared.output_dir) if len(jobs) == 1 else {}
     echo = ConsoleEcho(shown, console_of(sys.stdout), {rank: f"[rank {rank}] " for rank in shown if len(shown) > 1})
+    returns: dict[int, JobReturn] = {}
+
+    def ended(job: _Job, duration_s: float) -> None:
+        ret = returns[job.prepared.idx] = _collect(job)
+        if summary is not None:
+            p = job.prepared
+            summary.record(entry(p.idx, p.overrides, p.output_dir, duration_s, ret))
+
     try:
         echo.start()
-        _wait(jobs)
+        _wait(jobs, ended)
     except KeyboardInterrupt:
         for job in jobs:
             job.slurm.cancel(check=False)
@@ -93,7 +104,7 @@ def run_jobs(
         raise SystemExit(130) from None
     finally:
         echo.stop()
-    return [_collect(job) for job in jobs]
+    return [returns[job.prepared.idx] for job in jobs]
 
 
 def _arrays(jobs: list[_Job]) -> list[list[_Job]]:
@@ -183,9 +194,10 @@ def _write_manifest(manifest_dir: Path, jobs: list[_Job]) -> Path:
     return path
 
 
-def _wait(jobs: list[_Job]) -> None:
+def _wait(jobs: list[_Job], ended: Callable[[_Job, float], None]) -> None:
     """Wait until every job has ended: all its nodes sent their outcome of the same run, or sacct says
-    it ended (cancelled, timed out, failed, ...). Result files are checked often, sacct less and less."""
+    it ended (cancelled, timed out, failed, ...); `ended(job, seconds since the wait began)` as each
+    does. Result files are checked often, sacct less and less."""
     pending = list(jobs)
     start = time.monotonic()
     next_sacct = start
@@ -197,6 +209,7 @@ def _wait(jobs: list[_Job]) -> None:
         for job in [job for job in pending if _ended(job)]:
             pending.remove(job)
             log.info(f"#{job.prepared.idx} : SLURM job {job.slurm.job_id} ended ({job.state or 'every node returned'})")
+            ended(job, now - start)
         if not pending:
             return
         time.sleep(_POLL_S)

@@ -7,6 +7,7 @@ start-up, and those imports must stay cheap (no torch, no submitit).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from hydra.core.utils import JobReturn
@@ -18,6 +19,7 @@ from ddpw_conf.launcher import LauncherOptions
 
 if TYPE_CHECKING:  # the runtime is imported when a launch starts, not when Hydra discovers plugins
     from ddpw_runtime.hydra_jobs.prepare import PreparedJob
+    from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
 Options = TypeVar("Options", bound=LauncherOptions)
 
@@ -32,6 +34,7 @@ class DdpwLauncher(Launcher, Generic[Options]):
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
+        self.summary: SweepSummary | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep what `launch` needs; from now on Ctrl-C and SIGTERM end the sweep cleanly (130, 143)."""
@@ -46,13 +49,18 @@ class DdpwLauncher(Launcher, Generic[Options]):
         """Check the options and prepare every job of the batch (nothing starts before all are checked),
         then run them (`run_jobs`); one JobReturn per job, in order."""
         from ddpw_runtime.hydra_jobs.prepare import prepare_launch
+        from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         jobs = prepare_launch(self.hydra_context, self.config, job_overrides, initial_job_idx, self.options)
-        return self.run_jobs(self.hydra_context, self.task_function, jobs)
+        if self.summary is None:  # one for the whole sweep, whose batches come one launch at a time
+            self.summary = SweepSummary(Path(str(self.config.hydra.sweep.dir)))
+        return self.run_jobs(self.hydra_context, self.task_function, jobs, self.summary)
 
     def run_jobs(
-        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob]
+        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob],
+        summary: SweepSummary,
     ) -> list[JobReturn]:
-        """Run the prepared jobs (`ddpw_runtime.hydra_jobs.prepare.PreparedJob`)."""
+        """Run the prepared jobs (`ddpw_runtime.hydra_jobs.prepare.PreparedJob`), each noted in the
+        sweep's `summary` as it ends."""
         raise NotImplementedError

@@ -13,6 +13,7 @@ from hydra_plugins.hydra_ddpw_launcher.base import DdpwLauncher
 
 if TYPE_CHECKING:  # the runtime is imported when a launch starts, not when Hydra discovers plugins
     from ddpw_runtime.hydra_jobs.prepare import PreparedJob
+    from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
 
 class DdpwLocalLauncher(DdpwLauncher[LocalLauncherConf]):
@@ -31,9 +32,10 @@ class DdpwLocalLauncher(DdpwLauncher[LocalLauncherConf]):
         start_starter_early(config, self.options)
 
     def run_jobs(
-        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob]
+        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob],
+        summary: SweepSummary,
     ) -> list[JobReturn]:
         """Run each job as a distributed job on this machine."""
         from ddpw_runtime.hydra_jobs.local import run_jobs
 
-        return run_jobs(hydra_context, task_function, jobs, self.options)
+        return run_jobs(hydra_context, task_function, jobs, self.options, summary)

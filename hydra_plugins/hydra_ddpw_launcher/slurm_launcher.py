@@ -12,6 +12,7 @@ from hydra_plugins.hydra_ddpw_launcher.base import DdpwLauncher
 
 if TYPE_CHECKING:  # the runtime is imported when a launch starts, not when Hydra discovers plugins
     from ddpw_runtime.hydra_jobs.prepare import PreparedJob
+    from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
 
 class DdpwSlurmLauncher(DdpwLauncher[SlurmLauncherConf]):
@@ -20,9 +21,10 @@ class DdpwSlurmLauncher(DdpwLauncher[SlurmLauncherConf]):
     options_type = SlurmLauncherConf
 
     def run_jobs(
-        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob]
+        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob],
+        summary: SweepSummary,
     ) -> list[JobReturn]:
         """Submit each job (equal resources as one job array) and wait."""
         from ddpw_runtime.slurm.submit import run_jobs
 
-        return run_jobs(hydra_context, task_function, jobs, self.options)
+        return run_jobs(hydra_context, task_function, jobs, self.options, summary)

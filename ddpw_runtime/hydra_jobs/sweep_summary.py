@@ -1,0 +1,145 @@
+"""What a multirun did, job by job: `sweep_summary.json` in the sweep dir, rewritten as each job ends
+(an interrupted sweep keeps what it did), and a table of it on the console when the sweep ends.
+
+    [ddpw] sweep summary: 3 jobs, 2 COMPLETED, 1 FAILED (multirun/2026-11-23/10-00-00/sweep_summary.json)
+      job  status     time   rank 0 returned  output dir  overrides
+      #0   COMPLETED  3.1 s  0.93             0           lr=0.1
+      #1   FAILED     1.2 s  ValueError: ...  1           lr=0.01
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from ddpw_runtime import _compat
+from ddpw_runtime.errors import RankFailure
+from ddpw_runtime.hydra_jobs.summary import PREFIX, shown_path
+
+FILE_NAME = "sweep_summary.json"
+_SHOWN_VALUE_CHARS = 40
+
+
+@dataclass
+class JobEntry:
+    """One job of a sweep, as the summary gives it."""
+
+    job: int
+    overrides: list[str]
+    status: str
+    """COMPLETED, FAILED, or INTERRUPTED / TERMINATED (stopped by Ctrl-C / SIGTERM)."""
+    duration_s: float
+    return_value: Any
+    """Rank 0's return value: as it is when JSON can hold it, else its `repr()`; None when it failed."""
+    output_dir: str
+    error: str | None = None
+    """Why it failed, in one line."""
+
+
+def entry(job: int, overrides: list[str], output_dir: Path, duration_s: float, ret: JobReturn | None,
+          stopped_by: str | None = None) -> JobEntry:
+    """The entry of a job that ended with `ret` (None: it was stopped, `stopped_by` says how)."""
+    if ret is None or stopped_by is not None:
+        return JobEntry(job, overrides, stopped_by or "INTERRUPTED", round(duration_s, 3), None, str(output_dir))
+    failed = ret.status is not JobStatus.COMPLETED
+    value = None if failed else _as_json(ret.return_value)
+    error = _one_line(_compat.job_error(ret)) if failed else None
+    return JobEntry(job, overrides, ret.status.name, round(duration_s, 3), value, str(output_dir), error)
+
+
+def _as_json(value: Any) -> Any:
+    try:
+        json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+def _one_line(error: Any) -> str:
+    if isinstance(error, RankFailure):
+        return f"rank {error.rank} failed: {error.cause}"
+    if isinstance(error, BaseException):
+        message = str(error).splitlines()
+        return type(error).__name__ + (f": {message[0]}" if message else "")
+    return repr(error)
+
+
+class SweepSummary:
+    """The entries of one sweep's jobs, kept in `sweep_dir / FILE_NAME` (callable from any thread)."""
+
+    def __init__(self, sweep_dir: Path) -> None:
+        self.path = Path(sweep_dir) / FILE_NAME
+        self.entries: dict[int, JobEntry] = {}
+        self._lock = threading.Lock()
+
+    def record(self, job_entry: JobEntry) -> None:
+        """Add (or replace) a job's entry and rewrite the file, atomically."""
+        with self._lock:
+            self.entries[job_entry.job] = job_entry
+            data = {"jobs": [asdict(self.entries[job]) for job in sorted(self.entries)]}
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1, default=repr) + "\n")
+            os.replace(tmp, self.path)
+
+
+def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
+    """The summary as the console shows it."""
+    counts = Counter(str(e["status"]) for e in entries)
+    jobs = f"{len(entries)} job" + ("s" if len(entries) != 1 else "")
+    tally = ", ".join(f"{count} {status}" for status, count in counts.items())
+    rows = [["job", "status", "time", "rank 0 returned", "output dir", "overrides"]]
+    for e in entries:
+        shown = e["error"] if e["error"] is not None else ("" if e["return_value"] is None else str(e["return_value"]))
+        if len(shown) > _SHOWN_VALUE_CHARS:
+            shown = shown[:_SHOWN_VALUE_CHARS - 3] + "..."
+        rows.append([f"#{e['job']}", str(e["status"]), f"{e['duration_s']:.1f} s", shown,
+                     shown_path(Path(e["output_dir"]), base), " ".join(filter_overrides(e["overrides"]))])
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]) - 1)]
+    lines = [f"{PREFIX} sweep summary: {jobs}, {tally} ({shown_path(path, base)})"]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        lines.append("  " + "  ".join([*cells, row[-1]]))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+class PrintSweepSummary(Callback):
+    """Hydra callback (brought by the `hydra/launcher=ddpw_*` options): prints the sweep summary when a
+    multirun ends, also when it ends by a failed job (Hydra's sweepers raise the first job error), Ctrl-C
+    or SIGTERM: then as the program exits, after Hydra's report."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Note where the summary will be, and print it at exit should the multirun not end normally."""
+        self.path = Path(str(config.hydra.sweep.dir)) / FILE_NAME
+        atexit.register(self.print_summary)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Print the summary."""
+        self.print_summary()
+
+    def print_summary(self) -> None:
+        """Print the table of `sweep_summary.json` (once), when the launcher wrote one."""
+        path, self.path = self.path, None
+        if path is None:
+            return
+        atexit.unregister(self.print_summary)
+        try:
+            entries = json.loads(path.read_text())["jobs"]
+        except (OSError, ValueError, KeyError):
+            return
+        sys.stdout.write(table(entries, path, Path.cwd()) + "\n")
+        sys.stdout.flush()

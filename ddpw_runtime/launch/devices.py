@@ -1,0 +1,93 @@
+"""This machine's devices, shared out among jobs that run side by side: each job gets GPUs and CPU
+cores of its own (`Share`), or the whole machine when it does not say how much it needs.
+
+Data and bookkeeping only (no torch at import); counting GPUs imports torch, and only for GPU jobs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ddpw_conf import Device, Platform
+
+
+@dataclass(frozen=True)
+class Share:
+    """The devices one job may use while other jobs run beside it."""
+
+    gpus: tuple[str, ...] | None = None
+    """Its GPUs, as `CUDA_VISIBLE_DEVICES` names them (None: whatever the job would see alone)."""
+    cpus: tuple[int, ...] | None = None
+    """Its CPU cores, as `os.sched_setaffinity` takes them (None: every core this program may use)."""
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one job takes from the machine."""
+
+    gpus: int = 0
+    cpus: int = 0
+    """Cores of its own (0: it shares every core, as a GPU job that does not set `n_cpus_per_node`)."""
+    whole: bool = False
+    """It takes the whole machine (a CPU job that does not set `n_cpus_per_node`, an MPS job)."""
+
+    @staticmethod
+    def of(platform: Platform) -> Need:
+        """What a job of `platform` takes."""
+        if platform.device_kind is Device.MPS or (not platform.uses_gpus and platform.n_cpus_per_node is None):
+            return Need(whole=True)
+        return Need(gpus=platform.n_gpus_per_node if platform.uses_gpus else 0, cpus=platform.n_cpus_per_node or 0)
+
+
+def cpu_cores() -> tuple[int, ...]:
+    """The CPU cores this program may run on (its affinity, which a container or `taskset` narrows)."""
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def visible_gpus(count: int) -> tuple[str, ...]:
+    """The names of this machine's `count` GPUs as `CUDA_VISIBLE_DEVICES` gives them to a process: the
+    entries of the caller's own `CUDA_VISIBLE_DEVICES` when it is set, else their indexes."""
+    listed = [name.strip() for name in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if name.strip()]
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return tuple(listed[:count])
+    return tuple(str(index) for index in range(count))
+
+
+class Devices:
+    """The devices of this machine that jobs running side by side take and give back."""
+
+    def __init__(self, gpus: tuple[str, ...], cpus: tuple[int, ...]) -> None:
+        self.gpus = gpus
+        self.cpus = cpus
+        self._free_gpus = list(gpus)
+        self._free_cpus = list(cpus)
+        self._jobs = 0
+        self._whole_taken = False
+
+    def fits(self, need: Need) -> bool:
+        """Whether a job that needs `need` could ever run here (with nothing else running)."""
+        return need.gpus <= len(self.gpus) and need.cpus <= len(self.cpus)
+
+    def take(self, need: Need) -> Share | None:
+        """Devices for a job that needs `need`, or None while they are not free."""
+        if self._whole_taken or (need.whole and self._jobs):
+            return None
+        if need.whole:
+            self._whole_taken = True
+            self._jobs += 1
+            return Share()
+        if need.gpus > len(self._free_gpus) or need.cpus > len(self._free_cpus):
+            return None
+        gpus, self._free_gpus = self._free_gpus[:need.gpus], self._free_gpus[need.gpus:]
+        cpus, self._free_cpus = self._free_cpus[:need.cpus], self._free_cpus[need.cpus:]
+        self._jobs += 1
+        return Share(tuple(gpus) if need.gpus else None, tuple(cpus) if need.cpus else None)
+
+    def give_back(self, share: Share) -> None:
+        """The job that had `share` ended."""
+        self._jobs -= 1
+        if share == Share():
+            self._whole_taken = False
+        self._free_gpus = [gpu for gpu in self.gpus if gpu in {*self._free_gpus, *(share.gpus or ())}]
+        self._free_cpus = [cpu for cpu in self.cpus if cpu in {*self._free_cpus, *(share.cpus or ())}]

@@ -1,0 +1,45 @@
+"""Jobs of a sweep that meet in a shared folder (`meet`): each says it started (pid, cores, GPUs) and
+waits until `together` jobs have started; job `fail_job` then fails, and `behaviour=block` makes
+every job wait for a signal. Rank 0 returns what it saw."""
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+MEET_TIMEOUT_S = 60.0
+"""How long a job waits for the other one before it gives up (a failure, never a pass)."""
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="side_by_side")
+def main(cfg: DictConfig) -> dict:
+    started = time.time()
+    meet = Path(cfg.meet)
+    seen = {"job": cfg.job, "pid": os.getpid(), "cores": sorted(os.sched_getaffinity(0)),
+            "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "threads": os.environ.get("OMP_NUM_THREADS")}
+    tmp = meet / f".started_{cfg.job}"
+    tmp.write_text(json.dumps(seen))
+    tmp.rename(meet / f"started_{cfg.job}")
+    log.info("job %s logs to its own log", cfg.job)
+    print(f"job {cfg.job} prints", flush=True)
+    deadline = time.monotonic() + MEET_TIMEOUT_S
+    while len(list(meet.glob("started_*"))) < cfg.together:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {cfg.job} never saw {cfg.together} jobs running at once")
+        time.sleep(0.01)
+    if cfg.job == cfg.fail_job:
+        raise ValueError(f"job {cfg.job} asked to fail")
+    if cfg.behaviour == "block":
+        threading.Event().wait()
+    return {**seen, "started": started, "ended": time.time()}
+
+
+if __name__ == "__main__":
+    main()

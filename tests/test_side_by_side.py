@@ -1,0 +1,225 @@
+"""Jobs of a sweep side by side (`hydra.launcher.max_parallel_jobs`), and the sweep summary.
+
+CPU packing runs real sweeps of one-rank jobs that each take one core (`platform.n_cpus_per_node=1`):
+the jobs meet in a shared folder, so "two jobs ran at once" is shown by each job having seen the other
+start, not by timing. GPU packing cannot run here: its tests give `Devices` a mocked list of GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
+
+from ddpw_conf import Platform
+from ddpw_runtime.errors import Interrupted
+from ddpw_runtime.hydra_jobs.prepare import PreparedJob
+from ddpw_runtime.hydra_jobs.side_by_side import run_side_by_side
+from ddpw_runtime.launch.devices import Devices, Need, Share, visible_gpus
+from ddpw_runtime.launch.interruption import Interruption
+from ddpw_runtime.launch.plan import plan_local
+from ddpw_runtime.rank.environment import rank_environment
+from tests.helpers import alive, run_app, start_app
+
+APP = "side_by_side_app.py"
+
+
+def sweep(tmp_path: Path, *overrides: str, timeout: float = 120) -> tuple[Any, dict[int, dict]]:
+    """Run a sweep of the meeting app; its process and what each job said when it started."""
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    proc = run_app(tmp_path, "-m", f"meet={meet}", "hydra.sweep.dir=sw", *overrides, app=APP, timeout=timeout)
+    started = {int(p.name.split("_")[1]): json.loads(p.read_text()) for p in meet.glob("started_*")}
+    return proc, started
+
+
+def summary_of(tmp_path: Path) -> list[dict]:
+    """The jobs of `sw/sweep_summary.json`."""
+    jobs: list[dict] = json.loads((tmp_path / "sw" / "sweep_summary.json").read_text())["jobs"]
+    return jobs
+
+
+@pytest.mark.subprocess
+def test_cpu_jobs_run_side_by_side_each_on_a_core_of_its_own(tmp_path: Path) -> None:
+    proc, started = sweep(tmp_path, "job=0,1", "together=2")  # each job waits until both have started
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(started) == [0, 1]
+    assert started[0]["cores"] != started[1]["cores"] and all(len(s["cores"]) == 1 for s in started.values())
+    assert {s["threads"] for s in started.values()} == {"1"}
+    jobs = summary_of(tmp_path)
+    assert [(j["job"], j["status"], j["return_value"]["job"]) for j in jobs] == [
+        (0, "COMPLETED", 0), (1, "COMPLETED", 1)]
+    for job in (0, 1):  # console lines told apart; each job's log holds its own lines only
+        assert f"[job {job}] job {job} prints" in proc.stdout
+        log = (tmp_path / "sw" / str(job) / "side_by_side_app.log").read_text()
+        assert f"job {job} logs to its own log" in log and f"job {1 - job} logs" not in log
+        assert (tmp_path / "sw" / str(job) / ".hydra" / "overrides.yaml").read_text().count(f"job={job}") == 1
+    table = proc.stdout[proc.stdout.index("[ddpw] sweep summary: 2 jobs, 2 COMPLETED (sw/sweep_summary.json)"):]
+    assert [line.split()[:2] for line in table.splitlines()[2:4]] == [["#0", "COMPLETED"], ["#1", "COMPLETED"]]
+
+
+@pytest.mark.subprocess
+def test_a_failing_job_does_not_stop_the_jobs_beside_it(tmp_path: Path) -> None:
+    # job 1 fails once both have started; jobs 0 and 2 run on (2 starts when 1's core is free)
+    proc, started = sweep(tmp_path, "job=0,1,2", "together=2", "fail_job=1")
+    assert proc.returncode == 1
+    assert sorted(started) == [0, 1, 2]
+    jobs = summary_of(tmp_path)
+    assert [(j["job"], j["status"]) for j in jobs] == [(0, "COMPLETED"), (1, "FAILED"), (2, "COMPLETED")]
+    assert jobs[1]["error"] == "rank 0 failed: ValueError: job 1 asked to fail" and jobs[1]["return_value"] is None
+    assert "[ddpw] sweep summary: 3 jobs, 2 COMPLETED, 1 FAILED" in proc.stdout  # printed though Hydra raised
+
+
+@pytest.mark.subprocess
+def test_ctrl_c_stops_every_job_running_side_by_side(tmp_path: Path) -> None:
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    proc = start_app(tmp_path, "-m", f"meet={meet}", "hydra.sweep.dir=sw", "job=0,1", "together=2",
+                     "behaviour=block", app=APP)
+    try:
+        while len(list(meet.glob("started_*"))) < 2 and proc.poll() is None:
+            threading.Event().wait(0.05)
+        assert proc.poll() is None, proc.communicate()
+        pids = [json.loads(p.read_text())["pid"] for p in meet.glob("started_*")]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Interrupted: every rank of job #0 was stopped." in err
+    assert "Interrupted: every rank of job #1 was stopped." in err
+    assert not [pid for pid in pids if alive(pid)]
+    assert [(j["job"], j["status"]) for j in summary_of(tmp_path)] == [(0, "INTERRUPTED"), (1, "INTERRUPTED")]
+    assert "[ddpw] sweep summary: 2 jobs, 2 INTERRUPTED" in out
+
+
+@pytest.mark.subprocess
+def test_max_parallel_jobs_1_and_jobs_that_take_the_whole_machine_run_one_after_another(tmp_path: Path) -> None:
+    for name, override in (("limit", "hydra.launcher.max_parallel_jobs=1"), ("whole", "platform.n_cpus_per_node=null")):
+        (tmp_path / name).mkdir()
+        proc, started = sweep(tmp_path / name, "job=0,1", override)
+        assert proc.returncode == 0, proc.stderr
+        jobs = summary_of(tmp_path / name)
+        assert jobs[0]["return_value"]["ended"] <= jobs[1]["return_value"]["started"], name
+        assert "[job 0]" not in proc.stdout
+
+
+@pytest.mark.subprocess
+def test_a_job_asking_for_more_cores_than_the_machine_has_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    proc, started = sweep(tmp_path, "job=0,1", "platform.n_cpus_per_node=4096")
+    assert proc.returncode == 1 and started == {}
+    assert "platform.n_cpus_per_node" in proc.stderr and "4096" in proc.stderr and "ask for at most" in proc.stderr
+
+
+# ---------------------------------------------------------------- GPU packing, with a mocked GPU list
+
+
+def gpu_job(idx: int, gpus: int) -> PreparedJob:
+    """A job of `gpus` GPUs (nothing runs it: see `MockedRun`)."""
+    return PreparedJob(idx, [f"job={idx}"], OmegaConf.create({}), Platform(device="gpu", n_gpus_per_node=gpus),
+                       Path(f"/nonexistent/{idx}"))
+
+
+class MockedRun:
+    """Stands in for running a job (there are no GPUs here): notes the share, waits until `together`
+    jobs are running at once (a barrier, so a schedule that runs fewer at once fails), then returns."""
+
+    def __init__(self, together: int) -> None:
+        self.barrier = threading.Barrier(together, timeout=30)
+        self.to_meet = together
+        self.shares: dict[int, Share] = {}
+        self.running: set[int] = set()
+        self.most = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, job: PreparedJob, share: Share, interruption: Interruption) -> JobReturn:
+        with self.lock:
+            self.shares[job.idx] = share
+            self.running.add(job.idx)
+            self.most = max(self.most, len(self.running))
+            meets, self.to_meet = self.to_meet > 0, self.to_meet - 1
+        if meets:  # the first `together` jobs; later ones would have no one left to meet
+            self.barrier.wait()
+        with self.lock:
+            self.running.discard(job.idx)
+        return JobReturn(overrides=job.overrides, status=JobStatus.COMPLETED, _return_value=job.idx)
+
+
+def test_gpu_jobs_get_disjoint_gpus_and_start_as_gpus_free_up_mocked_gpus() -> None:
+    run = MockedRun(together=2)
+    jobs = [gpu_job(0, 2), gpu_job(1, 2), gpu_job(2, 2)]  # 4 GPUs: two jobs at a time
+    ended: list[int] = []
+    results = run_side_by_side(jobs, Devices(("0", "1", "2", "3"), (0, 1)), None, run,
+                               lambda job, outcome: ended.append(job.idx))
+    assert [r.return_value for r in results] == [0, 1, 2]  # in job order
+    assert run.most == 2 and sorted(ended) == [0, 1, 2]
+    assert {run.shares[0].gpus, run.shares[1].gpus} == {("0", "1"), ("2", "3")}
+    assert run.shares[2].gpus in {("0", "1"), ("2", "3")}
+    assert all(share.cpus is None for share in run.shares.values())  # GPU jobs share the cores
+
+
+def test_max_parallel_jobs_caps_jobs_that_would_fit_mocked_gpus() -> None:
+    run = MockedRun(together=3)
+    jobs = [gpu_job(idx, 1) for idx in range(6)]
+    run_side_by_side(jobs, Devices(tuple("01234567"), (0,)), 3, run, lambda job, outcome: None)
+    assert run.most == 3
+    run = MockedRun(together=6)
+    run_side_by_side(jobs, Devices(tuple("01234567"), (0,)), None, run, lambda job, outcome: None)
+    assert run.most == 6 and len({share.gpus for share in run.shares.values()}) == 6
+
+
+def test_a_rank_of_a_job_beside_others_sees_only_its_jobs_gpus_mocked_gpus(tmp_path: Path) -> None:
+    platform = Platform(device="gpu", n_gpus_per_node=2, n_procs_per_node=2)
+    plan = plan_local(platform, tmp_path, tmp_path, "run", share=Share(gpus=("5", "7")))
+    assert rank_environment(plan, 1, 1)["CUDA_VISIBLE_DEVICES"] == "5,7"  # rank 1 binds cuda:1, GPU 7
+    alone = plan_local(platform, tmp_path, tmp_path, "run")
+    assert "CUDA_VISIBLE_DEVICES" not in rank_environment(alone, 1, 1)
+
+
+def test_gpu_names_follow_the_callers_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert visible_gpus(2) == ("3", "5")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert visible_gpus(3) == ("0", "1", "2")
+
+
+def test_what_a_job_takes_from_the_machine() -> None:
+    assert Need.of(Platform(device="gpu", n_gpus_per_node=2)) == Need(gpus=2)
+    assert Need.of(Platform(device="gpu", n_gpus_per_node=1, n_cpus_per_node=4)) == Need(gpus=1, cpus=4)
+    assert Need.of(Platform(device="cpu", n_cpus_per_node=2)) == Need(cpus=2)
+    assert Need.of(Platform(device="cpu")).whole and Need.of(Platform(device="mps")).whole
+    devices = Devices(("0",), (0, 1, 2))
+    whole = devices.take(Need(whole=True))
+    assert whole is not None and devices.take(Need(cpus=1)) is None  # nothing beside a whole-machine job
+    devices.give_back(whole)
+    part = devices.take(Need(cpus=2))
+    assert part == Share(cpus=(0, 1)) and devices.take(Need(whole=True)) is None
+    assert devices.take(Need(cpus=2)) is None and devices.take(Need(cpus=1)) == Share(cpus=(2,))
+
+
+def test_ctrl_c_in_the_main_thread_stops_the_jobs_in_their_threads() -> None:
+    stopped: list[int] = []
+    gate = threading.Barrier(3, timeout=30)
+
+    def run(job: PreparedJob, share: Share, interruption: Interruption) -> JobReturn:
+        gate.wait()
+        while interruption.signum is None:  # as `watching` would have the ranks stopped
+            threading.Event().wait(0.01)
+        stopped.append(job.idx)
+        raise KeyboardInterrupt()
+
+    def interrupt_once_both_run() -> None:
+        gate.wait()
+        os.kill(os.getpid(), signal.SIGINT)  # Python handles it in the main thread: KeyboardInterrupt there
+
+    threading.Thread(target=interrupt_once_both_run).start()
+    with pytest.raises(Interrupted):
+        run_side_by_side([gpu_job(0, 1), gpu_job(1, 1)], Devices(("0", "1"), (0,)), None, run, lambda j, o: None)
+    assert sorted(stopped) == [0, 1]
