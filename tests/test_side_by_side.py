@@ -223,3 +223,12 @@ def test_ctrl_c_in_the_main_thread_stops_the_jobs_in_their_threads() -> None:
     with pytest.raises(Interrupted):
         run_side_by_side([gpu_job(0, 1), gpu_job(1, 1)], Devices(("0", "1"), (0,)), None, run, lambda j, o: None)
     assert sorted(stopped) == [0, 1]
+
+
+@pytest.mark.subprocess
+def test_a_sweepers_batch_runs_side_by_side(tmp_path: Path) -> None:
+    # Hydra's basic sweeper hands the launcher batches of 2; both jobs of a batch must run at once
+    proc, started = sweep(tmp_path, "job=0,1,2,3", "together=2", "hydra.sweeper.max_batch_size=2")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(started) == [0, 1, 2, 3]
+    assert [j["job"] for j in summary_of(tmp_path)] == [0, 1, 2, 3]  # one summary across batches
