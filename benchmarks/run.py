@@ -22,7 +22,7 @@ from typing import Any
 from suite import harness, report, sections
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("launch", "sweep", "failure", "steady", "footprint", "scale")
+SECTIONS = ("launch", "sweep", "packing", "failure", "steady", "footprint", "scale")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -30,7 +30,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 repetition, fewer sizes")
     parser.add_argument("--reps", type=int, default=None, help="repetitions per figure (default 5; 1 with --quick)")
-    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="sections to run")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                        help="sections to run; the others are kept from the last raw.json, marked as such")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for results.md, the plots and raw.json")
     parser.add_argument("--no-warm-up", action="store_true",
                         help="skip the unmeasured first run of each command (caches already warm)")
@@ -45,6 +46,7 @@ def plan(quick: bool, reps: int) -> dict[str, Callable[[], Any]]:
     return {
         "launch": lambda: sections.launch(launch_sizes, reps),
         "sweep": lambda: sections.sweep(n_jobs=4 if quick else 8, n_ranks=2, reps=reps),
+        "packing": lambda: sections.packing(n_jobs=4 if quick else 6, reps=reps),
         "failure": lambda: sections.failure(n_ranks=2, reps=reps),
         "steady": lambda: sections.steady(n_ranks=2, reps=reps),
         "footprint": lambda: sections.footprint(n_ranks=2, reps=reps),
@@ -61,6 +63,7 @@ def main(argv: list[str]) -> int:
     else:
         reps = args.reps or (1 if args.quick else 5)
         data = {"environment": report.environment(), "reps": reps, "quick": args.quick, "warm_up": not args.no_warm_up}
+        data.update(earlier_sections(args.out, set(SECTIONS) - set(args.only)))
         sections.WARM_UP = not args.no_warm_up
         steps = plan(args.quick, reps)
         for name in args.only:
@@ -72,6 +75,19 @@ def main(argv: list[str]) -> int:
     write(data, args.out)
     print(f"wrote results.md, raw.json and the plots in {args.out}\n{report.console_summary(data)}")
     return 0
+
+
+def earlier_sections(out: Path, names: set[str]) -> dict[str, Any]:
+    """The sections `names` of the last run's raw.json, each marked with that run's date and commit (a
+    partial run keeps the figures it did not measure; ratios are only ever taken within one section)."""
+    try:
+        earlier = json.loads((out / "raw.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    kept = {name: earlier[name] for name in names if name in earlier}
+    for section in kept.values():
+        section.setdefault("measured_in", {key: earlier["environment"][key] for key in ("date", "commit")})
+    return kept
 
 
 def write(data: dict[str, Any], out: Path) -> None:

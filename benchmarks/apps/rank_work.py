@@ -11,6 +11,9 @@ Modes:
   fail       like trivial, but rank `fail_rank` writes its file and raises before the all_reduce
   allreduce  timed all_reduce of 1 MB and 64 MB float32 tensors (after warm-up)
   hold       like trivial, then every rank waits HOLD_S seconds (so the driver can look at the controller)
+  ddp        wraps a small model in DistributedDataParallel and takes one training step (what every real
+             job does first: it imports torch's DDP machinery), then like trivial
+  train      like ddp, but TRAIN_STEPS steps: a small job of a research sweep, about a second of compute
 
 torch is imported inside the functions, so an app can keep its controller free of torch.
 """
@@ -30,6 +33,7 @@ ALLREDUCE_SIZES_MB = (1, 64)
 ALLREDUCE_WARMUP = 3
 ALLREDUCE_ITERS = {1: 200, 64: 20}
 HOLD_S = 1.0
+TRAIN_STEPS = 300
 
 
 class RankAskedToFail(RuntimeError):
@@ -50,6 +54,8 @@ def run(mode: str = "trivial", tag: str = "job0", fail_rank: int = 1) -> dict[st
         marks["raise"] = time.time()
         write_marks(tag, rank, marks)
         raise RankAskedToFail(f"rank {rank} was asked to fail")
+    if mode in ("ddp", "train"):
+        marks["steps"] = train_ddp(1 if mode == "ddp" else TRAIN_STEPS)
     if mode == "allreduce":
         marks["allreduce_s"] = {str(mb): time_allreduce(mb) for mb in ALLREDUCE_SIZES_MB}
         marks["allreduce_warmup"] = ALLREDUCE_WARMUP
@@ -63,6 +69,23 @@ def run(mode: str = "trivial", tag: str = "job0", fail_rank: int = 1) -> dict[st
     if made_here:  # as torch asks of a script that made its group (hydra-ddpw destroys the one it made)
         dist.destroy_process_group()
     return marks
+
+
+def train_ddp(steps: int) -> int:
+    """`steps` steps of SGD on a small MLP wrapped in DistributedDataParallel (fixed seed and data)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.randn(128, 64)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(data).square().mean().backward()
+        optimizer.step()
+    return steps
 
 
 def ensure_process_group() -> tuple[int, int]:

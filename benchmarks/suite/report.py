@@ -99,7 +99,7 @@ def _floor_note(data: Data) -> list[str]:
 
 
 def targets(data: Data) -> list[tuple[str, str, bool | None]]:
-    """(target, measured, met) for each target of issue 6 that the data can judge."""
+    """(target, measured, met) for each target of issues 6 and 13 that the data can judge."""
     rows: list[tuple[str, str, bool | None]] = []
 
     def ratio_row(text: str, ours: float | None, other: float | None, limit: float, other_name: str) -> None:
@@ -127,6 +127,16 @@ def targets(data: Data) -> list[tuple[str, str, bool | None]]:
                  f"{sweep.get('n_jobs', 8) - 1})",
                  "not measured" if per_job is None else f"{per_job:.2f} s",
                  None if per_job is None else per_job <= 0.4))
+
+    lazy2 = _median(_launch_cell(data, "hydra_ddpw_lazy", 2), "wall")
+    ratio_row("Torch imported in the task, 2 ranks: whole command <= 0.6x torchrun (issue 13)", lazy2,
+              _median(_launch_cell(data, "torchrun", 2), "wall"), 0.6, "torchrun")
+    ratio_row("Torch imported in the task, 2 ranks: whole command <= 1.3x plain single-process Hydra run "
+              "(issue 13)", lazy2, _median(_launch_cell(data, "hydra_plain", 1), "wall"), 1.3, "plain Hydra")
+    packing_rows = data.get("packing", {}).get("rows", {})
+    ratio_row("Sweep of DDP jobs: per job after the first <= 2x a trivial sweep's (issue 13)",
+              _median(packing_rows.get("ddp"), "per_job"), _median(packing_rows.get("trivial"), "per_job"), 2.0,
+              "trivial")
 
     exit_s = _median(data.get("failure", {}).get("rows", {}).get("hydra_ddpw"), "exit_after_raise")
     rows.append(("Failure: command exits <= 0.5 s after the rank raised (median)",
@@ -209,9 +219,13 @@ def markdown(data: Data, reps: int, quick: bool) -> str:
         out.insert(-1, f"- CPU idle just before each run: median {quiet['median_idle']:.0%}, lowest "
                        f"{quiet['min_idle']:.0%}; {quiet['busy_runs']} of {quiet['runs']} runs started on a busy "
                        f"machine (below {quiet['threshold']:.0%} idle after waiting).")
+    kept = [f"{name} ({section['measured_in']['date']}, {section['measured_in']['commit']})"
+            for name, section in data.items() if isinstance(section, dict) and "measured_in" in section]
+    if kept:
+        out.insert(-1, "- Sections kept from an earlier run (each table is still one run's): " + ", ".join(kept))
     if quick:
         out += ["**Quick smoke run: too few repetitions to judge the targets.**", ""]
-    out += ["## Targets (issue 6)", ""]
+    out += ["## Targets (issues 6 and 13)", ""]
     marks = {True: "met", False: "**not met**", None: "-"}
     out += _table(["target", "measured (same run)", ""], [(t, m, marks[ok]) for t, m, ok in targets(data)])
     out += _floor_note(data)
@@ -219,6 +233,8 @@ def markdown(data: Data, reps: int, quick: bool) -> str:
         out += _launch_md(data["launch"])
     if "sweep" in data:
         out += _sweep_md(data["sweep"])
+    if "packing" in data:
+        out += _packing_md(data["packing"])
     if "failure" in data:
         out += _failure_md(data["failure"])
     if "steady" in data:
@@ -262,6 +278,20 @@ def _sweep_md(sweep: Data) -> list[str]:
     out += [f"hydra-submitit-launcher's local executor starts every job of the sweep at once ({n} jobs x "
             f"{sweep['n_ranks']} tasks on this machine's {os.cpu_count()} cores); torchrun runs one command per "
             "job (no Hydra).", ""]
+    return out
+
+
+def _packing_md(packing: Data) -> list[str]:
+    n = packing["n_jobs"]
+    out = [f"## 2b. Sweeps of real jobs, one after another and side by side: {n} one-rank jobs", "",
+           f"hydra-ddpw multiruns (`-m job=range(0,{n}) platform.n_procs_per_node=1`). Per job: (total - first "
+           f"job) / {n - 1}. Side by side, each job takes one core of its own (`platform.n_cpus_per_node=1`), "
+           f"so this machine's {os.cpu_count()} cores run {os.cpu_count()} jobs at once; one after another, "
+           "each job has every core (its torch threads too).", ""]
+    rows = [[packing["labels"][k], _fmt(r, "total"), _fmt(r, "first"), _fmt(r, "per_job")]
+            for k, r in packing["rows"].items()]
+    out += _table(["", "total", "first job", "per job after the first"], rows)
+    out += _errors(packing["rows"], packing["labels"])
     return out
 
 

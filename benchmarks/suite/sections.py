@@ -19,9 +19,11 @@ from suite.tools import (
     FOOTPRINT_TOOLS,
     HYDRA_DDPW,
     LAUNCH_TOOLS,
+    PACKING_CASES,
     STEADY_TOOLS,
     SWEEP_TOOLS,
     Tool,
+    packing_argv,
     sweep_argv,
 )
 
@@ -136,7 +138,11 @@ def sweep(n_jobs: int, n_ranks: int, reps: int) -> Data:
 
 def _sweep_once(tool_key: str, n_jobs: int, n_ranks: int) -> dict[str, float]:
     # Commands after the first follow at once: they are part of one measured sweep.
-    runs = [run_command(argv, quiet_first=k == 0) for k, argv in enumerate(sweep_argv(tool_key, n_jobs, n_ranks))]
+    return _sweep_figures(sweep_argv(tool_key, n_jobs, n_ranks), n_jobs, n_ranks)
+
+
+def _sweep_figures(argvs: list[list[str]], n_jobs: int, n_ranks: int) -> dict[str, float]:
+    runs = [run_command(argv, quiet_first=k == 0) for k, argv in enumerate(argvs)]
     start, end = runs[0].start, runs[-1].end
     marks = [m for run in runs for m in run.marks]
     combined = Run(start=start, end=end, returncode=0, marks=marks)
@@ -149,6 +155,22 @@ def _sweep_once(tool_key: str, n_jobs: int, n_ranks: int) -> dict[str, float]:
         "per_job": (total - done[0]) / (n_jobs - 1),
         "interval": statistics.median(sorted(done)[k] - sorted(done)[k - 1] for k in range(1, n_jobs)),
     }
+
+
+def packing(n_jobs: int, reps: int) -> Data:
+    """hydra-ddpw sweeps of `n_jobs` one-rank jobs: a trivial task, a task that builds DDP, one that
+    trains, one after another and side by side on this machine's cores."""
+    cases: list[Case] = [(key, functools.partial(_packing_once, key, n_jobs)) for key in PACKING_CASES]
+    measured = _measure(cases, reps, "packing", warm_up=False)
+    rows: Data = {}
+    for key, values in measured.items():
+        rows[key] = {"error": values} if isinstance(values, str) else {
+            metric: _stats(v[metric] for v in values) for metric in values[0]}
+    return {"n_jobs": n_jobs, "rows": rows, "labels": {key: label for key, (label, _) in PACKING_CASES.items()}}
+
+
+def _packing_once(case: str, n_jobs: int) -> dict[str, float]:
+    return _sweep_figures([packing_argv(case, n_jobs)], n_jobs, 1)
 
 
 # 3. Failure ------------------------------------------------------------------------------------------

@@ -103,6 +103,24 @@ def sweep_argv(tool_key: str, n_jobs: int, n_ranks: int) -> list[list[str]]:
     raise KeyError(tool_key)
 
 
+PACKING_CASES = {
+    "trivial": ("1-rank jobs, trivial task, one after another", ("mode=trivial",)),
+    "ddp": ("1-rank jobs building DDP (one step), one after another", ("mode=ddp",)),
+    "ddp_side": ("1-rank jobs building DDP, side by side (`platform.n_cpus_per_node=1`)",
+                 ("mode=ddp", "platform.n_cpus_per_node=1")),
+    "train": ("1-rank DDP jobs training 300 steps, one after another", ("mode=train",)),
+    "train_side": ("1-rank DDP jobs training 300 steps, side by side (`platform.n_cpus_per_node=1`)",
+                   ("mode=train", "platform.n_cpus_per_node=1")),
+}
+"""The packing section's hydra-ddpw sweeps: label, and the overrides besides `-m job=range(0,N)`."""
+
+
+def packing_argv(case: str, n_jobs: int) -> list[str]:
+    """The hydra-ddpw multirun of `n_jobs` one-rank jobs of a packing case."""
+    return python_argv("hydra_app.py", "-m", f"job=range(0,{n_jobs})", "platform.n_procs_per_node=1",
+                       *PACKING_CASES[case][1])
+
+
 SWEEP_TOOLS = {
     "hydra_ddpw": "hydra-ddpw multirun (`-m job=range(0,N)`)",
     "torchrun": "torchrun once per job",
