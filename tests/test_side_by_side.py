@@ -162,7 +162,8 @@ def test_gpu_jobs_get_disjoint_gpus_and_start_as_gpus_free_up_mocked_gpus() -> N
     assert run.most == 2 and sorted(ended) == [0, 1, 2]
     assert {run.shares[0].gpus, run.shares[1].gpus} == {("0", "1"), ("2", "3")}
     assert run.shares[2].gpus in {("0", "1"), ("2", "3")}
-    assert all(share.cpus is None for share in run.shares.values())  # GPU jobs share the cores
+    # GPU jobs share the cores; their threads count on their part of them (2 GPUs of 4: half of 2 cores)
+    assert {(share.cpus, share.n_cpus) for share in run.shares.values()} == {(None, 1)}
 
 
 def test_max_parallel_jobs_caps_jobs_that_would_fit_mocked_gpus() -> None:
@@ -177,8 +178,9 @@ def test_max_parallel_jobs_caps_jobs_that_would_fit_mocked_gpus() -> None:
 
 def test_a_rank_of_a_job_beside_others_sees_only_its_jobs_gpus_mocked_gpus(tmp_path: Path) -> None:
     platform = Platform(device="gpu", n_gpus_per_node=2, n_procs_per_node=2)
-    plan = plan_local(platform, tmp_path, tmp_path, "run", share=Share(gpus=("5", "7")))
+    plan = plan_local(platform, tmp_path, tmp_path, "run", share=Share(gpus=("5", "7"), n_cpus=8))
     assert rank_environment(plan, 1, 1)["CUDA_VISIBLE_DEVICES"] == "5,7"  # rank 1 binds cuda:1, GPU 7
+    assert plan.threads_per_rank == 4
     alone = plan_local(platform, tmp_path, tmp_path, "run")
     assert "CUDA_VISIBLE_DEVICES" not in rank_environment(alone, 1, 1)
 
@@ -201,6 +203,7 @@ def test_what_a_job_takes_from_the_machine() -> None:
     devices.give_back(whole)
     part = devices.take(Need(cpus=2))
     assert part == Share(cpus=(0, 1)) and devices.take(Need(whole=True)) is None
+    assert devices.take(Need(gpus=1)) == Share(gpus=("0",), n_cpus=3)  # one GPU of one: every core counted
     assert devices.take(Need(cpus=2)) is None and devices.take(Need(cpus=1)) == Share(cpus=(2,))
 
 

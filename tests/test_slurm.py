@@ -121,6 +121,10 @@ def test_jobs_with_equal_resources_go_out_as_one_job_array(slurm_env: dict[str, 
     array = ids[0].split("_")[0]
     assert ids == [f"{array}_{k}" for k in range(4)]  # one sbatch, tasks 0..3
     assert [seen(job)[0]["run_id"] for job in jobs] == ids
+    summary = json.loads((jobs[0].parent / "sweep_summary.json").read_text())["jobs"]
+    assert [(entry["job"], entry["status"], entry["output_dir"]) for entry in summary] == [
+        (k, "COMPLETED", str(job)) for k, job in enumerate(jobs)]
+    assert "[ddpw] sweep summary: 4 jobs, 4 COMPLETED" in proc.stdout
 
 
 @pytest.mark.subprocess

@@ -20,6 +20,9 @@ class Share:
     """Its GPUs, as `CUDA_VISIBLE_DEVICES` names them (None: whatever the job would see alone)."""
     cpus: tuple[int, ...] | None = None
     """Its CPU cores, as `os.sched_setaffinity` takes them (None: every core this program may use)."""
+    n_cpus: int | None = None
+    """How many cores its ranks' threads count on when it shares every core (a GPU job that does not set
+    `n_cpus_per_node`: its part of the cores, as many as its part of the GPUs)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,9 @@ class Devices:
         gpus, self._free_gpus = self._free_gpus[:need.gpus], self._free_gpus[need.gpus:]
         cpus, self._free_cpus = self._free_cpus[:need.cpus], self._free_cpus[need.cpus:]
         self._jobs += 1
-        return Share(tuple(gpus) if need.gpus else None, tuple(cpus) if need.cpus else None)
+        if need.cpus:
+            return Share(tuple(gpus) if need.gpus else None, tuple(cpus))
+        return Share(tuple(gpus), None, max(1, len(self.cpus) * need.gpus // len(self.gpus)))
 
     def give_back(self, share: Share) -> None:
         """The job that had `share` ended."""
