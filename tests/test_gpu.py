@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,9 @@ import pytest
 import torch
 
 from ddpw_conf import ConfigError, Platform
+from ddpw_runtime.launch.devices import visible_gpus
 from ddpw_runtime.launch.engine import check
-from tests.helpers import run_ranks
+from tests.helpers import run_app, run_ranks
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), pytest.mark.subprocess]
 EXAMPLE = Path(__file__).parent.parent / "examples" / "train.py"
@@ -60,3 +62,17 @@ def test_the_example_trains_with_ddpw_gpu(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "val_acc" in proc.stdout + proc.stderr
+
+
+def test_gpu_jobs_of_a_sweep_run_side_by_side_on_gpus_of_their_own(tmp_path: Path) -> None:
+    n = torch.cuda.device_count()
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    # n + 1 one-GPU jobs: the first n wait until all n run at once; the last starts when a GPU is free
+    proc = run_app(tmp_path, "-m", "hydra/launcher=ddpw_gpu", "platform.n_gpus_per_node=1",
+                   "platform.n_cpus_per_node=null", f"job={','.join(str(k) for k in range(n + 1))}",
+                   f"together={n}", f"meet={meet}", "hydra.sweep.dir=sw", app="side_by_side_app.py")
+    assert proc.returncode == 0, proc.stderr
+    seen = {int(p.name.split("_")[1]): p.read_text() for p in meet.glob("started_*")}
+    gpus = [json.loads(seen[k])["gpus"] for k in range(n + 1)]
+    assert sorted(gpus[:n]) == sorted(visible_gpus(n)) and gpus[n] in visible_gpus(n)
