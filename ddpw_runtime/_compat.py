@@ -7,6 +7,8 @@ one fails there first. Nothing here imports torch or submitit at import time.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -208,3 +210,27 @@ def notify_last(callback: Any) -> None:
     if isinstance(hydra_callbacks, Callbacks) and callback in hydra_callbacks.callbacks:
         others = [c for c in hydra_callbacks.callbacks if c is not callback]
         hydra_callbacks.callbacks = [*others, callback]
+
+
+def torch_without_gpu_support() -> bool:
+    """Whether the installed torch is a build without CUDA and ROCm, known without importing torch (which
+    takes seconds): read from the `torch/version.py` its build generates (`cuda = None`, `hip = None`).
+    Private: that file's layout. Falls back to False (as if it had GPU support)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    try:
+        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    values: dict[str, ast.expr | None] = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            values[node.target.id] = node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            values[node.targets[0].id] = node.value
+    return all(_is_none(values.get(name)) for name in ("cuda", "hip"))
+
+
+def _is_none(node: ast.expr | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,14 @@ def test_submitit_renders_the_script_and_exposes_what_the_waiting_reads() -> Non
     assert "mode" in inspect.signature(SlurmInfoWatcher.get_state).parameters
     assert callable(SlurmInfoWatcher.update)
     assert isinstance(JobPaths.result_pickle, property)
+
+
+def test_torch_without_gpu_support_is_read_without_importing_torch() -> None:
+    code = ("import sys; from ddpw_runtime import _compat; known = _compat.torch_without_gpu_support(); "
+            "assert 'torch' not in sys.modules; import torch; "
+            "print(known, torch.version.cuda is None and torch.version.hip is None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == out[1]
 
 
 def test_every_private_api_is_in_compat() -> None:

@@ -43,6 +43,11 @@ HYDRA_DDPW_LAZY = Tool(
     lambda n, mode: python_argv("hydra_app_lazy.py", f"platform.n_procs_per_node={n}", f"mode={mode}"),
     note="the same app importing torch only inside the task: the controller never imports torch",
 )
+HYDRA_DDPW_LAZY_MULTIRUN = Tool(
+    "hydra_ddpw_lazy_multirun", "hydra-ddpw multirun (Hydra app, torch imported in the task)",
+    lambda n, mode: python_argv("hydra_app_lazy.py", "-m", f"platform.n_procs_per_node={n}", f"mode={mode}"),
+    note="the lazy app as a one-job multirun (`-m`): the Hydra process only supervises; in a plain run it is rank 0",
+)
 WRAPPER = Tool(
     "wrapper", "hydra-ddpw Wrapper API",
     lambda n, mode: python_argv("wrapper_app.py", str(n), mode),
@@ -86,7 +91,7 @@ HYDRA_PLAIN = Tool(
 LAUNCH_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, WRAPPER, TORCHRUN, TORCHRUN_HYDRA, MP_SPAWN, DDPW,
                                 SUBMITIT, HYDRA_PLAIN)
 FAILURE_TOOLS: Sequence[Tool] = (HYDRA_DDPW, WRAPPER, TORCHRUN, MP_SPAWN)
-FOOTPRINT_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, WRAPPER, TORCHRUN, MP_SPAWN)
+FOOTPRINT_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, HYDRA_DDPW_LAZY_MULTIRUN, WRAPPER, TORCHRUN, MP_SPAWN)
 STEADY_TOOLS: Sequence[Tool] = (HYDRA_DDPW, TORCHRUN)
 
 

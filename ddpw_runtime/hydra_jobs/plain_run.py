@@ -78,7 +78,7 @@ class PlainRun(Callback):
                 print(f"--- job #0: {' '.join(config.hydra.overrides.task) or '(no overrides)'} (dry run, nothing "
                       f"started)\n{describe(platform, output_dir)}")
                 sys.exit(0)
-        starter_for(platform)  # it imports torch while Hydra sets the job up
+        starter_for(platform, torch_here=True)  # this process is rank 0
 
     def on_job_start(self, config: DictConfig, *, task_function: TaskFunction, **kwargs: Any) -> None:
         """Make this process rank 0 of the job and start the other ranks."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from ddpw_conf import ConfigError, Device, Platform
+from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.launch import rendezvous
 from ddpw_runtime.launch.console import ConsoleRanks
@@ -99,10 +101,17 @@ def resolve_callable(key: str, path: str) -> Callable[..., Any]:
     return fn
 
 
-def starter_for(platform: Platform) -> RankStarter:
+def starter_for(platform: Platform, torch_here: bool = False) -> RankStarter:
     """The rank starter for `platform`'s start method, started now if it is not running yet. Asking for
     it early (as the launchers do once the config is checked) has it import torch while this process
-    goes on."""
+    goes on.
+
+    `torch_here`: this process imports torch anyway (it is rank 0 of a plain run). With a torch build
+    without GPU support it imports torch first, so the starter is forked with torch loaded: one import
+    instead of two side by side, faster on a small machine. A CUDA build cannot be forked once loaded,
+    so then the starter is forked first and imports torch beside this process."""
+    if torch_here and "torch" not in sys.modules and _compat.torch_without_gpu_support():
+        import torch  # noqa: F401  (see above)
     return get_starter(preload=platform.spawn_method == "forkserver")
 
 
