@@ -7,6 +7,7 @@ job. Jobs run side by side when their devices fit (`side_by_side.py`), else one 
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import sys
@@ -47,9 +48,10 @@ def run_jobs(
     if options.dry_run:
         return [_dry_run(job) for job in jobs]
     devices = side_by_side_devices(jobs, options)
-    runner = _Runner(hydra_context, task_function, options, summary, Turns() if devices is not None else None)
+    runner = _Runner(hydra_context, task_function, options, summary)
     if devices is not None:
-        return run_side_by_side(jobs, devices, options.max_parallel_jobs, runner.run_beside, runner.ended)
+        beside = functools.partial(runner.run_beside, Turns())
+        return run_side_by_side(jobs, devices, options.max_parallel_jobs, beside, runner.ended)
     runs: list[JobReturn] = []
     for job in jobs:
         runs.append(runner.run_alone(job))
@@ -96,12 +98,11 @@ class _Runner:
     """Runs one job with Hydra's `run_job`, alone or beside others, and notes each in the summary."""
 
     def __init__(self, hydra_context: HydraContext, task_function: TaskFunction, options: LocalLauncherConf,
-                 summary: SweepSummary | None, turns: Turns | None) -> None:
+                 summary: SweepSummary | None) -> None:
         self.hydra_context = hydra_context
         self.task_function = task_function
         self.options = options
         self.summary = summary
-        self.turns = turns
         self.started: dict[int, float] = {}
 
     def run_alone(self, job: PreparedJob) -> DdpwJobReturn:
@@ -121,11 +122,9 @@ class _Runner:
         self.ended(job, ret)
         return ret
 
-    def run_beside(self, job: PreparedJob, share: Share, interruption: Interruption) -> DdpwJobReturn:
-        """Run `job` on `share` (in a thread of its own, beside other jobs): its console lines start with
-        its number, and the process's state is its own only while Hydra sets it up and ends it."""
-        turns = self.turns
-        assert turns is not None
+    def run_beside(self, turns: Turns, job: PreparedJob, share: Share, interruption: Interruption) -> DdpwJobReturn:
+        """Run `job` on `share` (in a thread of its own, beside other jobs, taking `turns` on the
+        process's state): its console lines start with its number."""
 
         @contextmanager
         def while_ranks_run(ranks: NodeRanks) -> Iterator[None]:

@@ -43,7 +43,7 @@ class _LoggerState:
 
 
 @dataclass
-class _ProcessState:
+class _RunJobState:
     """What `run_job` changes in this process for its job."""
 
     cwd: str
@@ -53,14 +53,14 @@ class _ProcessState:
     loggers: dict[str, _LoggerState]
 
     @staticmethod
-    def capture() -> _ProcessState:
+    def capture() -> _RunJobState:
         loggers = {"": logging.getLogger()} | {
             name: logger for name, logger in logging.Logger.manager.loggerDict.items()
             if isinstance(logger, logging.Logger)
         }
         states = {name: _LoggerState(list(lg.handlers), lg.level, lg.propagate, lg.disabled)
                   for name, lg in loggers.items()}
-        return _ProcessState(os.getcwd(), dict(os.environ), HydraConfig.instance().cfg, states)
+        return _RunJobState(os.getcwd(), dict(os.environ), HydraConfig.instance().cfg, states)
 
     def restore(self) -> None:
         os.chdir(self.cwd)
@@ -80,7 +80,7 @@ class Turns:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._base = _ProcessState.capture()
+        self._base = _RunJobState.capture()
 
     @contextmanager
     def turn(self) -> Iterator[None]:
@@ -95,7 +95,7 @@ class Turns:
     def ranks_running(self) -> Iterator[None]:
         """Inside a `turn`, while the job's ranks run (started and waited for, nothing logged): the
         process goes to other jobs, and back to this one's state afterwards."""
-        mine = _ProcessState.capture()
+        mine = _RunJobState.capture()
         self._base.restore()
         self._lock.release()
         try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import sys
 import threading
 from collections import Counter
@@ -26,6 +25,7 @@ from omegaconf import DictConfig
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.hydra_jobs.summary import PREFIX, shown_path
+from ddpw_runtime.launch.payload import write_atomically
 
 FILE_NAME = "sweep_summary.json"
 _SHOWN_VALUE_CHARS = 40
@@ -89,9 +89,7 @@ class SweepSummary:
             self.entries[job_entry.job] = job_entry
             data = {"jobs": [asdict(self.entries[job]) for job in sorted(self.entries)]}
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data, indent=1, default=repr) + "\n")
-            os.replace(tmp, self.path)
+            write_atomically(self.path, (json.dumps(data, indent=1, default=repr) + "\n").encode(), 0o644)
 
 
 def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:

@@ -23,6 +23,13 @@ class Share:
     n_cpus: int | None = None
     """How many cores its ranks' threads count on when it shares every core (a GPU job that does not set
     `n_cpus_per_node`: its part of the cores, as many as its part of the GPUs)."""
+    whole: bool = False
+    """It has the whole machine (nothing runs beside it)."""
+
+    @property
+    def cores(self) -> int | None:
+        """How many cores its ranks' threads count on (None: the machine's)."""
+        return len(self.cpus) if self.cpus else self.n_cpus
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,7 @@ class Devices:
         if need.whole:
             self._whole_taken = True
             self._jobs += 1
-            return Share()
+            return Share(whole=True)
         if need.gpus > len(self._free_gpus) or need.cpus > len(self._free_cpus):
             return None
         gpus, self._free_gpus = self._free_gpus[:need.gpus], self._free_gpus[need.gpus:]
@@ -92,7 +99,7 @@ class Devices:
     def give_back(self, share: Share) -> None:
         """The job that had `share` ended."""
         self._jobs -= 1
-        if share == Share():
+        if share.whole:
             self._whole_taken = False
         self._free_gpus = [gpu for gpu in self.gpus if gpu in {*self._free_gpus, *(share.gpus or ())}]
         self._free_cpus = [cpu for cpu in self.cpus if cpu in {*self._free_cpus, *(share.cpus or ())}]

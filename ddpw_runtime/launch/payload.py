@@ -84,10 +84,10 @@ class RankPayload:
         return payload
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` so that readers see either nothing or all of it."""
+def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write `data` so that readers see either nothing or all of it (a new file gets `mode`)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as out:
         out.write(data)
     os.replace(tmp, path)

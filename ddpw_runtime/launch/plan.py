@@ -110,10 +110,7 @@ def plan_local(
         init_method = f"file://{rendezvous_dir / 'rendezvous'}"
     else:
         init_method = f"tcp://{addr}:{port}"
-    if share is not None and (share.cpus or share.n_cpus):
-        cpus = len(share.cpus) if share.cpus else share.n_cpus or 1
-    else:
-        cpus = platform.n_cpus_per_node or os.cpu_count() or 1
+    cpus = (share.cores if share is not None else None) or platform.n_cpus_per_node or os.cpu_count() or 1
     return LaunchPlan(
         platform=platform,
         node_rank=node_rank,
