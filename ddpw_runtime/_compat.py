@@ -17,7 +17,6 @@ from typing import Any
 from hydra.core.plugins import Plugins
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn
-from hydra.types import TaskFunction
 
 
 def hydra_state() -> dict[str, Any]:
@@ -52,34 +51,18 @@ def job_error(ret: JobReturn) -> BaseException | None:
 def report_like_hydra(action: Callable[[], Any]) -> Any:
     """`action()`, whose error is reported as Hydra reports the error of a run (its message alone for a
     CompactHydraException, a trimmed traceback otherwise; HYDRA_FULL_ERROR=1 gives the full one) and
-    ends the program with status 1, as Hydra does. Private: `hydra._internal.utils.run_and_report`.
-    Fallback: the error propagates."""
+    ends the program with status 1, as Hydra does. Used where Hydra would only warn (an error raised in a
+    callback) but the run must not go on. Private: `hydra._internal.utils.run_and_report`. Fallback: the
+    error's message on stderr and exit status 1 (never a run that goes on)."""
     try:
         from hydra._internal.utils import run_and_report
     except ImportError:
-        return action()
+        try:
+            return action()
+        except Exception as error:
+            sys.stderr.write(f"{type(error).__name__}: {error}\n")
+            raise SystemExit(1) from error
     return run_and_report(action)
-
-
-def task_function_of_run() -> TaskFunction | None:
-    """The task function of the Hydra run in progress, which Hydra gives to launchers (in multirun)
-    but not to run callbacks: a local of the `_run_hydra` frame on this thread's stack. Private:
-    `hydra._internal.utils._run_hydra`'s argument. Fallback: None."""
-    frame = sys._getframe()
-    while frame is not None:
-        if frame.f_code.co_name == "_run_hydra" and "task_function" in frame.f_locals:
-            task_function: TaskFunction = frame.f_locals["task_function"]
-            return task_function
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
-
-
-def run_callbacks(config: Any) -> Any:
-    """Hydra's `Callbacks` of `config` (what `run_job` calls `on_job_*` on). Private:
-    `hydra._internal.callbacks.Callbacks`."""
-    from hydra._internal.callbacks import Callbacks
-
-    return Callbacks(config)
 
 
 def forget_failed_process_group() -> None:
@@ -137,79 +120,22 @@ def collectives_so_far(group: Any) -> int | None:
         return None
 
 
-def wrap_rerun_task(wrap: Callable[[TaskFunction], TaskFunction]) -> None:
-    """Make Hydra's `--experimental-rerun` call `wrap(task_function)` instead of the task function (it
-    calls the task directly, with no callback; see `hydra_jobs/rerun.py`). Private: the function that
-    `@hydra.main` made, which loads the pickled config with its module-level `_get_rerun_conf` and then
-    calls its closure cell `task_function`. When this runs while that function is loading the config
-    (the pickle imports hydra-ddpw), the cell is replaced at once; otherwise `_get_rerun_conf` is wrapped
-    to replace it later. Fallback: nothing (the rerun runs the task in this process alone)."""
-    frame = sys._getframe(1)
-    while frame is not None and not _runs_hydra_main(frame):
-        frame = frame.f_back  # type: ignore[assignment]
-    if frame is not None:
-        _replace_task(frame, wrap)
-        return
-    module = sys.modules.get("hydra.main")
-    original = getattr(module, "_get_rerun_conf", None)
-    if original is None or getattr(original, "wrapped_by_ddpw", False):
-        return
+def compiled_original(model: Any) -> Any:
+    """The module that `torch.compile` wrapped in `model`, or None when `model` is not such a wrapper.
+    Private: `OptimizedModule._orig_mod` (torch has no public accessor). Fallback: None."""
+    from torch import nn
 
-    def get_rerun_conf(file_path: str, overrides: list[str]) -> Any:
-        config = original(file_path, overrides)
-        _replace_task(sys._getframe(1), wrap)
-        return config
-
-    get_rerun_conf.wrapped_by_ddpw = True
-    module._get_rerun_conf = get_rerun_conf
+    original = getattr(model, "_orig_mod", None)
+    return original if isinstance(original, nn.Module) else None
 
 
-def _runs_hydra_main(frame: Any) -> bool:
-    return bool(frame.f_code.co_name == "decorated_main" and "task_function" in frame.f_locals
-                and frame.f_code.co_filename.endswith(("hydra/main.py", "hydra\\main.py")))
+def main_thread_frame() -> Any:
+    """The innermost frame the main thread runs now (where a stopped rank 0 was). Private:
+    `sys._current_frames`. Fallback: None."""
+    import threading
 
-
-def _replace_task(frame: Any, wrap: Callable[[TaskFunction], TaskFunction]) -> None:
-    """Replace the `task_function` closure cell of the function whose frame is `frame` by `wrap` of it."""
-    import gc
-    import types
-
-    task_function = frame.f_locals.get("task_function")
-    for fn in gc.get_referrers(frame.f_code):
-        if not isinstance(fn, types.FunctionType) or not fn.__closure__:
-            continue
-        cell = dict(zip(fn.__code__.co_freevars, fn.__closure__, strict=True)).get("task_function")
-        if cell is not None and cell.cell_contents is task_function:
-            cell.cell_contents = _once(cell, task_function, wrap(task_function))
-            return
-
-
-def _once(cell: Any, original: TaskFunction, wrapped: TaskFunction) -> TaskFunction:
-    """`wrapped`, which puts `original` back into `cell` when it is called."""
-
-    def call(cfg: Any) -> Any:
-        cell.cell_contents = original
-        return wrapped(cfg)
-
-    return call
-
-
-def notify_last(callback: Any) -> None:
-    """Make Hydra call `callback` after every other callback of the run for `on_*_start`, and so before
-    them for `on_*_end` (which Hydra calls in reverse order): a plain run's job return is then final
-    (every rank waited for) when the user's `on_job_end` sees it. Call it from a callback method.
-    Private: the `Callbacks` object of `hydra._internal.callbacks`, found as `self` of the `_notify`
-    frame that called the method, and its `callbacks` list (replaced, not changed: `_notify` is
-    iterating over it). Fallback: the callbacks keep their order."""
-    from hydra._internal.callbacks import Callbacks
-
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_name != "_notify":
-        frame = frame.f_back  # type: ignore[assignment]
-    hydra_callbacks = frame.f_locals.get("self") if frame is not None else None
-    if isinstance(hydra_callbacks, Callbacks) and callback in hydra_callbacks.callbacks:
-        others = [c for c in hydra_callbacks.callbacks if c is not callback]
-        hydra_callbacks.callbacks = [*others, callback]
+    frames: dict[int, Any] = getattr(sys, "_current_frames", dict)()
+    return frames.get(threading.main_thread().ident or 0)
 
 
 def torch_without_gpu_support() -> bool:

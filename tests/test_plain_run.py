@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.helpers import APPS, alive, job_dirs, run_app
+from tests.helpers import APPS, job_dirs, run_app
 
 pytestmark = pytest.mark.subprocess
 
@@ -82,32 +82,14 @@ def test_a_plain_run_gets_the_run_callbacks_with_the_users_task_and_rank_0s_valu
     assert [e["event"] for e in got] == ["on_run_start", "on_job_start", "on_job_end", "on_run_end"]
     assert got[1]["task_function"] == "train"
     assert got[2]["status"] == "COMPLETED" and got[2]["return_value"] == {"rank": 0}
-    assert {e["pid"] for e in got} == {seen(job_dirs(tmp_path)[0])[0]["pid"]}  # rank 0 is the program itself
+    assert {e["pid"] for e in got} == {seen(job_dirs(tmp_path)[0])[0]["pid"]}  # rank 0 runs Hydra's run
 
 
-def test_a_failure_of_another_rank_is_the_jobs_failure_when_on_job_end_sees_it(tmp_path: Path) -> None:
+def test_a_failure_of_another_rank_is_the_jobs_failure_when_on_run_end_sees_it(tmp_path: Path) -> None:
     proc = run_repo(tmp_path, "behaviour=raise")
     assert proc.returncode == 1
-    end = [e for e in events(tmp_path) if e["event"] == "on_job_end"][0]
+    end = [e for e in events(tmp_path) if e["event"] == "on_run_end"][0]
     assert end["status"] == "FAILED" and "rank 1 (node 0) failed: ValueError" in end["return_value"]
-
-
-def test_experimental_rerun_runs_the_job_again_as_a_distributed_job(tmp_path: Path) -> None:
-    proc = run_repo(tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    (job,) = job_dirs(tmp_path)
-    first = seen(job)
-    for path in job.glob("seen_rank_*.json"):
-        path.unlink()
-    rerun = subprocess.run(
-        [sys.executable, str(APPS / "repo_app.py"), "--experimental-rerun", str(job / ".hydra" / "config.pickle")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-    )
-    assert rerun.returncode == 0, rerun.stderr
-    again = seen(job)
-    assert sorted(again) == [0, 1] and {r["world_size"] for r in again.values()} == {2}
-    assert {r["stamp"] for r in again.values()} == {first[0]["stamp"]}  # the same job, its own values
-    assert not any(alive(r["pid"]) for r in again.values() if r["rank"] != 0)
 
 
 def test_now_is_the_same_in_every_rank_and_hydra_yaml_reads_back(tmp_path: Path) -> None:

@@ -3,33 +3,34 @@
 Hydra uses a launcher only in multirun, and a launcher option cannot change the mode. So the launcher
 options install this callback instead, and Hydra runs the job as in any plain run: output in
 `hydra.run.dir`, `.hydra/` and the job log there, `on_run_*` and `on_job_*` with the user's task
-function, Hydra's errors, `--experimental-rerun`. Around the task, the callback makes the user's own
-process rank 0 (it keeps the terminal: progress bars, colours and `pdb` work) and starts and supervises
-the other ranks (`launch/caller_rank.py`):
+function, Hydra's errors; rank 0 keeps the terminal (progress bars, colours and `pdb` work).
 
-- `on_run_start`: every check of the platform and the launcher options, before anything starts.
-- `on_job_start`: rank 0's output to its log file too, the other ranks started, this process joined
-  to the process group.
-- `on_job_end`: rank 0 leaves the group, the other ranks are waited for; when any rank failed, the
-  job's return is the root cause (`RankFailure`), which Hydra then reports as a failed run.
+- `on_run_start`: every check of the platform and the launcher options, before anything starts; then
+  the program forks (`launch/run_supervisor.py`): its own process becomes the job's supervisor, and the
+  run goes on in the fork, which is rank 0.
+- `on_job_start`: rank 0 tells the supervisor the job is starting (the task the other ranks run, its
+  process state), which starts the other ranks and answers with rank 0's part; this process takes it on
+  (its variables, output to its log too, the process group).
+- `on_job_end`: rank 0 leaves the group and tells the supervisor how its task ended; the supervisor
+  answers how the job ended: when another rank's failure is the job's, the job's return says so, and
+  Hydra reports it. A failed job is started again here while restarts are left.
+- `on_run_end`: the supervisor hears which non-daemon threads, if any, keep the program running.
 
-When the task ends by Ctrl-C, SIGTERM or `sys.exit`, Hydra calls no `on_job_end`; the other ranks are
-then stopped (with their grace) as the program exits.
+Limits (Hydra through its public API): callbacks listed after this one in `hydra.callbacks` (a repo's own
+callbacks) get `on_job_end` before it, so they see rank 0's own return; `on_run_end` and the program's
+exit see the job's. `--experimental-rerun` calls the task without any callback: it runs in one process.
 """
 
 from __future__ import annotations
 
-import atexit
 import copy
-import faulthandler
+import os
+import pickle
 import signal
 import sys
-import time
-import uuid
-from contextlib import ExitStack
-from dataclasses import replace
+import threading
 from pathlib import Path
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
@@ -41,17 +42,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from ddpw_conf import Platform, platform_from_config
 from ddpw_conf.launcher import LauncherOptions, selected_options
 from ddpw_runtime import _compat
-from ddpw_runtime.errors import Interrupted, RankFailure, Terminated
-from ddpw_runtime.hydra_jobs import interrupts
+from ddpw_runtime.errors import RankStopped
 from ddpw_runtime.hydra_jobs.prepare import hydra_config_of, job_check, pin_now
-from ddpw_runtime.hydra_jobs.summary import JobConsole, stopped_line
-from ddpw_runtime.hydra_jobs.task import JobTask
-from ddpw_runtime.launch.caller_rank import CallerRank, check_caller_rank
-from ddpw_runtime.launch.console import CallerOutput
-from ddpw_runtime.launch.engine import LocalJob, NodeJob, describe, restart_after, settle, starter_for
-from ddpw_runtime.launch.payload import TaskCall
+from ddpw_runtime.launch.engine import describe
+from ddpw_runtime.launch.payload import TaskCall, from_task
+from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.supervisor import Grace
+from ddpw_runtime.launch.supervisor import STOP_SIGNAL
+from ddpw_runtime.rank.own_process import RankInThisProcess, open_log
 
 
 class PlainRun(Callback):
@@ -59,17 +58,15 @@ class PlainRun(Callback):
     plain run with a ddpw launcher selected; in a multirun the launcher does the work."""
 
     def __init__(self) -> None:
-        self._job: RankZeroHere | None = None
+        self._rank_zero: RankZeroSide | None = None
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Check the platform and the launcher options (a bad value ends the run as Hydra ends it on a
         bad config, before anything starts), pin `${now:...}` values for every rank; a dry run prints
-        the plan and ends there."""
-        options = _compat.report_like_hydra(lambda: selected_launcher(config.hydra))
+        the plan and ends there; then fork the job's supervisor."""
+        options = _compat.report_like_hydra(lambda: selected_options(config.hydra.launcher))
         if options is None:
             return
-        interrupts.install()
-        _compat.notify_last(self)  # so the job's return is final when the others' on_job_end sees it
         with hydra_config_of(config):
             platform = _compat.report_like_hydra(lambda: checked_platform(config, options))
             pin_now(config)
@@ -78,162 +75,161 @@ class PlainRun(Callback):
                 print(f"--- job #0: {' '.join(config.hydra.overrides.task) or '(no overrides)'} (dry run, nothing "
                       f"started)\n{describe(platform, output_dir)}")
                 sys.exit(0)
-        starter_for(platform, torch_here=True)  # this process is rank 0
+        self._rank_zero = _compat.report_like_hydra(lambda: RankZeroSide.fork(platform, options))
 
     def on_job_start(self, config: DictConfig, *, task_function: TaskFunction, **kwargs: Any) -> None:
-        """Make this process rank 0 of the job and start the other ranks."""
-        if config.hydra.mode is not RunMode.RUN or isinstance(task_function, JobTask):
-            return
-        if selected_launcher(config.hydra) is not None:
-            self._job = RankZeroHere(_task_config(config), task_function)
+        """Make this process rank 0 of the job; the supervisor starts the other ranks."""
+        if self._rank_zero is not None and config.hydra.mode is RunMode.RUN:
+            self._rank_zero.start(_task_config(config), task_function)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        """Wait for the other ranks; a failure of any rank becomes the job's failure."""
-        job, self._job = self._job, None
-        if job is not None:
-            job.finish(job_return)
+        """Leave the job; its return becomes the job's (every rank's) outcome."""
+        if self._rank_zero is not None:
+            self._rank_zero.end(job_return)
 
-
-def selected_launcher(hydra: Any) -> LauncherOptions | None:
-    """The selected launcher's options (`hydra` is Hydra's node of the run's config) when it is a ddpw
-    launcher (a plain run whose launcher was replaced on the command line keeps this callback but has
-    nothing to do)."""
-    return selected_options(hydra.launcher)
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Tell the supervisor the run is over (and which threads keep the program running)."""
+        if self._rank_zero is not None:
+            self._rank_zero.run_ended()
 
 
 def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
     """The platform of a plain run's job config (`config`, with or without its `hydra` node), after
     every check a plain run must pass."""
+    from ddpw_runtime.launch.caller_rank import check_caller_rank
+
     platform = platform_from_config(OmegaConf.select(config, "platform"))
     job_check(options)(platform)
     check_caller_rank(platform)
     return platform
 
 
-class RankZeroHere:
-    """One plain run's job, with this process as rank 0: made when the task is about to run, finished
-    with the task's `JobReturn`. Any failure to start ends the program as Hydra ends a failed run. A
-    failed run is started again while restarts are left (`hydra.launcher.max_restarts`): the other
-    ranks are started again, and rank 0 calls the task again here."""
+_stoppable: set[CodeType] = set()
+"""Code of the frames inside which rank 0 of this process may be stopped: its task, and its joining."""
+_stopped = threading.Event()
 
-    def __init__(self, task_cfg: DictConfig, task_function: TaskFunction) -> None:
-        self.output: CallerOutput | None = None
-        self._running = ExitStack()
-        try:
-            _compat.report_like_hydra(lambda: self._start(task_cfg, task_function))
-        except (KeyboardInterrupt, Terminated) as stopped:  # before any rank ran: say so, as a job says it
-            signum = signal.SIGINT if isinstance(stopped, KeyboardInterrupt) else signal.SIGTERM
-            sys.stderr.write(stopped_line(0, signum) + "\n")
-            raise
 
-    def _start(self, task_cfg: DictConfig, task_function: TaskFunction) -> None:
-        hydra = HydraConfig.get()
-        options = selected_launcher(hydra)
-        assert options is not None
-        platform = checked_platform(task_cfg, options)
-        output_dir = Path(str(hydra.runtime.output_dir))
-        self.console = JobConsole(0, platform, output_dir, Path(str(hydra.runtime.cwd)))
-        self.started = time.monotonic()
-        self.job = NodeJob(platform, output_dir, Grace(options.stop_grace_s, options.interrupt_grace_s),
-                           run_id=uuid.uuid4().hex[:12], max_restarts=options.max_restarts)
+def _on_stop(signum: int, frame: FrameType | None) -> None:
+    """`STOP_SIGNAL` from the supervisor: another rank failed or the time limit passed."""
+    while frame is not None:
+        if frame.f_code in _stoppable:
+            _stopped.set()
+            raise RankStopped(
+                "another rank failed or the job reached its time limit; this rank was stopped (the job's "
+                "error names the cause)"
+            )
+        frame = frame.f_back
+
+
+def _in_forks() -> None:
+    """In a process the task forks: none of hydra-ddpw's handling (its signal's default action, as
+    without hydra-ddpw)."""
+    if signal.getsignal(STOP_SIGNAL) is _on_stop:
+        signal.signal(STOP_SIGNAL, signal.SIG_DFL)
+
+
+class RankZeroSide:
+    """Rank 0 of a plain run, in the user's own process, and its channel to the supervisor."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.task: TaskCall | None = None
+        self.rank: RankInThisProcess | None = None
+        signal.signal(STOP_SIGNAL, _on_stop)
+        os.register_at_fork(after_in_child=_in_forks)
+
+    @staticmethod
+    def fork(platform: Platform, options: LauncherOptions) -> RankZeroSide:
+        """Fork the program: this call returns in the fork, which goes on as rank 0; the program's own
+        process supervises the job (`run_supervisor.py`). With a build of torch without GPU support,
+        torch is imported first, so the supervisor forks the ranks with it loaded (one import, not two)."""
+        from ddpw_runtime.launch.run_supervisor import fork_supervisor
+
+        if "torch" not in sys.modules and _compat.torch_without_gpu_support():
+            import torch  # noqa: F401  (see above)
+        return RankZeroSide(fork_supervisor(platform, options))
+
+    def start(self, task_cfg: DictConfig, task_function: TaskFunction) -> None:
+        """The job is starting: the supervisor starts the other ranks, this process joins them."""
         self.task = TaskCall(task_function, (task_cfg,))
-        self._faulthandler = faulthandler.is_enabled()
-        self.console.started()
-        self._running.enter_context(interrupts.job_running())
-        self._begin()
-        atexit.register(self._abandoned)
-        try:
-            self.rank.enter_rank()
-        except Exception as error:  # rank 0 could not join: the job's error says why (often another rank)
-            ret = JobReturn(status=JobStatus.FAILED, _return_value=error)
-            self.finish(ret)
-            failure = _compat.job_error(ret)
-            assert failure is not None
-            raise failure from None
+        output_dir = str(HydraConfig.get().runtime.output_dir)
+        _stoppable.add(_code_of(task_function))
+        _stoppable.add(RankInThisProcess.enter.__code__)
+        self.channel.send(JobStarting(self.task.pack(), ProcessState.capture(), output_dir))
+        self._join()
 
-    def _begin(self) -> None:
-        """Start a run of the job: the other ranks, and this process's output to rank 0's log too."""
-        self.local = LocalJob(self.task, self.job, host_store_here=True)
-        log_file = self.local.plan.log_file(0)
-        # The other ranks' console first: it writes to this process's output before rank 0's takes it over.
-        self.rank = CallerRank(self.local, _code_of(self.task.target), self._freeze_output, str(log_file), Interrupted)
-        self.output = CallerOutput(log_file, self.local.console_prefix(0), 0 in self.local.console_ranks)
-        faulthandler.enable()  # a crash of rank 0 leaves its Python stack in its log, as in every rank
+    def _join(self) -> None:
+        """Take on rank 0's part of this attempt, as the supervisor gives it; a job that cannot start ends
+        the run here, with its error."""
+        message, fds = self.channel.recv()
+        if isinstance(message, JobSettled):
+            _end_run(message)
+        assert isinstance(message, RankZero)
+        attached = iter(fds)
+        listen_fd = next(attached) if message.listen_fd else None
+        output = next(attached) if message.terminal else open_log(message.plan.log_file(0))
+        _stopped.clear()
+        self.rank = RankInThisProcess(message.plan, 0, message.env, listen_fd, output)
         try:
-            self.rank.start()
-        except BaseException as error:  # nothing of the job stays behind; Hydra reports the error
-            self._restore_output()
-            self.rank.abort(error)
-            self._close()
-            raise
-
-    def finish(self, job_return: JobReturn) -> None:
-        """Rank 0's task ended as `job_return` says: wait for the others, start the job again after a
-        failure while restarts are left, and make a failure of any rank the job's."""
-        own_error = _compat.job_error(job_return)
-        self.rank.leave_rank(RankResult(0) if own_error is None else RankResult.failure(0, own_error))
-        try:
-            failure = self._settled()
-            restarted = False
-            while isinstance(failure, RankFailure) and restart_after(self.job, failure):
-                self.rank.close()
-                self.local.close()
-                self.job = replace(self.job, restart_count=self.job.restart_count + 1)
-                self._begin()
-                value = self.rank.call(self.task)
-                own_error, restarted = self.rank.own_error, True
-                failure = self._settled()
-            if failure is None:
-                self.console.completed(time.monotonic() - self.started)
-                if restarted:
-                    job_return.status, job_return.return_value = JobStatus.COMPLETED, value
-                return
-            self.console.failed(failure, time.monotonic() - self.started)
-            if not (isinstance(failure, RankFailure) and failure.rank == 0 and own_error is not None):
-                job_return.status = JobStatus.FAILED  # rank 0's own error stays the job's, as Hydra shows it
-                job_return.return_value = failure
-            elif restarted:
-                job_return.status, job_return.return_value = JobStatus.FAILED, own_error
+            self.rank.enter()
+        except BaseException as exc:  # rank 0 could not join (or was interrupted): the job's end says why
+            stopped = _stopped.is_set() or not isinstance(exc, Exception)
+            self.channel.send(TaskEnded(None if stopped else RankResult.failure(0, exc)))
+            _end_run(self._settled())
         finally:
-            self._close()
+            if listen_fd is not None:
+                os.close(listen_fd)
 
-    def _settled(self) -> Exception | None:
-        """Wait for the other ranks of this run; why the job failed, or None."""
-        self._restore_output()
+    def end(self, job_return: JobReturn) -> None:
+        """Rank 0's task ended as `job_return`: leave the job, hear how it ended, start it again while the
+        supervisor says so, and make the job's failure (another rank's) the return."""
+        settled = self._leave(job_return.status is JobStatus.COMPLETED, _compat.job_error(job_return))
+        while settled.restart:
+            self._join()
+            assert self.task is not None
+            try:
+                job_return.return_value, job_return.status = self.task(), JobStatus.COMPLETED
+            except Exception as exc:  # noqa: BLE001 - as Hydra's run_job takes a task's error
+                job_return.return_value, job_return.status = from_task(exc), JobStatus.FAILED
+            settled = self._leave(job_return.status is JobStatus.COMPLETED, _compat.job_error(job_return))
+        if settled.error is not None:
+            job_return.status = JobStatus.FAILED
+            job_return.return_value = pickle.loads(settled.error)
+
+    def _leave(self, ok: bool, error: BaseException | None) -> JobSettled:
+        """Leave the process group, say how the task ended, and hear how the job ended."""
+        result = RankResult(0) if ok else None if _stopped.is_set() else RankResult.failure(0, error or Exception())
+        if self.rank is not None:
+            self.rank.leave(result)
+            self.rank = None
+        self.channel.send(TaskEnded(result))
+        return self._settled()
+
+    def _settled(self) -> JobSettled:
+        message, _ = self.channel.recv()
+        assert isinstance(message, JobSettled)
+        return message
+
+    def run_ended(self) -> None:
+        """Hydra's run is over: name the non-daemon threads that keep the program running, if any."""
+        threads = tuple(t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread())
         try:
-            settle(self.job, self.rank.finish())
-        except Exception as failure:
-            return failure
-        return None
+            self.channel.send(RunEnded(threads))
+        except OSError:
+            pass
 
-    def _abandoned(self) -> None:
-        """The program exits while rank 0's task never returned (Ctrl-C, SIGTERM, `sys.exit`): stop the
-        other ranks, passing the signal on with its grace."""
-        exc = getattr(sys, "last_value", None) or SystemExit()
-        self._restore_output()
-        self.rank.abort(exc)
-        if isinstance(exc, KeyboardInterrupt):
-            sys.stderr.write(stopped_line(0, signal.SIGINT) + "\n")
-        elif self.rank.interrupted is not None:
-            sys.stderr.write(stopped_line(0, self.rank.interrupted) + "\n")
-        self._close()
 
-    def _freeze_output(self) -> None:
-        if self.output is not None:
-            self.output.freeze()
+def _end_run(settled: JobSettled) -> None:
+    """End the run before its task ran (the job could not start, or was interrupted while it started),
+    as Hydra ends a run: its error on one line (it is a CompactHydraException), or quietly for a signal."""
+    if settled.stopped is not None:
+        raise SystemExit(128 + settled.stopped)
+    error = pickle.loads(settled.error) if settled.error is not None else RuntimeError("the job could not start")
+    _compat.report_like_hydra(lambda: _raise(error))
 
-    def _restore_output(self) -> None:
-        if self.output is not None:
-            self.output.stop()
-            self.output = None
-            if not self._faulthandler:
-                faulthandler.disable()
 
-    def _close(self) -> None:
-        atexit.unregister(self._abandoned)
-        self.rank.close()
-        self.local.close()
-        self._running.close()
+def _raise(error: BaseException) -> None:
+    raise error
 
 
 def _task_config(config: DictConfig) -> DictConfig:
@@ -244,9 +240,9 @@ def _task_config(config: DictConfig) -> DictConfig:
     return task_cfg
 
 
-def _code_of(task_function: Any) -> CodeType | None:
+def _code_of(task_function: Any) -> CodeType:
     """The code object that runs when `task_function` is called (a function, a method, a partial, an
     object with `__call__`)."""
     target = getattr(task_function, "func", task_function)
     code = getattr(target, "__code__", None) or getattr(type(target).__call__, "__code__", None)
-    return code if isinstance(code, CodeType) else None
+    return code if isinstance(code, CodeType) else TaskCall.__call__.__code__

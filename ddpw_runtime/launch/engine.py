@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from ddpw_conf import ConfigError, Device, Platform
 from ddpw_runtime import _compat
@@ -31,9 +31,11 @@ from ddpw_runtime.launch.payload import RankPayload, TaskCall
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.starter import RankStarter, get_starter
-from ddpw_runtime.launch.supervisor import Grace, NodeRanks, supervise
+from ddpw_runtime.launch.supervisor import Grace, NodeRanks, OutsideRank, supervise
 
 log = logging.getLogger("ddpw")
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -115,17 +117,28 @@ def starter_for(platform: Platform, torch_here: bool = False) -> RankStarter:
     return get_starter(preload=platform.spawn_method == "forkserver")
 
 
+@dataclass(frozen=True)
+class JobInput:
+    """What every rank of a job takes from the process that launched it: the task (a packed `TaskCall`)
+    and that process's state."""
+
+    task: bytes
+    state: ProcessState
+
+    @staticmethod
+    def here(task: TaskCall) -> JobInput:
+        """`task`, with this process's state now."""
+        return JobInput(task.pack(), ProcessState.capture())
+
+
 class LocalJob:
     """The ranks of one node of one job, ready to start: the rank starter, the rendezvous socket (bound
     before any rank starts, on the node that hosts the store), the plan, the payload, a private folder
     for the results. Use it as a context manager: leaving it closes the socket and removes the folder.
-
-    `host_store_here`: this process hosts the job's store (its rank 0 runs here, see `caller_rank.py`)
-    instead of rank 0's process.
     """
 
-    def __init__(self, task: TaskCall, job: NodeJob, host_store_here: bool = False) -> None:
-        platform = check(job.platform)
+    def __init__(self, task: JobInput, job: NodeJob) -> None:
+        platform = job.platform
         self.job = job
         self.starter = starter_for(platform)
         hosts_store = job.node_rank == 0 and platform.ipc_protocol == "tcp"
@@ -137,10 +150,7 @@ class LocalJob:
                 platform, Path(job.log_dir).resolve(), self.workdir, job.run_id or uuid.uuid4().hex[:12],
                 job.node_rank, job.master_addr, port, job.max_restarts, job.restart_count, job.share,
             )
-            state = ProcessState.capture()
-            if host_store_here:
-                state = replace(state, env={**state.env, "TORCHELASTIC_USE_AGENT_STORE": "True"})
-            self.payload = RankPayload(self.plan, task.pack(), state, str(self.workdir))
+            self.payload = RankPayload(self.plan, task.task, task.state, str(self.workdir))
             self.payload_path = self.workdir / "payload.pkl"
             self.payload.write(self.payload_path)
         except BaseException:
@@ -169,16 +179,18 @@ class LocalJob:
         files = {rank: self.plan.log_file(rank) for rank in self.console_ranks if rank != skip}
         return ConsoleRanks(files, self.job.console_prefix, ranked=len(self.console_ranks) > 1)
 
-    def ranks(self, ranks: list[int], console: ConsoleRanks, on_stop: Callable[[], None] = lambda: None) -> NodeRanks:
-        """`ranks` of this node, to start as processes of their own (see `supervise`)."""
+    def ranks(self, ranks: list[int], console: ConsoleRanks, on_stop: Callable[[], None] = lambda: None,
+              outside: OutsideRank | None = None) -> NodeRanks:
+        """`ranks` of this node, to start as processes of their own but `outside` (see `supervise`)."""
         return NodeRanks(self.starter, self.payload, self.payload_path, self.job.grace, ranks, console,
-                         self.listen_fd, on_stop)
+                         self.listen_fd, on_stop, outside)
 
-    def run(self) -> list[RankOutcome]:
-        """Start every rank of this node as a process of its own and wait for them. Raises the
-        signal's error when another thread passed Ctrl-C or SIGTERM on to them (`request_interrupt`)."""
+    def run(self, outside: OutsideRank | None = None) -> list[RankOutcome]:
+        """Start every rank of this node as a process of its own (but `outside`, which runs already) and
+        wait for them. Raises the signal's error when another thread passed Ctrl-C or SIGTERM on to them
+        (`request_interrupt`)."""
         with self.console() as console:
-            ranks = self.ranks(self.plan.global_ranks, console)
+            ranks = self.ranks(self.plan.global_ranks, console, outside=outside)
             if self.job.while_ranks_run is None:
                 return supervise(ranks)
             with self.job.while_ranks_run(ranks):
@@ -218,8 +230,7 @@ def settle(job: NodeJob, outcomes: list[RankOutcome]) -> None:
 def run_ranks(task: TaskCall, job: NodeJob, caller_rank: bool = False) -> list[Any]:
     """Run `task` on every rank of this node; the return values of this node's ranks in rank order.
     Raises RankFailure (root cause first) when any rank fails and no restart is left; no rank outlives
-    the call. A failed run is started again, in the same log dir with the same run id, while restarts
-    are left (`job.max_restarts`); a time limit or an interruption is not.
+    the call; a failed run is started again while restarts are left (`with_restarts`).
 
     With `caller_rank`, rank 0 runs in this process (see `caller_rank.py`; this imports torch here)
     and its value is the object itself, not a copy.
@@ -228,10 +239,18 @@ def run_ranks(task: TaskCall, job: NodeJob, caller_rank: bool = False) -> list[A
 
     if caller_rank:
         check_caller_rank(job.platform)
+    given = JobInput.here(task)
+    return with_restarts(job, lambda attempt: _run_once(task, given, attempt, caller_rank))
+
+
+def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
+    """`run(job)`, and while it fails and restarts are left (`job.max_restarts`), `run` of the job again,
+    in the same log dir with the same run id and the next restart count; a time limit or an
+    interruption is not restarted."""
     job = replace(job, run_id=job.run_id or uuid.uuid4().hex[:12])
     while True:
         try:
-            return _run_once(task, job, caller_rank)
+            return run(job)
         except RankFailure as failure:
             if not restart_after(job, failure):
                 raise
@@ -250,10 +269,10 @@ def restart_after(job: NodeJob, failure: RankFailure) -> bool:
     return True
 
 
-def _run_once(task: TaskCall, job: NodeJob, caller_rank: bool) -> list[Any]:
+def _run_once(task: TaskCall, given: JobInput, job: NodeJob, caller_rank: bool) -> list[Any]:
     from ddpw_runtime.launch.caller_rank import CallerRank
 
-    with LocalJob(task, job, host_store_here=caller_rank) as local:
+    with LocalJob(given, job) as local:
         if not caller_rank:
             outcomes = local.run()
             settle(job, outcomes)
@@ -273,5 +292,5 @@ def _run_once(task: TaskCall, job: NodeJob, caller_rank: bool) -> list[Any]:
 def describe(platform: Platform, log_dir: Path) -> str:
     """The platform and launch plan as a dry run prints them (nothing is started)."""
     check(platform)
-    plan = plan_local(platform, Path(log_dir).resolve(), Path("<private dir>"), "<run id>")
+    plan = plan_local(platform, Path(log_dir).resolve(), Path("<private dir>"), "<run id>", master_port=0)
     return f"{plan.describe()}\n--- platform ---\n{platform.summary()}"

@@ -70,9 +70,24 @@ class JobProcesses:
 
     def join(self) -> None:
         """Put the calling process (a rank that has just been forked) into the job's cgroup."""
+        self.adopt(0)
+
+    def adopt(self, pid: int) -> None:
+        """Put process `pid` (0: the calling one) into the job's cgroup, so what it starts from now on is
+        the job's; without a cgroup, its environment names the job (`JOB_ENV`) for what it starts."""
         if self.cgroup is not None:
             try:
-                (self.cgroup / "cgroup.procs").write_text("0")
+                (self.cgroup / "cgroup.procs").write_text(str(pid))
+            except OSError:
+                pass
+
+    def release(self, pid: int) -> None:
+        """Let an adopted process `pid` go (back into the cgroup the job's cgroup was made in) and never
+        count it as the job's, so stopping the job does not stop it."""
+        self.spared = self.spared | {pid}
+        if self.cgroup is not None:
+            try:
+                (self.cgroup.parent / "cgroup.procs").write_text(str(pid))
             except OSError:
                 pass
 
@@ -80,7 +95,7 @@ class JobProcesses:
         """The job's live processes: its cgroup's, or those whose environment names the job."""
         if self.cgroup is not None:
             try:
-                return {int(pid) for pid in (self.cgroup / "cgroup.procs").read_text().split()}
+                return {int(pid) for pid in (self.cgroup / "cgroup.procs").read_text().split()} - self.spared
             except OSError:
                 return set()
         marker = f"{JOB_ENV}={self.key}".encode()

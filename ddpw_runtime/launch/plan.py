@@ -62,7 +62,8 @@ class LaunchPlan:
             f"world size      : {self.world_size} ({self.platform.n_nodes} node(s) x {self.ranks_per_node} rank(s))",
             f"device          : {self.device}",
             f"backend         : {self.backend}",
-            f"rendezvous      : {self.init_method}",
+            f"rendezvous      : {self.init_method if self.master_port else self.init_method.rsplit(':', 1)[0]}"
+            + ("" if self.master_port else " (a free port, chosen when the job starts)"),
             f"start method    : {self.platform.spawn_method}",
             f"threads per rank: {self.threads_per_rank}",
             f"groups          : {self.groups or 'world only'}",
@@ -105,7 +106,9 @@ def plan_local(
     in `rendezvous_dir`. With `share`, the ranks use only its GPUs and cores.
     """
     addr = platform.master_addr or master_addr or LOOPBACK
-    port = platform.master_port or master_port or free_port(addr if platform.n_nodes == 1 else "")
+    port = platform.master_port or master_port
+    if port is None:
+        port = free_port(addr if platform.n_nodes == 1 else "")
     if platform.ipc_protocol == "file":
         init_method = f"file://{rendezvous_dir / 'rendezvous'}"
     else:

@@ -8,11 +8,9 @@ while it has a single thread, so the ranks find torch and the user's imports loa
 build, where a forked copy of a process that touched CUDA cannot use it) it is a fresh interpreter
 that imports torch. With `spawn` it is a fresh interpreter that starts a fresh interpreter per rank.
 
-The two talk over a socket pair (`Channel`): `StartRank` (with the rendezvous socket attached for the
-rank that hosts the store) is answered by `RankStarted`, `EndJob` by `JobEnded`; `RankExited` comes
-when a rank ends; `Preload` asks the starter to import modules, for the ranks it forks later. Jobs that
-run side by side share one starter: a reader thread hands each answer to the thread that asked, and
-each exit to the `Inbox` of the job the rank belongs to.
+The two talk over a socket pair with the messages of `protocol.py`. Jobs that run side by side share
+one starter: a reader thread hands each answer to the thread that asked, and each exit to the `Inbox`
+of the job the rank belongs to.
 """
 
 from __future__ import annotations
@@ -20,12 +18,10 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
-import pickle
 import queue
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -33,110 +29,25 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from ddpw_runtime.launch.protocol import (
+    Adopt,
+    Channel,
+    EndJob,
+    JobEnded,
+    JobKey,
+    Preload,
+    RankExited,
+    RankStarted,
+    StartRank,
+)
 from ddpw_runtime.launch.signals import STOPPING_SIGNALS, held
 
 _ANSWER_WAIT_S = 30.0
 """The longest wait for the starter's answer (it stops a job's processes in 6 s at most)."""
 _CLOSE_WAIT_S = 5.0
-"""How long closing a starter waits for it to exit (it kills its ranks first) before killing it."""
-
-
-@dataclass(frozen=True)
-class StartRank:
-    """Start local rank `local_rank` of the job whose payload is at `payload_path`; `request` numbers the
-    request, for the answer. Attached descriptors follow, in this order: the rendezvous socket when
-    `listen_fd` (the rank that hosts the store), the rank's terminal when `terminal` (a console rank on
-    a terminal console)."""
-
-    request: int
-    payload_path: str
-    local_rank: int
-    exec_fresh: bool
-    listen_fd: bool = False
-    terminal: bool = False
-
-
-@dataclass(frozen=True)
-class Preload:
-    """Import `modules` in the starter (those that fail to import are skipped); no answer."""
-
-    modules: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class EndJob:
-    """Every rank of the job whose files are in `job` has ended: stop whatever they started (processes in
-    new sessions included, see `job_processes.py`)."""
-
-    job: str
-
-
-@dataclass(frozen=True)
-class JobEnded:
-    """Answer to `EndJob`: the pids of the job's processes that would not die (none, normally)."""
-
-    job: str
-    left: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class RankStarted:
-    """Answer to `StartRank` number `request`: the rank's pid."""
-
-    request: int
-    pid: int
-
-
-@dataclass(frozen=True)
-class RankExited:
-    """A rank ended; `exit_code` is negative for a signal, as in `subprocess`."""
-
-    pid: int
-    exit_code: int
-
-
-class Channel:
-    """Pickled messages over a Unix stream socket, each able to carry file descriptors."""
-
-    _HEADER = struct.Struct("!I")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-
-    def fileno(self) -> int:
-        """The socket's descriptor (for `select`)."""
-        return self.sock.fileno()
-
-    def send(self, message: object, fds: Sequence[int] = ()) -> None:
-        """Send `message`, with `fds` attached."""
-        data = pickle.dumps(message)
-        frame = self._HEADER.pack(len(data)) + data
-        sent = socket.send_fds(self.sock, [frame], list(fds)) if fds else self.sock.send(frame)
-        if sent < len(frame):
-            self.sock.sendall(frame[sent:])
-
-    def recv(self) -> tuple[object, list[int]]:
-        """The next message and the descriptors attached to it; EOFError when the other side closed."""
-        head, fds, _, _ = socket.recv_fds(self.sock, self._HEADER.size, 4)
-        head += self._exactly(self._HEADER.size - len(head))
-        (length,) = self._HEADER.unpack(head)
-        return pickle.loads(self._exactly(length)), fds
-
-    def _exactly(self, size: int) -> bytes:
-        chunks = []
-        while size:
-            chunk = self.sock.recv(size)
-            if not chunk:
-                raise EOFError("the other side closed the channel")
-            chunks.append(chunk)
-            size -= len(chunk)
-        return b"".join(chunks)
-
-    def close(self) -> None:
-        """Close the socket."""
-        self.sock.close()
+"""How long closing a starter waits for it to exit (it kills its ranks first) before killing it, and
+then for it to vanish after SIGKILL."""
 
 
 class StarterGone(RuntimeError):
@@ -309,15 +220,15 @@ class RankStarter:
         return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
 
     def start(
-        self, inbox: Inbox, payload_path: str, local_rank: int, listen_fd: int | None = None,
+        self, inbox: Inbox, job: JobKey, payload_path: str, local_rank: int, listen_fd: int | None = None,
         terminal: int | None = None,
     ) -> int:
-        """Start one rank, whose exit will go to `inbox`, handing it `listen_fd` (the rendezvous socket)
-        and `terminal` (where its output goes instead of its log file) if given; returns its pid (in
-        milliseconds). Call it with Ctrl-C and SIGTERM held (`signals.held`), and note the pid before
+        """Start one rank of `job`, whose exit will go to `inbox`, handing it `listen_fd` (the rendezvous
+        socket) and `terminal` (where its output goes instead of its log file) if given; returns its pid
+        (in milliseconds). Call it with Ctrl-C and SIGTERM held (`signals.held`), and note the pid before
         letting them in: a rank must never run unbeknown to the controller."""
         number = next(self._requests)
-        request = StartRank(number, payload_path, local_rank, exec_fresh=not self.preload,
+        request = StartRank(number, job, payload_path, local_rank, exec_fresh=not self.preload,
                             listen_fd=listen_fd is not None, terminal=terminal is not None)
         with self._state_lock:
             self._inbox_of_request[number] = inbox
@@ -326,20 +237,29 @@ class RankStarter:
         assert isinstance(answer, RankStarted)
         return answer.pid
 
+    def adopt(self, job: JobKey, pid: int) -> None:
+        """Count `pid`, a process started elsewhere, as one of `job`'s (see `Adopt`)."""
+        self._send(Adopt(job, pid))
+
     def preload_modules(self, modules: Sequence[str]) -> None:
         """Have the starter import `modules` (for the ranks it starts from now on)."""
         if modules and self.preload:
-            with self._send_lock:
-                try:
-                    self.channel.send(Preload(tuple(modules)))
-                except OSError:  # the starter is gone; the next start says so
-                    pass
+            self._send(Preload(tuple(modules)))
 
-    def end_job(self, job: str) -> tuple[int, ...]:
-        """Stop every process the ranks of `job` (its private folder) started; the pids that would not die.
-        Ctrl-C and SIGTERM wait until the answer is in (at most a few seconds: see `job_processes.py`)."""
+    def _send(self, message: object) -> None:
+        """Send a message that has no answer (a starter that is gone is seen by the next request)."""
+        with self._send_lock:
+            try:
+                self.channel.send(message)
+            except OSError:
+                pass
+
+    def end_job(self, job: JobKey, release: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """Stop every process the ranks of `job` started, but the adopted ones in `release`; the pids that
+        would not die. Ctrl-C and SIGTERM wait until the answer is in (at most a few seconds: see
+        `job_processes.py`)."""
         with held():
-            answer = self._ask(("end", job), EndJob(job), (), "stop a job's processes")
+            answer = self._ask(("end", job), EndJob(job, release), (), "stop a job's processes")
         assert isinstance(answer, JobEnded)
         return answer.left
 
@@ -354,10 +274,14 @@ class RankStarter:
         self._reader.join(_CLOSE_WAIT_S)
         self.channel.close()
         deadline = time.monotonic() + _CLOSE_WAIT_S
+        killed = False
         while not self._reaped():
             if time.monotonic() > deadline:
+                if killed:  # stuck in the kernel: named, and not waited for
+                    sys.stderr.write(f"the rank starter (pid {self.pid}) did not exit after SIGKILL; left behind\n")
+                    return
                 os.kill(self.pid, signal.SIGKILL)
-                deadline = float("inf")
+                killed, deadline = True, time.monotonic() + _CLOSE_WAIT_S
             time.sleep(0.005)
 
     def _reaped(self) -> bool:

@@ -28,8 +28,18 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ddpw_runtime.launch.job_processes import JobProcesses
+from ddpw_runtime.launch.protocol import (
+    Adopt,
+    Channel,
+    EndJob,
+    JobEnded,
+    JobKey,
+    Preload,
+    RankExited,
+    RankStarted,
+    StartRank,
+)
 from ddpw_runtime.launch.signals import send_to_group
-from ddpw_runtime.launch.starter import Channel, EndJob, JobEnded, Preload, RankExited, RankStarted, StartRank
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -72,7 +82,7 @@ class _Server:
         self.channel = channel
         self.ranks: dict[int, JobProcesses] = {}
         """The job of each running rank, by pid."""
-        self.jobs: dict[str, JobProcesses] = {}
+        self.jobs: dict[JobKey, JobProcesses] = {}
         self.pid = os.getpid()
         if preload:
             from ddpw_runtime.rank.setup import warm_up  # imports torch and torch.distributed once
@@ -99,24 +109,30 @@ class _Server:
                 except (EOFError, OSError):
                     self.end()
                 if isinstance(request, EndJob):
-                    self._end_job(request.job)
+                    self._end_job(request.job, request.release)
                     continue
                 if isinstance(request, Preload):
                     _import_all(request.modules)
+                    continue
+                if isinstance(request, Adopt):
+                    self._job(request.job).adopt(request.pid)
                     continue
                 assert isinstance(request, StartRank)
                 attached = iter(fds)
                 listen_fd = next(attached) if request.listen_fd else None
                 terminal = next(attached) if request.terminal else None
-                job_key = str(Path(request.payload_path).parent)
-                if job_key not in self.jobs:  # the controller's environment may name the job (its own rank 0)
-                    self.jobs[job_key] = JobProcesses(job_key, spared=frozenset({os.getppid()}))
-                job = self.jobs[job_key]
+                job = self._job(request.job)
                 pid = self._start(request, job, listen_fd, terminal)
                 for fd in fds:
                     os.close(fd)
                 self.ranks[pid] = job
                 self.channel.send(RankStarted(request.request, pid))
+
+    def _job(self, key: JobKey) -> JobProcesses:
+        """The processes of the job `key` (known from its first rank or adopted process on)."""
+        if key not in self.jobs:
+            self.jobs[key] = JobProcesses(key.folder, spared=frozenset({os.getppid()}))
+        return self.jobs[key]
 
     def _start(self, request: StartRank, job: JobProcesses, listen_fd: int | None, terminal: int | None) -> int:
         pid = os.fork()
@@ -168,8 +184,11 @@ class _Server:
             send_to_group(pid, signal.SIGTERM)
             self.channel.send(RankExited(pid, os.waitstatus_to_exitcode(status)))
 
-    def _end_job(self, key: str) -> None:
+    def _end_job(self, key: JobKey, release: tuple[int, ...]) -> None:
         job = self.jobs.pop(key, None)
+        if job is not None:
+            for pid in release:
+                job.release(pid)
         left = job.stop() if job is not None else []
         if job is not None:
             job.close()
@@ -186,7 +205,7 @@ class _Server:
         for key, job in self.jobs.items():
             job.stop()
             job.close()
-            shutil.rmtree(key, ignore_errors=True)
+            shutil.rmtree(key.folder, ignore_errors=True)
         for pid in _children():  # left behind by ranks, and not found as any job's (see `serve`)
             send_to_group(pid, signal.SIGKILL, group=False)
         os._exit(0)

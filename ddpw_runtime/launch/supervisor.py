@@ -23,10 +23,11 @@ from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import RankPayload
+from ddpw_runtime.launch.protocol import JobKey, RankExited
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import held, send_to_group
 from ddpw_runtime.launch.stacks import where
-from ddpw_runtime.launch.starter import Inbox, RankExited, RankStarter
+from ddpw_runtime.launch.starter import Inbox, RankStarter
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,31 @@ class Grace:
     """After Ctrl-C or SIGTERM to the controller (passed on to them)."""
 
 
+STOP_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
+"""What asks a rank 0 that runs in the user's own process to stop (another rank failed, or the time
+limit passed): it raises `RankStopped` in its task, so Hydra reports the job there (a real-time signal no
+library uses, where there are such signals). A process a rank starts itself gets SIGTERM instead."""
+
+
+@dataclass(frozen=True)
+class OutsideRank:
+    """A rank of this node that this node did not start: rank 0 of a plain run, which is the user's own
+    process. It is signalled alone (never its process group, which is the terminal's); asked to stop, it
+    gets `STOP_SIGNAL` first; `sees_ctrl_c`: the terminal's Ctrl-C reaches it directly (it is in the
+    terminal's foreground process group), so an interrupt is not passed on to it a second time. Its end
+    (its task's end, or its death) arrives in the node's `Inbox` like any rank's exit."""
+
+    rank: int
+    pid: int
+    sees_ctrl_c: bool = False
+
+
 class NodeRanks:
     """The ranks of one node as they start, run and end: their pids, how each ended, how to stop them.
 
     One thread supervises them (`supervise`); another may ask for them to be stopped
-    (`request_stop`, `request_interrupt`), which wakes the supervising thread.
+    (`request_stop`, `request_interrupt`), which wakes the supervising thread. `outside`: a rank among
+    `ranks` that runs already, in a process this node did not start (see `OutsideRank`).
     """
 
     def __init__(
@@ -66,8 +87,11 @@ class NodeRanks:
         console: ConsoleRanks | None = None,
         listen_fd: int | None = None,
         on_stop: Callable[[], None] = lambda: None,
+        outside: OutsideRank | None = None,
     ) -> None:
         self.starter = starter
+        self.key = JobKey(str(payload_path.parent))
+        self.outside = outside
         self.payload = payload
         self.payload_path = payload_path
         self.grace = grace
@@ -81,6 +105,8 @@ class NodeRanks:
         self.ended_at: dict[int, float] = {}
         self.stopped: set[int] = set()
         """Ranks that were still running when the job was stopped."""
+        self.left_behind: set[int] = set()
+        """Pids of ranks that did not exit after SIGKILL (stuck in the kernel); no longer waited for."""
         self.signals_sent: set[int] = set()
         self._requests: list[int] = []
         self.interrupted_by: int | None = None
@@ -93,11 +119,16 @@ class NodeRanks:
         """Start every rank (`on_start(pid)` after each)."""
         plan = self.payload.plan
         first = plan.global_ranks[0]
+        if self.outside is not None:
+            self.pids[self.outside.pid] = self.outside.rank
+            self.starter.adopt(self.key, self.outside.pid)
         for rank in self.ranks:
+            if self.outside is not None and rank == self.outside.rank:
+                continue
             terminal = self.console.terminal_of(rank) if self.console is not None else None
             with held():  # Ctrl-C or SIGTERM comes once the rank is known here, so that it is stopped too
                 pid = self.starter.start(
-                    self.inbox, str(self.payload_path), rank - first, self.listen_fd if rank == 0 else None,
+                    self.inbox, self.key, str(self.payload_path), rank - first, self.listen_fd if rank == 0 else None,
                     terminal,
                 )
                 if self.console is not None:
@@ -108,7 +139,7 @@ class NodeRanks:
 
     def running(self) -> list[int]:
         """The pids of the ranks still running."""
-        return [pid for pid, rank in self.pids.items() if rank not in self.codes]
+        return [pid for pid, rank in self.pids.items() if rank not in self.codes and pid not in self.left_behind]
 
     def request_stop(self) -> None:
         """Ask the supervising thread to stop the ranks as after a failure (callable from any thread)."""
@@ -124,11 +155,15 @@ class NodeRanks:
             self._requests.append(code)
         self.inbox.wake()  # nothing once supervision is over: there is nothing left to stop
 
-    def send(self, sig: int, group: bool = True) -> None:
-        """Send `sig` to every running rank (and, with `group`, to what it started)."""
+    def send(self, sig: int, group: bool = True, stopping: bool = False) -> None:
+        """Send `sig` to every running rank (and, with `group`, to what it started); `stopping`: the job is
+        being stopped (an outside rank gets `STOP_SIGNAL` instead, see `OutsideRank`)."""
         self.signals_sent.add(sig)
         for pid in self.running():
-            send_to_group(pid, sig, group)
+            if self.outside is None or pid != self.outside.pid:
+                send_to_group(pid, sig, group)
+            elif not (sig == signal.SIGINT and self.outside.sees_ctrl_c):
+                send_to_group(pid, STOP_SIGNAL if stopping else sig, group=False)
 
     def _record(self, event: RankExited) -> int | None:
         """Note how a rank ended; its rank, or None for a process of an earlier job (one that outlived
@@ -153,7 +188,7 @@ class NodeRanks:
             before = [_size(log) for log in logs]
             self.send(signal.SIGUSR1, group=False)
             _wait_for_dumps(logs, before)
-        self.send(signal.SIGTERM)
+        self.send(signal.SIGTERM, stopping=True)
 
     def wait(self) -> bool:
         """Wait for every rank; on the first failure (or a stop request) stop the others (SIGTERM,
@@ -194,6 +229,8 @@ class NodeRanks:
         """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace_s` to finish, then kill
         them; a second Ctrl-C kills them at once."""
         self.stopped.update(self.pids[pid] for pid in self.running())
+        if self.console is not None:  # what the ranks print as they stop stays in their logs
+            self.console.freeze()
         self.send(sig)
         end = time.monotonic() + grace_s
         try:
@@ -218,6 +255,7 @@ class NodeRanks:
                         "rank %d (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a "
                         "hung GPU call); it is left behind", self.pids[pid], pid, KILL_WAIT_S,
                     )
+                    self.left_behind.add(pid)
                 return
             if event is not None:
                 self._record(event)
@@ -242,7 +280,7 @@ class NodeRanks:
     def end(self) -> None:
         """After the ranks ended: have the starter stop whatever they started (`job_processes.py`)."""
         try:
-            left = self.starter.end_job(str(self.payload_path.parent))
+            left = self.starter.end_job(self.key, (self.outside.pid,) if self.outside is not None else ())
         except RuntimeError:  # the starter is gone, and every process of the job with it
             return
         if left:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from ddpw_runtime import _compat
 from ddpw_runtime.rank import context
 
 if TYPE_CHECKING:
@@ -54,8 +55,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
+        elif (original := _compat.compiled_original(model)) is not None:
+            model = original
         else:
             return model
 

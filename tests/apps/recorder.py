@@ -21,7 +21,13 @@ class Recorder(Callback):
         self._record("on_run_start")
 
     def on_run_end(self, config: Any, **kwargs: Any) -> None:
-        self._record("on_run_end")
+        job_return = kwargs.get("job_return")
+        if job_return is None:
+            self._record("on_run_end")
+            return
+        value = job_return._return_value
+        self._record("on_run_end", status=job_return.status.name,
+                     return_value=value if isinstance(value, (dict, int, str, type(None))) else repr(value))
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         self._record("on_multirun_start")

@@ -1,0 +1,193 @@
+"""The typed messages processes of a job exchange, and the channel they travel on.
+
+Two conversations, each over a Unix socket pair (`Channel`, pickled messages that may carry file
+descriptors):
+
+- the controller and its rank starter (`starter.py`, `starter_process.py`): `StartRank` is answered by
+  `RankStarted`, `EndJob` by `JobEnded`; `RankExited` comes when a rank ends; `Preload` and `Adopt` have
+  no answer;
+- a plain run's supervisor (the program's own process, `run_supervisor.py`) and the user's process that is
+  rank 0 (`hydra_jobs/plain_run.py`): `JobStarting` is answered by `RankZero` (this attempt's plan, with
+  the rendezvous socket and the rank's terminal attached), `TaskEnded` by `JobSettled`; `RunEnded` comes
+  last.
+
+Data only (no torch): every process of a job imports it.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ddpw_runtime.launch.plan import LaunchPlan
+from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.launch.records import RankResult
+
+
+class Channel:
+    """Pickled messages over a Unix stream socket, each able to carry file descriptors."""
+
+    _HEADER = struct.Struct("!I")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def fileno(self) -> int:
+        """The socket's descriptor (for `select`)."""
+        return self.sock.fileno()
+
+    def send(self, message: object, fds: Sequence[int] = ()) -> None:
+        """Send `message`, with `fds` attached."""
+        data = pickle.dumps(message)
+        frame = self._HEADER.pack(len(data)) + data
+        sent = socket.send_fds(self.sock, [frame], list(fds)) if fds else self.sock.send(frame)
+        if sent < len(frame):
+            self.sock.sendall(frame[sent:])
+
+    def recv(self) -> tuple[object, list[int]]:
+        """The next message and the descriptors attached to it; EOFError when the other side closed."""
+        head, fds, _, _ = socket.recv_fds(self.sock, self._HEADER.size, 4)
+        if not head:
+            raise EOFError("the other side closed the channel")
+        head += self._exactly(self._HEADER.size - len(head))
+        (length,) = self._HEADER.unpack(head)
+        return pickle.loads(self._exactly(length)), fds
+
+    def _exactly(self, size: int) -> bytes:
+        chunks = []
+        while size:
+            chunk = self.sock.recv(size)
+            if not chunk:
+                raise EOFError("the other side closed the channel")
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+
+# ----------------------------------------------------------------------------- controller <-> rank starter
+@dataclass(frozen=True)
+class JobKey:
+    """A job as the rank starter knows it: its private folder, where its payload and results are."""
+
+    folder: str
+
+
+@dataclass(frozen=True)
+class StartRank:
+    """Start local rank `local_rank` of `job` from its payload at `payload_path`; `request` numbers the
+    request, for the answer. Attached descriptors follow, in this order: the rendezvous socket when
+    `listen_fd` (the rank that hosts the store), the rank's terminal when `terminal` (a console rank on
+    a terminal console)."""
+
+    request: int
+    job: JobKey
+    payload_path: str
+    local_rank: int
+    exec_fresh: bool
+    listen_fd: bool = False
+    terminal: bool = False
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """Count process `pid` (started elsewhere: a plain run's rank 0, the user's own process) as one of
+    `job`'s, so what it starts is found and stopped with the job's processes; no answer."""
+
+    job: JobKey
+    pid: int
+
+
+@dataclass(frozen=True)
+class Preload:
+    """Import `modules` in the starter (those that fail to import are skipped); no answer."""
+
+    modules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EndJob:
+    """Every rank of `job` has ended: stop whatever they started (processes in new sessions included, see
+    `job_processes.py`), but not the adopted processes in `release`, which are let go first."""
+
+    job: JobKey
+    release: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobEnded:
+    """Answer to `EndJob`: the pids of the job's processes that would not die (none, normally)."""
+
+    job: JobKey
+    left: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RankStarted:
+    """Answer to `StartRank` number `request`: the rank's pid."""
+
+    request: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class RankExited:
+    """A rank ended; `exit_code` is negative for a signal, as in `subprocess`."""
+
+    pid: int
+    exit_code: int
+
+
+# ----------------------------------------------------------------------------- plain run: supervisor <-> rank 0
+@dataclass(frozen=True)
+class JobStarting:
+    """From rank 0's process: the job's task is about to run there. `task` is the task (a packed `TaskCall`)
+    the other ranks run, `state` rank 0's process state they take on, `log_dir` the job's output dir."""
+
+    task: bytes
+    state: ProcessState
+    log_dir: str
+
+
+@dataclass(frozen=True)
+class RankZero:
+    """To rank 0's process: be rank 0 of this attempt (`plan`), with `env` added to its environment.
+    Attached: the rendezvous socket when `listen_fd`, its terminal when `terminal`."""
+
+    plan: LaunchPlan
+    env: dict[str, str]
+    listen_fd: bool
+    terminal: bool
+
+
+@dataclass(frozen=True)
+class TaskEnded:
+    """From rank 0's process: its task ended as `result` (None: it was stopped, or interrupted), and it
+    left the process group."""
+
+    result: RankResult | None
+
+
+@dataclass(frozen=True)
+class JobSettled:
+    """To rank 0's process, in answer to `TaskEnded` (or instead of `RankZero` when the job cannot start):
+    how the job ended. `error` (pickled, or None) is the job's failure when it is not rank 0's own error;
+    `restart`: a new attempt follows (a `RankZero`); `stopped`: the signal that interrupted the job."""
+
+    error: bytes | None
+    restart: bool = False
+    stopped: int | None = None
+
+
+@dataclass(frozen=True)
+class RunEnded:
+    """From rank 0's process: Hydra's run is over; `threads` names the non-daemon threads still running,
+    which keep the program alive."""
+
+    threads: tuple[str, ...]

@@ -1,0 +1,355 @@
+"""A plain run's supervisor: the program's own process, once it has handed Hydra's run to rank 0.
+
+When a plain run with a ddpw launcher starts (`hydra_jobs/plain_run.py`, at `on_run_start`), the program
+forks. The child goes on with Hydra's run as rank 0 (the user's process: terminal, pdb, callbacks, output
+dir, all Hydra's own). The parent, whose pid is the one the shell, a scheduler or `kill` knows, becomes
+the job's supervisor and never returns to Hydra: it starts and supervises the other ranks and watches
+rank 0 like any rank, so nothing the task does to its own process (ignoring or catching signals, leaving
+threads, holding the GIL, forking, dying) keeps the job from ending as documented:
+
+- Ctrl-C or SIGTERM: passed on to every rank (rank 0 gets the terminal's Ctrl-C by itself, as without
+  hydra-ddpw), `interrupt_grace_s` to finish, then SIGKILL; a second one kills at once; exit 130 or 143.
+- Another rank fails, or the time limit passes: rank 0 is asked to stop (`STOP_SIGNAL`: `RankStopped`
+  in its task, so Hydra reports the job there), and killed after `stop_grace_s` if it does not.
+- The supervisor is killed: rank 0 dies with it (`PR_SET_PDEATHSIG`), the rank starter stops the rest.
+- Rank 0's task left a non-daemon thread running: the job ends all the same (the other ranks are gone),
+  and, as Python keeps such a program running, so does this one, naming the thread.
+
+The program exits with rank 0's exit code, or 130/143 after Ctrl-C/SIGTERM, or 1 when rank 0 had to be
+killed (the supervisor then shows the job's error itself).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+from ddpw_conf import Platform
+from ddpw_conf.launcher import LauncherOptions
+from ddpw_runtime.errors import RankFailure, Terminated
+from ddpw_runtime.launch.engine import JobInput, LocalJob, NodeJob, settle, starter_for, with_restarts
+from ddpw_runtime.launch.outcome import RankOutcome
+from ddpw_runtime.launch.payload import write_atomically
+from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
+from ddpw_runtime.launch.starter import Inbox, close_starters
+from ddpw_runtime.launch.starter_process import die_with_parent
+from ddpw_runtime.launch.supervisor import Grace, OutsideRank, supervise
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class ThreadsBeforeTheRun(RuntimeError):
+    """The program has threads other than its main one when a plain run would fork (they would not be in
+    the process that goes on as rank 0)."""
+
+
+def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
+    """Fork the program (see the module docstring). In the child, which goes on as the user's process,
+    return its channel to the supervisor; in the parent, supervise the job and exit, never returning."""
+    others = [thread.name for thread in threading.enumerate() if thread is not threading.current_thread()]
+    if others:
+        raise ThreadsBeforeTheRun(
+            f"a plain run with a ddpw launcher goes on in a fork of this process (the program's own process "
+            f"supervises the job), and the thread(s) {', '.join(others)} started before the run would not be "
+            "there; start them inside the task, or run with -m"
+        )
+    ours, theirs = socket.socketpair()
+    parent = os.getpid()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # none is handled half-way through the fork
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        die_with_parent(signal.SIGKILL)
+        if os.getppid() != parent:  # the supervisor died before that took effect
+            os._exit(1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        return Channel(theirs)
+    theirs.close()
+    code = 1
+    try:
+        code = RunSupervisor(Channel(ours), pid, platform, options, before).run()
+    except BaseException:  # noqa: BLE001 - the supervisor must end, and say why
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+@dataclass(frozen=True)
+class _RankZeroExited:
+    """Rank 0's process ended with `code` (negative: killed by that signal)."""
+
+    code: int
+
+
+class _Hangup(BaseException):
+    """The terminal went away (SIGHUP): every process of the job ends at once."""
+
+
+class RunSupervisor:
+    """The supervisor of one plain run (see the module docstring): `channel` to rank 0's process `pid`."""
+
+    def __init__(self, channel: Channel, pid: int, platform: Platform, options: LauncherOptions,
+                 signal_mask: set[int | signal.Signals]) -> None:
+        self.channel = channel
+        self.pid = pid
+        self.platform = platform
+        self.options = options
+        self.grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
+        self.signal_mask = signal_mask
+        self.events: queue.SimpleQueue[JobStarting | RunEnded | _RankZeroExited] = queue.SimpleQueue()
+        self.inbox: Inbox | None = None
+        """Where rank 0's end goes while an attempt of the job runs."""
+        self.result_file: Path | None = None
+        self.task_ended = threading.Event()
+        """Rank 0 reported its task's end (in this attempt)."""
+        self.awaiting = threading.Event()
+        """Rank 0's process waits for an answer (`RankZero` or `JobSettled`)."""
+        self.exited: int | None = None
+        self.job_started = False
+        self.interrupted: int | None = None
+        self.sees_ctrl_c = _in_foreground()
+
+    # ------------------------------------------------------------------ the whole run
+    def run(self) -> int:
+        """Supervise the run until rank 0's process ends; the program's exit code."""
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _raise(Terminated))
+        signal.signal(signal.SIGHUP, _raise(_Hangup))
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.signal_mask)
+        threading.Thread(target=self._watch, name="ddpw-rank-0", daemon=True).start()
+        try:
+            starter_for(self.platform)  # it imports torch (if not loaded) while rank 0's Hydra goes on
+            first = self.events.get()
+            if isinstance(first, JobStarting):
+                failure = self._job(first)
+                return self._after_job(failure)
+            return _exit_code(first.code) if isinstance(first, _RankZeroExited) else self._end_of_run()
+        except (KeyboardInterrupt, Terminated) as stop:
+            return self._interrupt_rank_zero(signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM)
+        except _Hangup:
+            self._kill_rank_zero()
+            return 128 + signal.SIGHUP
+        finally:
+            close_starters()
+
+    def _job(self, starting: JobStarting) -> BaseException | None:
+        """Run the job whose rank 0 is starting; its failure, or None when every rank returned. Raises
+        KeyboardInterrupt or Terminated when the job was interrupted (every rank ended by then)."""
+        from ddpw_runtime.hydra_jobs.summary import JobConsole
+
+        log_dir = Path(starting.log_dir)
+        console = JobConsole(0, self.platform, log_dir, Path.cwd())
+        job = NodeJob(self.platform, log_dir, self.grace, max_restarts=self.options.max_restarts)
+        given = JobInput(starting.task, starting.state)
+        console.started()
+        self.job_started = True
+        started = time.monotonic()
+        try:
+            with_restarts(job, lambda attempt: self._attempt(given, attempt))
+        except Exception as failure:  # noqa: BLE001 - any failure is the job's, shown where it can be
+            console.failed(failure, time.monotonic() - started)
+            return failure
+        console.completed(time.monotonic() - started)
+        return None
+
+    def _attempt(self, given: JobInput, job: NodeJob) -> None:
+        """One attempt of the job: rank 0 told to join it, the other ranks started, every rank supervised."""
+        if job.restart_count:
+            self.task_ended.clear()
+            self._answer(JobSettled(None, restart=True))
+            self.awaiting.set()  # rank 0 waits for the next `RankZero` now
+        with LocalJob(given, job) as local, local.console() as console:
+            self.result_file = local.payload.result_file(0)
+            env = {**_rank_zero_environment(local), **local.payload.job_environment()}
+            terminal = console.terminal_of(0)
+            fds = [fd for fd in (local.listen_fd, terminal) if fd is not None]
+            outside = OutsideRank(0, self.pid, self.sees_ctrl_c)
+            ranks = local.ranks(local.plan.global_ranks, console, outside=outside)
+            self.inbox = ranks.inbox
+            if self.exited is not None:  # rank 0 died while the job was being prepared
+                ranks.inbox.put(RankExited(self.pid, self.exited))
+            self.awaiting.clear()
+            self.channel.send(RankZero(local.plan, env, local.listen_fd is not None, terminal is not None), fds)
+            console.handed_over(0)
+            try:
+                outcomes = supervise(ranks)
+            except (KeyboardInterrupt, Terminated) as stop:
+                self.interrupted = signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
+                raise
+            finally:
+                self.inbox = None
+            settle(job, _rank_zero_outcome(outcomes, ended_by_task=self.task_ended.is_set()))
+
+    # ------------------------------------------------------------------ after the job
+    def _after_job(self, failure: BaseException | None) -> int:
+        """Tell rank 0 how the job ended (when it waits to hear it), then wait for its process to end."""
+        if self.awaiting.is_set() and self.exited is None:
+            error = None if _own_error_of_rank_zero(failure) else failure
+            self._answer(JobSettled(_pickled(error)))
+            return self._end_of_run()
+        if failure is not None:  # rank 0 cannot say it (it died or was killed): say it here
+            sys.stderr.write(f"Error executing job: {failure}\n")
+        if self.exited is None:
+            self._kill_rank_zero()
+        return 1 if failure is not None else _exit_code(self.exited or 0)
+
+    def _answer(self, settled: JobSettled) -> None:
+        """Tell rank 0's process, which waits for it, how the job ended."""
+        self.awaiting.clear()
+        try:
+            self.channel.send(settled)
+        except OSError:  # it is gone
+            pass
+
+    def _end_of_run(self) -> int:
+        """Wait for rank 0's process to end (Hydra finishing the run); its exit code. Ctrl-C and SIGTERM
+        still reach it, with the grace."""
+        try:
+            while self.exited is None:
+                event = self.events.get()
+                if isinstance(event, RunEnded) and event.threads:
+                    sys.stderr.write(
+                        f"[ddpw] every rank has ended; the program keeps running because the task left "
+                        f"non-daemon thread(s) running: {', '.join(event.threads)} (as Python waits for them)\n"
+                    )
+        except (KeyboardInterrupt, Terminated) as stop:
+            return self._interrupt_rank_zero(signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM)
+        return _exit_code(self.exited)
+
+    # ------------------------------------------------------------------ interruptions outside the job
+    def _interrupt_rank_zero(self, sig: int) -> int:
+        """Ctrl-C or SIGTERM (`sig`): make sure every rank has it (those of a running job had it passed on
+        already), give rank 0's process the grace to end, then kill it; exit 128 + sig."""
+        from ddpw_runtime.hydra_jobs.summary import stopped_line
+
+        if self.job_started:
+            sys.stderr.write(stopped_line(0, self.interrupted or sig) + "\n")
+        if self.awaiting.is_set() and self.exited is None:  # it waits in hydra-ddpw's code: it ends there
+            self._answer(JobSettled(None, stopped=self.interrupted or sig))
+        elif self.interrupted is None and not (sig == signal.SIGINT and self.sees_ctrl_c):
+            _send(self.pid, sig)
+        end = time.monotonic() + self.grace.interrupt_s
+        while self.exited is None:
+            try:
+                event = self.events.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}, the task's own process) did not end "
+                                 f"{self.grace.interrupt_s:g} s after the signal; killed\n")
+                break
+            except (KeyboardInterrupt, Terminated):  # asked again: at once
+                break
+            del event
+        self._kill_rank_zero()
+        return 128 + (self.interrupted or sig)
+
+    def _kill_rank_zero(self) -> None:
+        """SIGKILL rank 0's process (what it started is the job's, stopped with it) and reap it, bounded."""
+        _send(self.pid, signal.SIGKILL)
+        end = time.monotonic() + 10.0
+        while self.exited is None and time.monotonic() < end:
+            try:
+                self.events.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}) did not exit after SIGKILL; left behind\n")
+
+    # ------------------------------------------------------------------ what rank 0's process says
+    def _watch(self) -> None:
+        """The thread that reads rank 0's channel: its task's end goes to the job's inbox, the rest to
+        `events`; when it ends, its exit code."""
+        while True:
+            try:
+                message, _ = self.channel.recv()
+            except (EOFError, OSError):
+                break
+            if isinstance(message, TaskEnded):
+                if message.result is not None and self.result_file is not None:
+                    write_atomically(self.result_file, pickle.dumps(message.result))
+                self.task_ended.set()
+                self.awaiting.set()
+                inbox = self.inbox
+                if inbox is not None:
+                    inbox.put(RankExited(self.pid, 0 if message.result is not None and message.result.ok else 1))
+            elif isinstance(message, (JobStarting, RunEnded)):
+                if isinstance(message, JobStarting):
+                    self.awaiting.set()
+                self.events.put(message)
+        _, status = os.waitpid(self.pid, 0)
+        self.exited = os.waitstatus_to_exitcode(status)
+        inbox = self.inbox
+        if inbox is not None and not self.task_ended.is_set():
+            inbox.put(RankExited(self.pid, self.exited))
+        self.events.put(_RankZeroExited(self.exited))
+
+
+def _rank_zero_environment(local: LocalJob) -> dict[str, str]:
+    from ddpw_runtime.rank.environment import rank_environment
+
+    return rank_environment(local.plan, 0, 0)
+
+
+def _rank_zero_outcome(outcomes: list[RankOutcome], ended_by_task: bool) -> list[RankOutcome]:
+    """`outcomes` with rank 0's exit code unknown when its task ended (its process goes on)."""
+    if ended_by_task and outcomes and outcomes[0].rank == 0:
+        outcomes[0].exit_code = None
+    return outcomes
+
+
+def _pickled(error: BaseException | None) -> bytes | None:
+    """`error` pickled to travel to rank 0's process (its text when it cannot be pickled)."""
+    if error is None:
+        return None
+    try:
+        return pickle.dumps(error)
+    except Exception:  # noqa: BLE001 - any error can still be told as text
+        return pickle.dumps(RuntimeError(str(error)))
+
+
+def _own_error_of_rank_zero(failure: BaseException | None) -> bool:
+    """Whether the job failed by rank 0's own error, which rank 0's Hydra run already shows as its own."""
+    return isinstance(failure, RankFailure) and failure.rank == 0 and bool(failure.traceback_text)
+
+
+def _in_foreground() -> bool:
+    """Whether this process is in its terminal's foreground process group (a Ctrl-C typed there reaches
+    every process of the group, rank 0 among them)."""
+    for fd in (0, 1, 2):
+        try:
+            return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False
+
+
+def _send(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _raise(kind: type[BaseException]) -> Callable[[int, FrameType | None], NoReturn]:
+    """A signal handler that raises `kind`."""
+
+    def handler(signum: int, frame: FrameType | None) -> NoReturn:
+        raise kind()
+
+    return handler
+
+
+def _exit_code(code: int) -> int:
+    """A process's exit code as a shell gives it (128 + the signal for a process killed by one)."""
+    return 128 - code if code < 0 else code

@@ -1,0 +1,122 @@
+"""A rank in a process that was not started as one: rank 0 of a plain run (the user's own process) and
+rank 0 of `Wrapper(caller_rank=True)` (the caller). For the length of its task the process takes on the
+rank's variables, its output goes to the rank's log (or its terminal), and it joins the process group;
+afterwards the process is as it was (environment, output, thread count, excepthook, temporary folder),
+so the program goes on, or the next job can start.
+
+Shared with every rank process (`entry.py`): the same variables, the same set-up and teardown.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from ddpw_runtime.launch.plan import LaunchPlan
+from ddpw_runtime.launch.records import RankResult
+
+
+class RankInThisProcess:
+    """This process as `rank` of `plan`'s job (see the module docstring).
+
+    `env`: the variables it takes on (torchrun's and the job's). `listen_fd`: the rendezvous socket, when
+    this rank hosts the store. `output`: where fds 1 and 2 go while it is a rank (a terminal of its own,
+    or its log file); None: they stay where they are (a caller whose output the caller's stdout shows).
+    """
+
+    def __init__(self, plan: LaunchPlan, rank: int, env: Mapping[str, str], listen_fd: int | None = None,
+                 output: int | None = None) -> None:
+        self.plan = plan
+        self.rank = rank
+        self.env = dict(env)
+        self.listen_fd = listen_fd
+        self.output = output
+        self._saved_env: dict[str, str | None] = {}
+        self._saved_fds: tuple[int, int] | None = None
+        self._saved_threads: int | None = None
+        self._saved_excepthook = sys.excepthook
+        self._faulthandler = faulthandler.is_enabled()
+        self._collectives: int | None = None
+        self._joined = False
+
+    def enter(self) -> None:
+        """Take on the rank's variables and output, and join the job (device, process group, groups,
+        seed: `setup_rank`). On failure, the process is put back before the error propagates."""
+        self._saved_env = {name: os.environ.get(name) for name in self.env}
+        os.environ.update(self.env)
+        tempfile.tempdir = None  # the job's own TMPDIR, when the variables name one
+        if self.output is not None:
+            _flush()
+            self._saved_fds = (os.dup(1), os.dup(2))
+            os.dup2(self.output, 1)
+            os.dup2(self.output, 2)
+            os.close(self.output)
+            self.output = None
+            faulthandler.enable()  # a crash leaves its Python stack in the rank's log, as in every rank
+            faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it was, on request
+        try:
+            import torch
+
+            from ddpw_runtime.rank.environment import tell_imported_libraries
+            from ddpw_runtime.rank.setup import setup_rank, world_collectives
+
+            self._saved_threads = torch.get_num_threads()
+            tell_imported_libraries(self.rank)
+            self._joined = True
+            setup_rank(self.plan, self.rank, self.rank - self.plan.global_ranks[0], self.listen_fd)
+            self._collectives = world_collectives()
+        except BaseException:
+            self.leave(None)
+            raise
+
+    def leave(self, result: RankResult | None) -> None:
+        """The task ended as `result` (None: it never ran): leave the process group and put the process back
+        as it was. A successful result gets the rank's warning, if any (see `lone_rank_warning`)."""
+        if self._joined:
+            self._joined = False
+            import torch
+
+            from ddpw_runtime.rank.environment import lone_rank_warning
+            from ddpw_runtime.rank.setup import teardown_rank, world_collectives
+
+            if result is not None and result.ok:
+                result.warning = lone_rank_warning(self.plan, self._collectives, world_collectives())
+            teardown_rank()
+            if self._saved_threads is not None:
+                torch.set_num_threads(self._saved_threads)
+            sys.excepthook = self._saved_excepthook  # init_process_group installs a `[rank0]` one
+        if self._saved_fds is not None:
+            _flush()
+            faulthandler.unregister(signal.SIGUSR1)
+            if not self._faulthandler:
+                faulthandler.disable()
+            for fd, saved in zip((1, 2), self._saved_fds, strict=True):
+                os.dup2(saved, fd)
+                os.close(saved)
+            self._saved_fds = None
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved_env = {}
+        tempfile.tempdir = None
+
+
+def open_log(log_file: Path) -> int:
+    """A descriptor that appends to a rank's log file (made if missing)."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
