@@ -8,22 +8,18 @@ start, not by timing. GPU packing cannot run here: its tests give `Devices` a mo
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from ddpw_conf import Platform
-from ddpw_runtime.errors import Interrupted
+from ddpw_runtime.hydra_jobs.local import Schedule
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
-from ddpw_runtime.hydra_jobs.side_by_side import run_side_by_side
 from ddpw_runtime.launch.devices import Devices, Need, Share, visible_gpus
-from ddpw_runtime.launch.interruption import Interruption
 from ddpw_runtime.launch.plan import plan_local
 from ddpw_runtime.rank.environment import rank_environment
 from tests.helpers import alive, run_app, start_app
@@ -78,10 +74,28 @@ def test_a_failing_job_does_not_stop_the_jobs_beside_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.subprocess
+def test_jobs_side_by_side_keep_every_line_of_their_logs_whatever_the_handlers_do(tmp_path: Path) -> None:
+    # A job log opened with mode `w` and a callback that logs when each job starts and ends: jobs side by
+    # side each have a process of their own, so nothing of one job's logging touches another's.
+    proc, started = sweep(tmp_path, "job=0,1,2,3", "together=2", "+hydra.job_logging.handlers.file.mode=w",
+                          "+hydra.callbacks.events._target_=job_events.LogsJobEvents")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(started) == [0, 1, 2, 3]
+    assert len({s["pid"] for s in started.values()}) == 4
+    for job in range(4):
+        log = (tmp_path / "sw" / str(job) / "side_by_side_app.log").read_text()
+        assert "\0" not in log
+        for line in (f"on_job_start of job {job}", f"job {job} logs to its own log", f"on_job_end of job {job}"):
+            assert log.count(line) == 1, (job, line, log)
+        assert all(f"of job {other}" not in log for other in range(4) if other != job)
+
+
+@pytest.mark.subprocess
 def test_ctrl_c_stops_every_job_running_side_by_side(tmp_path: Path) -> None:
     meet = tmp_path / "meet"
     meet.mkdir()
-    proc = start_app(tmp_path, "-m", f"meet={meet}", "hydra.sweep.dir=sw", "job=0,1", "together=2",
+    # two jobs fill both cores; the third waits for a core, and never starts
+    proc = start_app(tmp_path, "-m", f"meet={meet}", "hydra.sweep.dir=sw", "job=0,1,2", "together=2",
                      "behaviour=block", app=APP)
     try:
         while len(list(meet.glob("started_*"))) < 2 and proc.poll() is None:
@@ -93,11 +107,13 @@ def test_ctrl_c_stops_every_job_running_side_by_side(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert proc.returncode == 130, err
-    assert "Interrupted: every rank of job #0 was stopped." in err
-    assert "Interrupted: every rank of job #1 was stopped." in err
+    assert err.count("Interrupted: every rank of job #0 was stopped.") == 1
+    assert err.count("Interrupted: every rank of job #1 was stopped.") == 1
+    assert "Traceback" not in err and "ddpw_runtime" not in err and "job #2" not in err, err
     assert not [pid for pid in pids if alive(pid)]
-    assert [(j["job"], j["status"]) for j in summary_of(tmp_path)] == [(0, "INTERRUPTED"), (1, "INTERRUPTED")]
-    assert "[ddpw] sweep summary: 2 jobs, 2 INTERRUPTED" in out
+    assert [(j["job"], j["status"]) for j in summary_of(tmp_path)] == [
+        (0, "INTERRUPTED"), (1, "INTERRUPTED"), (2, "NOT STARTED")]
+    assert "[ddpw] sweep summary: 3 jobs, 2 INTERRUPTED, 1 NOT STARTED" in out
 
 
 @pytest.mark.subprocess
@@ -122,58 +138,49 @@ def test_a_job_asking_for_more_cores_than_the_machine_has_is_refused_before_anyt
 
 
 def gpu_job(idx: int, gpus: int) -> PreparedJob:
-    """A job of `gpus` GPUs (nothing runs it: see `MockedRun`)."""
+    """A job of `gpus` GPUs (nothing runs it: the schedule alone is tested)."""
     return PreparedJob(idx, [f"job={idx}"], OmegaConf.create({}), Platform(device="gpu", n_gpus_per_node=gpus),
                        Path(f"/nonexistent/{idx}"))
 
 
-class MockedRun:
-    """Stands in for running a job (there are no GPUs here): notes the share, waits until `together`
-    jobs are running at once (a barrier, so a schedule that runs fewer at once fails), then returns."""
-
-    def __init__(self, together: int) -> None:
-        self.barrier = threading.Barrier(together, timeout=30)
-        self.to_meet = together
-        self.shares: dict[int, Share] = {}
-        self.running: set[int] = set()
-        self.most = 0
-        self.lock = threading.Lock()
-
-    def __call__(self, job: PreparedJob, share: Share, interruption: Interruption) -> JobReturn:
-        with self.lock:
-            self.shares[job.idx] = share
-            self.running.add(job.idx)
-            self.most = max(self.most, len(self.running))
-            meets, self.to_meet = self.to_meet > 0, self.to_meet - 1
-        if meets:  # the first `together` jobs; later ones would have no one left to meet
-            self.barrier.wait()
-        with self.lock:
-            self.running.discard(job.idx)
-        return JobReturn(overrides=job.overrides, status=JobStatus.COMPLETED, _return_value=job.idx)
+def started_at_once(schedule: Schedule) -> list[tuple[PreparedJob, Share | None]]:
+    """Every job the schedule starts now."""
+    started = []
+    while (ready := schedule.next()) is not None:
+        started.append(ready)
+    return started
 
 
 def test_gpu_jobs_get_disjoint_gpus_and_start_as_gpus_free_up_mocked_gpus() -> None:
-    run = MockedRun(together=2)
     jobs = [gpu_job(0, 2), gpu_job(1, 2), gpu_job(2, 2)]  # 4 GPUs: two jobs at a time
-    ended: list[int] = []
-    results = run_side_by_side(jobs, Devices(("0", "1", "2", "3"), (0, 1)), None, run,
-                               lambda job, outcome: ended.append(job.idx))
-    assert [r.return_value for r in results] == [0, 1, 2]  # in job order
-    assert run.most == 2 and sorted(ended) == [0, 1, 2]
-    assert {run.shares[0].gpus, run.shares[1].gpus} == {("0", "1"), ("2", "3")}
-    assert run.shares[2].gpus in {("0", "1"), ("2", "3")}
+    schedule = Schedule(list(jobs), Devices(("0", "1", "2", "3"), (0, 1)), None)
+    first = started_at_once(schedule)
+    assert [job.idx for job, _ in first] == [0, 1]
+    shares = {job.idx: share for job, share in first}
+    assert {s.gpus for s in shares.values() if s is not None} == {("0", "1"), ("2", "3")}
     # GPU jobs share the cores; their threads count on their part of them (2 GPUs of 4: half of 2 cores)
-    assert {(share.cpus, share.n_cpus) for share in run.shares.values()} == {(None, 1)}
+    assert {(s.cpus, s.n_cpus) for s in shares.values() if s is not None} == {(None, 1)}
+    freed = shares[1]
+    assert freed is not None
+    schedule.ended(freed)
+    ((third, share),) = started_at_once(schedule)
+    assert third.idx == 2 and share is not None and share.gpus == freed.gpus  # the GPUs job 1 freed
 
 
 def test_max_parallel_jobs_caps_jobs_that_would_fit_mocked_gpus() -> None:
-    run = MockedRun(together=3)
     jobs = [gpu_job(idx, 1) for idx in range(6)]
-    run_side_by_side(jobs, Devices(tuple("01234567"), (0,)), 3, run, lambda job, outcome: None)
-    assert run.most == 3
-    run = MockedRun(together=6)
-    run_side_by_side(jobs, Devices(tuple("01234567"), (0,)), None, run, lambda job, outcome: None)
-    assert run.most == 6 and len({share.gpus for share in run.shares.values()}) == 6
+    assert len(started_at_once(Schedule(list(jobs), Devices(tuple("01234567"), (0,)), 3))) == 3
+    every = started_at_once(Schedule(list(jobs), Devices(tuple("01234567"), (0,)), None))
+    assert len(every) == 6 and len({share.gpus for _, share in every if share is not None}) == 6
+
+
+def test_jobs_one_after_another_start_one_at_a_time_in_order() -> None:
+    jobs = [gpu_job(idx, 1) for idx in range(2)]
+    schedule = Schedule(list(jobs), None, 1)
+    ((first, share),) = started_at_once(schedule)
+    assert first.idx == 0 and share is None
+    schedule.ended(share)
+    assert [job.idx for job, _ in started_at_once(schedule)] == [1]
 
 
 def test_a_rank_of_a_job_beside_others_sees_only_its_jobs_gpus_mocked_gpus(tmp_path: Path) -> None:
@@ -205,27 +212,6 @@ def test_what_a_job_takes_from_the_machine() -> None:
     assert part == Share(cpus=(0, 1)) and devices.take(Need(whole=True)) is None
     assert devices.take(Need(gpus=1)) == Share(gpus=("0",), n_cpus=3)  # one GPU of one: every core counted
     assert devices.take(Need(cpus=2)) is None and devices.take(Need(cpus=1)) == Share(cpus=(2,))
-
-
-def test_ctrl_c_in_the_main_thread_stops_the_jobs_in_their_threads() -> None:
-    stopped: list[int] = []
-    gate = threading.Barrier(3, timeout=30)
-
-    def run(job: PreparedJob, share: Share, interruption: Interruption) -> JobReturn:
-        gate.wait()
-        while interruption.signum is None:  # as `watching` would have the ranks stopped
-            threading.Event().wait(0.01)
-        stopped.append(job.idx)
-        raise KeyboardInterrupt()
-
-    def interrupt_once_both_run() -> None:
-        gate.wait()
-        os.kill(os.getpid(), signal.SIGINT)  # Python handles it in the main thread: KeyboardInterrupt there
-
-    threading.Thread(target=interrupt_once_both_run).start()
-    with pytest.raises(Interrupted):
-        run_side_by_side([gpu_job(0, 1), gpu_job(1, 1)], Devices(("0", "1"), (0,)), None, run, lambda j, o: None)
-    assert sorted(stopped) == [0, 1]
 
 
 @pytest.mark.subprocess

@@ -1,36 +1,46 @@
-"""The local launcher's jobs: one Hydra job = one distributed job on this machine.
+"""The local launcher's jobs: one Hydra job = one distributed job on this machine, each in a job process
+of its own (`job_process.py`), so jobs side by side share no process state.
 
-The jobs come prepared (composed, checked: `prepare.py`); Hydra's `run_job` is called once per job
-with a `JobTask`, so the output dir, `.hydra/`, the job log and the callbacks happen exactly once per
-job. Jobs run side by side when their devices fit (`side_by_side.py`), else one after another.
+The jobs come prepared (composed, checked: `prepare.py`). They start in job order as soon as their devices
+are free (`launch/devices.py`: GPUs or cores of their own, or the whole machine, one after another); no job
+overtakes one that waits, so results and summaries come in the order a sequential sweep gives them. A
+failed job does not stop the others; an error outside a task (a callback's) stops new jobs from starting
+and is raised once the running ones ended. Ctrl-C or SIGTERM is passed on to every running job (each gives
+its ranks the grace), the jobs that never started are noted as such, and the program exits 130 or 143.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
+import os
+import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
-from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job
+import cloudpickle
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from ddpw_conf import ConfigError, LocalLauncherConf, platform_from_config
 from ddpw_runtime.errors import Interrupted, Terminated
+from ddpw_runtime.hydra_jobs import interrupts
+from ddpw_runtime.hydra_jobs.job_process import RESULT, JobEnd, JobPayload
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
-from ddpw_runtime.hydra_jobs.side_by_side import Turns, run_side_by_side
 from ddpw_runtime.hydra_jobs.summary import stopped_line
-from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry
-from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, JobTask
+from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, not_started
+from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
 from ddpw_runtime.launch.devices import Devices, Need, Share, cpu_cores, visible_gpus
 from ddpw_runtime.launch.engine import NodeJob, describe, gpus_available, starter_for
-from ddpw_runtime.launch.interruption import Interruption
-from ddpw_runtime.launch.supervisor import Grace, NodeRanks
+from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.launch.starter import Inbox
+from ddpw_runtime.launch.supervisor import Grace
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +52,13 @@ def run_jobs(
     options: LocalLauncherConf,
     summary: SweepSummary | None = None,
 ) -> list[JobReturn]:
-    """Run each (prepared) job of a batch as a distributed job, side by side when their devices fit
-    (`max_parallel_jobs`), else one after another; one JobReturn per job, in order. Each job's entry
-    goes to `summary` as it ends."""
+    """Run each (prepared) job of a batch as a distributed job in a job process of its own, side by side
+    when their devices fit (`max_parallel_jobs`), else one after another; one JobReturn per job, in order.
+    Each job's entry goes to `summary` as it ends."""
     if options.dry_run:
         return [_dry_run(job) for job in jobs]
     devices = side_by_side_devices(jobs, options)
-    runner = _Runner(hydra_context, task_function, options, summary)
-    if devices is not None:
-        beside = functools.partial(runner.run_beside, Turns())
-        return run_side_by_side(jobs, devices, options.max_parallel_jobs, beside, runner.ended)
-    runs: list[JobReturn] = []
-    for job in jobs:
-        runs.append(runner.run_alone(job))
-        configure_log(job.config.hydra.hydra_logging, job.config.hydra.verbose)
-    return runs
+    return _Sweep(hydra_context, task_function, jobs, options, summary, devices).run()
 
 
 def side_by_side_devices(jobs: Sequence[PreparedJob], options: LocalLauncherConf) -> Devices | None:
@@ -88,71 +90,155 @@ def start_starter_early(config: DictConfig, options: LocalLauncherConf) -> None:
         pass
 
 
-def node_job(job: PreparedJob, options: LocalLauncherConf) -> NodeJob:
-    """How the engine runs `job` with these options."""
-    return NodeJob(job.platform, job.output_dir, Grace(options.stop_grace_s, options.interrupt_grace_s),
-                   max_restarts=options.max_restarts)
+class Schedule:
+    """Which job starts next: the first waiting one, once its devices are free and fewer than `max_jobs`
+    (None: any number) run; None while it must wait. `devices` None: one job at a time, each with the
+    whole machine."""
+
+    def __init__(self, pending: list[PreparedJob], devices: Devices | None, max_jobs: int | None) -> None:
+        self.pending = pending
+        self.devices = devices
+        self.max_jobs = max_jobs
+        self.running = 0
+
+    def next(self) -> tuple[PreparedJob, Share | None] | None:
+        """The job to start now and its devices (taken from `pending`), or None."""
+        if not self.pending or (self.max_jobs is not None and self.running >= self.max_jobs):
+            return None
+        share = self.devices.take(Need.of(self.pending[0].platform)) if self.devices is not None else None
+        if self.devices is not None and share is None:
+            return None
+        self.running += 1
+        return self.pending.pop(0), share
+
+    def ended(self, share: Share | None) -> None:
+        """A job that had `share` ended."""
+        self.running -= 1
+        if self.devices is not None and share is not None:
+            self.devices.give_back(share)
 
 
-class _Runner:
-    """Runs one job with Hydra's `run_job`, alone or beside others, and notes each in the summary."""
+@dataclass
+class _Running:
+    """A job whose job process runs."""
 
-    def __init__(self, hydra_context: HydraContext, task_function: TaskFunction, options: LocalLauncherConf,
-                 summary: SweepSummary | None) -> None:
+    job: PreparedJob
+    share: Share | None
+    folder: Path
+    started: float
+
+
+class _Sweep:
+    """One launch's jobs, started and waited for (see the module docstring)."""
+
+    def __init__(self, hydra_context: HydraContext, task_function: TaskFunction, jobs: Sequence[PreparedJob],
+                 options: LocalLauncherConf, summary: SweepSummary | None, devices: Devices | None) -> None:
         self.hydra_context = hydra_context
         self.task_function = task_function
+        self.jobs = list(jobs)
+        self.pending = list(jobs)
+        """The jobs not started yet, in order (`Schedule` takes them from the front)."""
         self.options = options
         self.summary = summary
-        self.started: dict[int, float] = {}
+        self.devices = devices
+        self.running: dict[int, _Running] = {}
+        self.ended: dict[int, JobEnd] = {}
+        self.inbox = Inbox()
+        self.schedule = Schedule(self.pending, devices, options.max_parallel_jobs if devices is not None else 1)
 
-    def run_alone(self, job: PreparedJob) -> DdpwJobReturn:
-        """Run `job` in this thread, the only one running; Ctrl-C and SIGTERM stop it."""
-        log.info(f"#{job.idx} : {job.shown}")
-        task = JobTask(self.task_function, node_job(job, self.options), job.idx)
+    def run(self) -> list[JobReturn]:
+        """Run every job; their returns in order."""
         try:
-            ret = self._run_job(job, task)
-        except KeyboardInterrupt:
-            self.ended(job, KeyboardInterrupt())
-            sys.stderr.write(stopped_line(job.idx, signal.SIGINT) + "\n")
-            raise Interrupted() from None
-        except Terminated as stop:
-            self.ended(job, stop)
-            sys.stderr.write(stopped_line(job.idx, signal.SIGTERM) + "\n")
-            raise
-        self.ended(job, ret)
-        return ret
+            with interrupts.job_running():
+                while self.pending or self.running:
+                    self._start_what_fits()
+                    if not self.running:
+                        break
+                    self._wait_one()
+        except (KeyboardInterrupt, Terminated) as stop:
+            self._stop_all(signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+        finally:
+            self.inbox.close()
+        errors = [end.error for _, end in sorted(self.ended.items()) if end.error is not None]
+        if errors:
+            raise errors[0]
+        return [self.ended[job.idx].job_return for job in self.jobs]
 
-    def run_beside(self, turns: Turns, job: PreparedJob, share: Share, interruption: Interruption) -> DdpwJobReturn:
-        """Run `job` on `share` (in a thread of its own, beside other jobs, taking `turns` on the
-        process's state): its console lines start with its number."""
+    def _start_what_fits(self) -> None:
+        """Start the waiting jobs, in order, while their devices are free (none after an error outside a
+        task)."""
+        while not self._errors():
+            ready = self.schedule.next()
+            if ready is None:
+                return
+            self._start(*ready)
 
-        @contextmanager
-        def while_ranks_run(ranks: NodeRanks) -> Iterator[None]:
-            with turns.ranks_running(), interruption.watching(ranks):
-                yield
+    def _start(self, job: PreparedJob, share: Share | None) -> None:
+        beside = self.devices is not None
+        grace = Grace(self.options.stop_grace_s, self.options.interrupt_grace_s)
+        node_job = NodeJob(job.platform, job.output_dir, grace, max_restarts=self.options.max_restarts, share=share,
+                           console_prefix=f"[job {job.idx}] " if beside else "")
+        folder = Path(tempfile.mkdtemp(prefix="ddpw-job-"))
+        payload = JobPayload(ProcessState.capture(), cloudpickle.dumps((self.hydra_context, self.task_function,
+                                                                        job.config)), job.idx, job.dir_keys, node_job)
+        fd = os.open(folder / "payload.pkl", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            pickle.dump(payload, out, protocol=pickle.HIGHEST_PROTOCOL)
+        log.info(f"#{job.idx} : {job.shown}")
+        pid = starter_for(job.platform).start_job(self.inbox, str(folder / "payload.pkl"))
+        self.running[pid] = _Running(job, share, folder, time.monotonic())
 
-        node = replace(node_job(job, self.options), share=share, console_prefix=f"[job {job.idx}] ",
-                       while_ranks_run=while_ranks_run)
-        task = JobTask(self.task_function, node, job.idx)
-        with turns.turn():
-            log.info(f"#{job.idx} : {job.shown}")
-            return self._run_job(job, task)
+    def _wait_one(self) -> None:
+        """Wait until a running job ends, and note how."""
+        event = self.inbox.next(None)
+        while event is None:
+            event = self.inbox.next(None)
+        running = self.running.pop(event.pid)
+        try:
+            with open(running.folder / RESULT, "rb") as src:
+                end: JobEnd = pickle.load(src)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            end = JobEnd(error=RuntimeError(f"the process of job #{running.job.idx} ended without a result "
+                                            f"(exit code {event.exit_code})"))
+        shutil.rmtree(running.folder, ignore_errors=True)
+        self.schedule.ended(running.share)
+        self.ended[running.job.idx] = end
+        self._note(running, end)
 
-    def _run_job(self, job: PreparedJob, task: JobTask) -> DdpwJobReturn:
-        key, subkey = job.dir_keys
-        self.started[job.idx] = time.monotonic()
-        ret = run_job(hydra_context=self.hydra_context, task_function=task, config=job.config, job_dir_key=key,
-                      job_subdir_key=subkey)
-        return DdpwJobReturn.of(ret, task.values)
-
-    def ended(self, job: PreparedJob, outcome: JobReturn | BaseException) -> None:
-        """Note how `job` ended in the sweep summary."""
-        if self.summary is None:
+    def _note(self, running: _Running, end: JobEnd) -> None:
+        """Note how a job ended in the sweep summary (an error outside the task is not a job's end)."""
+        if self.summary is None or end.error is not None:
             return
-        duration = time.monotonic() - self.started.get(job.idx, time.monotonic())
-        stopped_by = {KeyboardInterrupt: "INTERRUPTED", Terminated: "TERMINATED"}
-        how = next((name for kind, name in stopped_by.items() if isinstance(outcome, kind)), None)
-        ret = outcome if isinstance(outcome, JobReturn) else None
-        if ret is None and how is None:
-            return  # an error outside the task: the sweep stops with it
-        self.summary.record(entry(job.idx, job.overrides, job.output_dir, duration, ret, how))
+        job, duration = running.job, time.monotonic() - running.started
+        stopped = {int(signal.SIGINT): "INTERRUPTED", int(signal.SIGTERM): "TERMINATED"}.get(end.stopped_by or 0)
+        self.summary.record(entry(job.idx, job.overrides, job.output_dir, duration, end.job_return, stopped))
+
+    def _stop_all(self, signum: int) -> None:
+        """Ctrl-C or SIGTERM: pass it on to every running job and wait until each has ended (a second
+        Ctrl-C has their ranks killed at once); one line per job; raise what ends the program."""
+        for pid in self.running:
+            _send(pid, signum)
+        while self.running:
+            try:
+                self._wait_one()
+            except (KeyboardInterrupt, Terminated):
+                for pid in self.running:
+                    _send(pid, signum)
+        for idx, end in sorted(self.ended.items()):
+            if end.stopped_by is not None:
+                sys.stderr.write(stopped_line(idx, end.stopped_by) + "\n")
+        if self.summary is not None:
+            for job in self.pending:
+                self.summary.record(not_started(job.idx, job.overrides, job.output_dir))
+        raise Terminated() if signum == signal.SIGTERM else Interrupted()
+
+    def _errors(self) -> bool:
+        return any(end.error is not None for end in self.ended.values())
+
+
+def _send(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+

@@ -38,7 +38,7 @@ class JobEntry:
     job: int
     overrides: list[str]
     status: str
-    """COMPLETED, FAILED, or INTERRUPTED / TERMINATED (stopped by Ctrl-C / SIGTERM)."""
+    """COMPLETED, FAILED, INTERRUPTED / TERMINATED (stopped by Ctrl-C / SIGTERM), or NOT STARTED."""
     duration_s: float
     return_value: Any
     """Rank 0's return value: as it is when JSON can hold it, else its `repr()`; None when it failed."""
@@ -56,6 +56,11 @@ def entry(job: int, overrides: list[str], output_dir: Path, duration_s: float, r
     value = None if failed else _as_json(ret.return_value)
     error = _one_line(_compat.job_error(ret)) if failed else None
     return JobEntry(job, overrides, ret.status.name, round(duration_s, 3), value, str(output_dir), error)
+
+
+def not_started(job: int, overrides: list[str], output_dir: Path) -> JobEntry:
+    """The entry of a job that never started (the sweep was stopped first)."""
+    return JobEntry(job, overrides, "NOT STARTED", 0.0, None, str(output_dir))
 
 
 def _as_json(value: Any) -> Any:

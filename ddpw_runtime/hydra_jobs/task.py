@@ -5,6 +5,7 @@ that carries every rank's value."""
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -34,6 +35,18 @@ class DdpwJobReturn(JobReturn):
     def of(ret: JobReturn, rank_values: list[Any]) -> DdpwJobReturn:
         """`ret` with `rank_values`."""
         return DdpwJobReturn(**{f.name: getattr(ret, f.name) for f in fields(JobReturn)}, rank_values=rank_values)
+
+
+def append_to_job_files() -> None:
+    """Make this process's logging file handlers append from now on (a `mode: w` job log was emptied when
+    the job began): rank 0 of the job, a process of its own, writes to the same files meanwhile, and
+    neither may write over the other's lines."""
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    for handler in {id(h): h for lg in loggers for h in lg.handlers}.values():
+        if isinstance(handler, logging.FileHandler) and handler.mode == "w":
+            handler.close()
+            handler.mode = "a"  # reopened, appending, at its next record
 
 
 class JobTask:
@@ -70,6 +83,7 @@ class JobTask:
         started = time.monotonic()
         if console is not None:
             console.started()
+        append_to_job_files()
         try:
             with self.around_ranks(), interrupts.job_running():
                 self.values = run_ranks(TaskCall(self.task_function, (cfg,)), job)

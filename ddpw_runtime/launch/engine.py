@@ -13,7 +13,6 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -25,7 +24,6 @@ from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.launch import rendezvous
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.devices import Share, cpu_cores
-from ddpw_runtime.launch.interruption import stopping_error
 from ddpw_runtime.launch.outcome import RankOutcome, failure, note_failures
 from ddpw_runtime.launch.payload import RankPayload, TaskCall
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
@@ -63,9 +61,6 @@ class NodeJob:
     """Put before every console line of this job's ranks (a job's number when jobs run side by side)."""
     share: Share | None = None
     """The GPUs and CPU cores of its own, when jobs run side by side."""
-    while_ranks_run: Callable[[NodeRanks], AbstractContextManager[Any]] | None = field(default=None, compare=False)
-    """A context entered while its ranks run (started, waited for), given them: how a job beside others
-    lets them have this process meanwhile and gets Ctrl-C or SIGTERM from the main thread."""
 
 
 def gpus_available(platform: Platform) -> int | None:
@@ -185,20 +180,10 @@ class LocalJob:
         return NodeRanks(self.starter, self.payload, self.payload_path, self.job.grace, ranks, console,
                          self.listen_fd, on_stop, outside)
 
-    def run(self, outside: OutsideRank | None = None) -> list[RankOutcome]:
-        """Start every rank of this node as a process of its own (but `outside`, which runs already) and
-        wait for them. Raises the signal's error when another thread passed Ctrl-C or SIGTERM on to them
-        (`request_interrupt`)."""
+    def run(self) -> list[RankOutcome]:
+        """Start every rank of this node as a process of its own and wait for them (see `supervise`)."""
         with self.console() as console:
-            ranks = self.ranks(self.plan.global_ranks, console, outside=outside)
-            if self.job.while_ranks_run is None:
-                return supervise(ranks)
-            with self.job.while_ranks_run(ranks):
-                outcomes = supervise(ranks)
-        if ranks.interrupted_by is not None:
-            note_failures(outcomes)
-            raise stopping_error(ranks.interrupted_by)
-        return outcomes
+            return supervise(self.ranks(self.plan.global_ranks, console))
 
     def close(self) -> None:
         """Close the rendezvous socket and remove the private folder."""

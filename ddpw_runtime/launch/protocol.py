@@ -3,9 +3,10 @@
 Two conversations, each over a Unix socket pair (`Channel`, pickled messages that may carry file
 descriptors):
 
-- the controller and its rank starter (`starter.py`, `starter_process.py`): `StartRank` is answered by
-  `RankStarted`, `EndJob` by `JobEnded`; `RankExited` comes when a rank ends; `Preload` and `Adopt` have
-  no answer;
+- a controller and its rank starter (`starter.py`, `starter_process.py`): `StartRank` (and `StartJob`,
+  for a multirun's job processes, each of which then talks to the starter on a channel of its own) is
+  answered by `RankStarted`, `EndJob` by `JobEnded`; `RankExited` comes when a rank (or a job process)
+  ends; `Preload` and `Adopt` have no answer;
 - a plain run's supervisor (the program's own process, `run_supervisor.py`) and the user's process that is
   rank 0 (`hydra_jobs/plain_run.py`): `JobStarting` is answered by `RankZero` (this attempt's plan, with
   the rendezvous socket and the rank's terminal attached), `TaskEnded` by `JobSettled`; `RunEnded` comes
@@ -93,6 +94,16 @@ class StartRank:
     exec_fresh: bool
     listen_fd: bool = False
     terminal: bool = False
+
+
+@dataclass(frozen=True)
+class StartJob:
+    """Fork a job process (a Hydra job of a multirun, `hydra_jobs/job_process.py`) from its payload at
+    `payload_path`; it gets a channel of its own to the starter, for its ranks. Answered by `RankStarted`
+    (its pid); its end comes as `RankExited`."""
+
+    request: int
+    payload_path: str
 
 
 @dataclass(frozen=True)

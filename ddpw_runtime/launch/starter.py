@@ -39,6 +39,7 @@ from ddpw_runtime.launch.protocol import (
     Preload,
     RankExited,
     RankStarted,
+    StartJob,
     StartRank,
 )
 from ddpw_runtime.launch.signals import STOPPING_SIGNALS, held
@@ -107,13 +108,16 @@ class Inbox:
 
 
 class RankStarter:
-    """Controller-side handle on a starter process (see the module docstring). Its methods may be called
-    from several threads (one per job that runs)."""
+    """A handle on a starter process (see the module docstring). Its methods may be called from several
+    threads (one per job that runs).
 
-    def __init__(self, preload: bool) -> None:
-        ours, theirs = socket.socketpair()
+    `attached_to`: a channel to a starter that another process owns (a job process talks to the starter
+    that forked it); otherwise a starter of this process's own is started, which `close` stops."""
+
+    def __init__(self, preload: bool, attached_to: tuple[Channel, int] | None = None) -> None:
         self.preload = preload
         self._process: subprocess.Popen[bytes] | None = None
+        self._owned = attached_to is None
         self._requests = itertools.count()
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
@@ -122,6 +126,16 @@ class RankStarter:
         self._inbox_of_request: dict[int, Inbox] = {}
         self._inbox_of_pid: dict[int, Inbox] = {}
         self._gone: StarterGone | None = None
+        if attached_to is not None:
+            self.channel, self.pid = attached_to
+        else:
+            self.channel, self.pid = self._launch(preload)
+        self._reader = threading.Thread(target=self._read, name="ddpw-rank-starter", daemon=True)
+        self._reader.start()
+
+    def _launch(self, preload: bool) -> tuple[Channel, int]:
+        """Start the starter process; the channel to it and its pid."""
+        ours, theirs = socket.socketpair()
         controller = os.getpid()
         if preload and _can_fork_controller():
             # A forked copy of this process has the user's imports (and torch, when loaded here) and
@@ -133,11 +147,11 @@ class RankStarter:
             try:
                 with warnings.catch_warnings():  # Python 3.12+ warns about native threads; see above
                     warnings.simplefilter("ignore", DeprecationWarning)
-                    self.pid = os.fork()
+                    pid = os.fork()
             finally:
                 if os.getpid() == controller:
                     signal.pthread_sigmask(signal.SIG_SETMASK, before)
-            if self.pid == 0:
+            if pid == 0:
                 ours.close()
                 try:
                     from ddpw_runtime.launch.starter_process import serve
@@ -152,11 +166,9 @@ class RankStarter:
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
             )
-            self.pid = self._process.pid
+            pid = self._process.pid
         theirs.close()
-        self.channel = Channel(ours)
-        self._reader = threading.Thread(target=self._read, name="ddpw-rank-starter", daemon=True)
-        self._reader.start()
+        return Channel(ours), pid
 
     def _read(self) -> None:
         """The reader thread: hand each message to whoever waits for it, until the channel closes."""
@@ -215,6 +227,8 @@ class RankStarter:
 
     def alive(self) -> bool:
         """Whether the starter process is still running."""
+        if not self._owned:
+            return self._gone is None
         if self._process is not None:
             return self._process.poll() is None
         return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
@@ -234,6 +248,15 @@ class RankStarter:
             self._inbox_of_request[number] = inbox
         answer = self._ask(number, request, [fd for fd in (listen_fd, terminal) if fd is not None],
                            f"start rank {local_rank}")
+        assert isinstance(answer, RankStarted)
+        return answer.pid
+
+    def start_job(self, inbox: Inbox, payload_path: str) -> int:
+        """Start a job process (see `StartJob`), whose exit will go to `inbox`; its pid."""
+        number = next(self._requests)
+        with self._state_lock:
+            self._inbox_of_request[number] = inbox
+        answer = self._ask(number, StartJob(number, payload_path), [], "start a job process")
         assert isinstance(answer, RankStarted)
         return answer.pid
 
@@ -268,11 +291,14 @@ class RankStarter:
         `_CLOSE_WAIT_S`."""
         try:
             self.channel.sock.shutdown(socket.SHUT_RDWR)  # the starter sees the end; the reader wakes
-            os.kill(self.pid, signal.SIGHUP)  # the same, even while it imports modules (`Preload`)
+            if self._owned:
+                os.kill(self.pid, signal.SIGHUP)  # the same, even while it imports modules (`Preload`)
         except OSError:
             pass
         self._reader.join(_CLOSE_WAIT_S)
         self.channel.close()
+        if not self._owned:
+            return
         deadline = time.monotonic() + _CLOSE_WAIT_S
         killed = False
         while not self._reaped():
@@ -306,6 +332,12 @@ def _can_fork_controller() -> bool:
 _starters: dict[bool, RankStarter] = {}
 
 
+def use_starter(starter: RankStarter) -> None:
+    """Make `starter` the one this process asks for ranks, whatever their start method (a job process uses
+    the starter that forked it)."""
+    _starters[True] = _starters[False] = starter
+
+
 def get_starter(preload: bool) -> RankStarter:
     """The starter of this process for `preload` (torch preloaded or not), started on first use."""
     starter = _starters.get(preload)
@@ -318,5 +350,6 @@ def get_starter(preload: bool) -> RankStarter:
 
 def close_starters() -> None:
     """Stop every starter of this process."""
-    while _starters:
-        _starters.popitem()[1].close()
+    for starter in {id(starter): starter for starter in _starters.values()}.values():
+        starter.close()
+    _starters.clear()

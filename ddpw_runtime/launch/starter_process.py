@@ -21,6 +21,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import sys
 import traceback
 from collections.abc import Iterable
@@ -37,6 +38,7 @@ from ddpw_runtime.launch.protocol import (
     Preload,
     RankExited,
     RankStarted,
+    StartJob,
     StartRank,
 )
 from ddpw_runtime.launch.signals import send_to_group
@@ -78,11 +80,16 @@ def serve(channel: Channel, preload: bool, controller: int, signal_mask: Iterabl
 
 
 class _Server:
+    """The starter's loop: requests from the controller's channel and from each job process's own; each
+    rank's exit goes back on the channel that asked for it."""
+
     def __init__(self, channel: Channel, preload: bool) -> None:
-        self.channel = channel
-        self.ranks: dict[int, JobProcesses] = {}
-        """The job of each running rank, by pid."""
-        self.jobs: dict[JobKey, JobProcesses] = {}
+        self.controller = channel
+        self.preload = preload
+        self.channels: list[Channel] = [channel]
+        self.ranks: dict[int, tuple[JobProcesses | None, Channel]] = {}
+        """The job (None for a job process) of each running child, and the channel its exit goes to."""
+        self.jobs: dict[JobKey, tuple[JobProcesses, Channel]] = {}
         self.pid = os.getpid()
         if preload:
             from ddpw_runtime.rank.setup import warm_up  # imports torch and torch.distributed once
@@ -99,40 +106,97 @@ class _Server:
 
     def serve(self) -> None:
         while True:
-            ready, _, _ = select.select([self.channel.fileno(), self.wake_r], [], [])
+            ready, _, _ = select.select([*(c.fileno() for c in self.channels), self.wake_r], [], [])
             if self.wake_r in ready:
                 os.read(self.wake_r, 4096)
                 self._reap()
-            if self.channel.fileno() in ready:
+            for channel in [c for c in self.channels if c.fileno() in ready]:
                 try:
-                    request, fds = self.channel.recv()
+                    request, fds = channel.recv()
                 except (EOFError, OSError):
-                    self.end()
-                if isinstance(request, EndJob):
-                    self._end_job(request.job, request.release)
+                    self._closed(channel)
                     continue
-                if isinstance(request, Preload):
-                    _import_all(request.modules)
-                    continue
-                if isinstance(request, Adopt):
-                    self._job(request.job).adopt(request.pid)
-                    continue
-                assert isinstance(request, StartRank)
-                attached = iter(fds)
-                listen_fd = next(attached) if request.listen_fd else None
-                terminal = next(attached) if request.terminal else None
-                job = self._job(request.job)
-                pid = self._start(request, job, listen_fd, terminal)
-                for fd in fds:
-                    os.close(fd)
-                self.ranks[pid] = job
-                self.channel.send(RankStarted(request.request, pid))
+                self._handle(channel, request, fds)
 
-    def _job(self, key: JobKey) -> JobProcesses:
+    def _handle(self, channel: Channel, request: object, fds: list[int]) -> None:
+        if isinstance(request, EndJob):
+            self._end_job(request.job, request.release, channel)
+        elif isinstance(request, Preload):
+            _import_all(request.modules)
+        elif isinstance(request, Adopt):
+            self._job(request.job, channel).adopt(request.pid)
+        elif isinstance(request, StartJob):
+            pid = self._start_job(request)
+            self.ranks[pid] = (None, channel)
+            channel.send(RankStarted(request.request, pid))
+        else:
+            assert isinstance(request, StartRank)
+            attached = iter(fds)
+            listen_fd = next(attached) if request.listen_fd else None
+            terminal = next(attached) if request.terminal else None
+            job = self._job(request.job, channel)
+            pid = self._start(request, job, listen_fd, terminal)
+            for fd in fds:
+                os.close(fd)
+            self.ranks[pid] = (job, channel)
+            channel.send(RankStarted(request.request, pid))
+
+    def _job(self, key: JobKey, channel: Channel) -> JobProcesses:
         """The processes of the job `key` (known from its first rank or adopted process on)."""
         if key not in self.jobs:
-            self.jobs[key] = JobProcesses(key.folder, spared=frozenset({os.getppid()}))
-        return self.jobs[key]
+            self.jobs[key] = (JobProcesses(key.folder, spared=frozenset({os.getppid()})), channel)
+        return self.jobs[key][0]
+
+    def _closed(self, channel: Channel) -> None:
+        """A channel closed: the controller's ends everything; a job process's, what it started."""
+        if channel is self.controller:
+            self.end()
+        self.channels.remove(channel)
+        channel.close()
+        for pid, (_, owner) in list(self.ranks.items()):
+            if owner is channel:
+                send_to_group(pid, signal.SIGKILL)
+        for key, (job, owner) in list(self.jobs.items()):
+            if owner is channel:
+                del self.jobs[key]
+                job.stop()
+                job.close()
+                shutil.rmtree(key.folder, ignore_errors=True)
+
+    def _in_child(self) -> None:
+        """In a process just forked from the starter: its own session, dead with the starter, none of the
+        starter's descriptors and handlers."""
+        os.setsid()
+        die_with_parent()
+        if os.getppid() != self.pid:
+            os._exit(1)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        for fd in (self.wake_r, self.wake_w, *(c.fileno() for c in self.channels)):
+            os.close(fd)
+
+    def _start_job(self, request: StartJob) -> int:
+        """Fork a job process (`hydra_jobs/job_process.py`), with a channel of its own to this starter."""
+        ours, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid:
+            theirs.close()
+            self.channels.append(Channel(ours))
+            return pid
+        code = 1
+        try:
+            ours.close()
+            self._in_child()
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            from ddpw_runtime.hydra_jobs.job_process import run_job_process
+
+            code = run_job_process(request.payload_path, Channel(theirs), self.pid, self.preload)
+        except BaseException:  # report anything, then leave without cleanup handlers
+            traceback.print_exc()
+        finally:
+            os._exit(code)
 
     def _start(self, request: StartRank, job: JobProcesses, listen_fd: int | None, terminal: int | None) -> int:
         pid = os.fork()
@@ -140,20 +204,12 @@ class _Server:
             return pid
         code = 1
         try:
-            os.setsid()
-            die_with_parent()
-            if os.getppid() != self.pid:
-                os._exit(1)
+            self._in_child()
             job.join()
-            signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGCHLD, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_DFL)
             # Ctrl-C is held until the rank's output goes to its log (`run_rank` lets it through), so
             # a rank stopped while it starts reports it like any rank, not on the controller's terminal.
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             signal.signal(signal.SIGINT, signal.SIG_DFL if request.exec_fresh else signal.default_int_handler)
-            for fd in (self.wake_r, self.wake_w, self.channel.fileno()):
-                os.close(fd)
             if request.exec_fresh:
                 for passed in (listen_fd, terminal):
                     if passed is not None:
@@ -169,7 +225,7 @@ class _Server:
             os._exit(code)
 
     def _reap(self) -> None:
-        """Report the ranks that ended."""
+        """Report the ranks (and job processes) that ended."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -177,22 +233,29 @@ class _Server:
                 return
             if pid == 0:
                 return
-            if self.ranks.pop(pid, None) is None:  # a process a rank left behind (see `serve`)
+            started = self.ranks.pop(pid, None)
+            if started is None:  # a process a rank left behind (see `serve`)
                 continue
-            # What the rank started gets SIGTERM now (helpers that clean up after it, such as the
-            # multiprocessing resource tracker, ignore it and finish their work); `EndJob` sweeps the rest.
-            send_to_group(pid, signal.SIGTERM)
-            self.channel.send(RankExited(pid, os.waitstatus_to_exitcode(status)))
+            job, channel = started
+            if job is not None:
+                # What the rank started gets SIGTERM now (helpers that clean up after it, such as the
+                # multiprocessing resource tracker, ignore it and finish their work); `EndJob` sweeps the rest.
+                send_to_group(pid, signal.SIGTERM)
+            try:
+                channel.send(RankExited(pid, os.waitstatus_to_exitcode(status)))
+            except OSError:  # that channel's process is gone
+                pass
 
-    def _end_job(self, key: JobKey, release: tuple[int, ...]) -> None:
-        job = self.jobs.pop(key, None)
+    def _end_job(self, key: JobKey, release: tuple[int, ...], channel: Channel) -> None:
+        found = self.jobs.pop(key, None)
+        job = found[0] if found is not None else None
         if job is not None:
             for pid in release:
                 job.release(pid)
         left = job.stop() if job is not None else []
         if job is not None:
             job.close()
-        self.channel.send(JobEnded(key, tuple(left)))
+        channel.send(JobEnded(key, tuple(left)))
 
     def _controller_gone(self, signum: int, frame: Any) -> NoReturn:
         self.end()
@@ -202,7 +265,7 @@ class _Server:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         for pid in list(self.ranks):
             send_to_group(pid, signal.SIGKILL)
-        for key, job in self.jobs.items():
+        for key, (job, _) in self.jobs.items():
             job.stop()
             job.close()
             shutil.rmtree(key.folder, ignore_errors=True)
@@ -237,6 +300,4 @@ def _arg(fd: int | None) -> str:
 
 
 if __name__ == "__main__":
-    import socket
-
     serve(Channel(socket.socket(fileno=int(sys.argv[1]))), sys.argv[2] == "1", int(sys.argv[3]))

@@ -108,9 +108,9 @@ class NodeRanks:
         self.left_behind: set[int] = set()
         """Pids of ranks that did not exit after SIGKILL (stuck in the kernel); no longer waited for."""
         self.signals_sent: set[int] = set()
-        self._requests: list[int] = []
-        self.interrupted_by: int | None = None
-        """The signal another thread passed on to the ranks (`request_interrupt`), if any."""
+        self._requests: list[int | None] = []
+        """What other threads asked for: the signal to pass on to the ranks (`request_interrupt`), or None
+        to stop them as after a failure (`request_stop`)."""
         self._lock = threading.Lock()
         self.inbox = Inbox()
         """Where this node's rank exits arrive, and what wakes the supervising thread."""
@@ -143,16 +143,16 @@ class NodeRanks:
 
     def request_stop(self) -> None:
         """Ask the supervising thread to stop the ranks as after a failure (callable from any thread)."""
-        self._request(signal.SIGTERM)
+        self._request(None)
 
     def request_interrupt(self, sig: int) -> None:
         """Ask the supervising thread to pass `sig` (SIGINT or SIGTERM) on to the ranks and give them
         `grace.interrupt_s` (callable from any thread)."""
-        self._request(-sig)
+        self._request(sig)
 
-    def _request(self, code: int) -> None:
+    def _request(self, sig: int | None) -> None:
         with self._lock:
-            self._requests.append(code)
+            self._requests.append(sig)
         self.inbox.wake()  # nothing once supervision is over: there is nothing left to stop
 
     def send(self, sig: int, group: bool = True, stopping: bool = False) -> None:
@@ -217,12 +217,9 @@ class NodeRanks:
         """Act on the requests of other threads; whether a stop was asked for."""
         with self._lock:
             requests, self._requests = self._requests, []
-        if not requests:
-            return False
-        interrupts = [-code for code in requests if code < 0]
-        if interrupts:
-            self.interrupted_by = interrupts[0]
-            self.interrupt(interrupts[0], self.grace.interrupt_s)
+        signals = [sig for sig in requests if sig is not None]
+        if signals:
+            self.interrupt(signals[0], self.grace.interrupt_s)
         return bool(requests)
 
     def interrupt(self, sig: int, grace_s: float) -> None:

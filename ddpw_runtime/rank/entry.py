@@ -144,7 +144,8 @@ def flush_output() -> None:
 def configure_logging(rank: int) -> None:
     """Configure logging as Hydra did in the launching process (its own logging, then the job's),
     when this rank runs a Hydra job. Ranks other than 0 leave out the job's file handlers, so the job
-    log gets each line once; their records go to their own log file through the console handlers."""
+    log gets each line once; their records go to their own log file through the console handlers. Rank 0
+    appends to the job's files (`mode: w` too), as the job's own process does meanwhile."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import configure_log
     from omegaconf import DictConfig, OmegaConf
@@ -156,6 +157,10 @@ def configure_logging(rank: int) -> None:
     job_logging: Any = OmegaConf.to_container(hydra.job_logging, resolve=True) if hydra.job_logging else None
     if isinstance(job_logging, dict) and rank != 0:
         _drop_file_handlers(job_logging)
+    elif isinstance(job_logging, dict):  # the job's process has the file open too: both append to it
+        for handler in (job_logging.get("handlers") or {}).values():
+            if isinstance(handler, dict) and handler.get("mode") == "w":
+                handler["mode"] = "a"
     configure_log(cast(DictConfig, OmegaConf.create(job_logging) if job_logging else None), hydra.verbose)
 
 

@@ -1,0 +1,98 @@
+"""A job process: one Hydra job of a local multirun, in a process of its own.
+
+Hydra's `run_job` sets process-wide state for its job (working dir, environment, `HydraConfig`, the job's
+logging, what callbacks keep). Each job of a sweep therefore runs in a process of its own, as Hydra's
+joblib launcher runs them: jobs side by side share nothing, and every line of every job log is kept
+whatever its handlers do. The rank starter forks it (`StartJob`), so it has torch loaded like the ranks it
+asks the same starter for, over a channel of its own, and the sweep still imports torch once.
+
+It takes on the launching process's state (environment, working dir, import path, Hydra's state), runs
+Hydra's `run_job` with a `JobTask` (which starts and supervises the job's ranks), and writes how the job
+ended (`JobEnd`) for the launching process. No task code runs here: only Hydra, the callbacks and the
+supervision of the ranks, so Ctrl-C (passed on by the launching process) and the time limit are handled
+here as in any controller.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from ddpw_runtime import _compat
+from ddpw_runtime.errors import Terminated
+from ddpw_runtime.launch.engine import NodeJob
+from ddpw_runtime.launch.payload import write_atomically
+from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.launch.protocol import Channel
+from ddpw_runtime.launch.starter import RankStarter, close_starters, use_starter
+
+RESULT = "job.result"
+"""The file, next to the job's payload, where the job process writes its `JobEnd`."""
+
+
+@dataclass
+class JobPayload:
+    """What a job process needs: the launching process's state, and (cloudpickled, read once that state is
+    entered) Hydra's context, the user's task function and the job's composed config."""
+
+    state: ProcessState
+    hydra_job: bytes
+    """cloudpickle of (hydra_context, task_function, config)."""
+    idx: int
+    dir_keys: tuple[str, str | None]
+    node_job: NodeJob
+    announce: bool = True
+
+
+@dataclass
+class JobEnd:
+    """How a job process's job ended: its JobReturn, or the signal that stopped it, or an error outside
+    the task (a callback's), which stops the sweep."""
+
+    job_return: Any = None
+    stopped_by: int | None = None
+    error: BaseException | None = None
+
+
+def run_job_process(payload_path: str, channel: Channel, starter_pid: int, preload: bool) -> int:
+    """The job process (see the module docstring); its exit code."""
+    from hydra.core.utils import run_job
+
+    from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, JobTask
+    from ddpw_runtime.slurm.outcomes import portable
+
+    signal.signal(signal.SIGTERM, _terminated)
+    use_starter(RankStarter(preload, attached_to=(channel, starter_pid)))
+    result = Path(payload_path).parent / RESULT
+    try:
+        with open(payload_path, "rb") as src:
+            payload: JobPayload = pickle.load(src)
+        payload.state.enter({})
+        hydra_context, task_function, config = cloudpickle.loads(payload.hydra_job)
+        task = JobTask(task_function, payload.node_job, payload.idx, announce=payload.announce)
+        key, subkey = payload.dir_keys
+        ret = run_job(hydra_context=hydra_context, task_function=task, config=config, job_dir_key=key,
+                      job_subdir_key=subkey)
+        error = _compat.job_error(ret)
+        if error is not None:  # it must reach the launching process, whatever its class
+            ret.return_value = portable(error)
+        end = JobEnd(job_return=DdpwJobReturn.of(ret, task.values))
+    except KeyboardInterrupt:
+        end = JobEnd(stopped_by=signal.SIGINT)
+    except Terminated:
+        end = JobEnd(stopped_by=signal.SIGTERM)
+    except BaseException as error:  # noqa: BLE001 - the sweep decides what an error outside the task does
+        end = JobEnd(error=portable(error))
+    finally:
+        close_starters()
+    write_atomically(result, cloudpickle.dumps(end))
+    return 0
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
