@@ -30,12 +30,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from ddpw_conf import ConfigError, LocalLauncherConf, platform_from_config
 from ddpw_runtime.errors import Interrupted, Terminated
-from ddpw_runtime.hydra_jobs import interrupts
 from ddpw_runtime.hydra_jobs.job_process import RESULT, JobEnd, JobPayload
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.hydra_jobs.summary import stopped_line
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, not_started
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
+from ddpw_runtime.launch import signals
 from ddpw_runtime.launch.devices import Devices, Need, Share, cpu_cores, visible_gpus
 from ddpw_runtime.launch.engine import NodeJob, describe, gpus_available, starter_for
 from ddpw_runtime.launch.process_state import ProcessState
@@ -149,7 +149,7 @@ class _Sweep:
     def run(self) -> list[JobReturn]:
         """Run every job; their returns in order."""
         try:
-            with interrupts.job_running():
+            with signals.jobs_running():
                 while self.pending or self.running:
                     self._start_what_fits()
                     if not self.running:

@@ -163,7 +163,7 @@ class RankZeroSide:
         the run here, with its error."""
         message, fds = self.channel.recv()
         if isinstance(message, JobSettled):
-            _end_run(message)
+            _end_run(message, None)
         assert isinstance(message, RankZero)
         attached = iter(fds)
         listen_fd = next(attached) if message.listen_fd else None
@@ -175,7 +175,7 @@ class RankZeroSide:
         except BaseException as exc:  # rank 0 could not join (or was interrupted): the job's end says why
             stopped = _stopped.is_set() or not isinstance(exc, Exception)
             self.channel.send(TaskEnded(None if stopped else RankResult.failure(0, exc)))
-            _end_run(self._settled())
+            _end_run(self._settled(), None if stopped else exc)
         finally:
             if listen_fd is not None:
                 os.close(listen_fd)
@@ -219,13 +219,14 @@ class RankZeroSide:
             pass
 
 
-def _end_run(settled: JobSettled) -> None:
+def _end_run(settled: JobSettled, own: BaseException | None) -> None:
     """End the run before its task ran (the job could not start, or was interrupted while it started),
-    as Hydra ends a run: its error on one line (it is a CompactHydraException), or quietly for a signal."""
+    as Hydra ends a run: the job's error (or rank 0's `own`, when it is the cause) as Hydra shows any, or
+    quietly for a signal."""
     if settled.stopped is not None:
         raise SystemExit(128 + settled.stopped)
-    error = pickle.loads(settled.error) if settled.error is not None else RuntimeError("the job could not start")
-    _compat.report_like_hydra(lambda: _raise(error))
+    error = pickle.loads(settled.error) if settled.error is not None else own
+    _compat.report_like_hydra(lambda: _raise(error or RuntimeError("the job could not start")))
 
 
 def _raise(error: BaseException) -> None:

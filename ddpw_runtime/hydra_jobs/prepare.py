@@ -21,8 +21,6 @@ from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.hydra_jobs.compose_once import forget_unused, job_config
 from ddpw_runtime.launch.engine import check
 
-RUN_DIR_KEYS = ("hydra.run.dir", None)
-"""`run_job`'s output dir keys for a plain run: the run dir itself."""
 SWEEP_DIR_KEYS = ("hydra.sweep.dir", "hydra.sweep.subdir")
 """`run_job`'s output dir keys for a job of a sweep: a subdir of the sweep dir."""
 

@@ -18,7 +18,6 @@ from hydra.core.utils import JobReturn
 from hydra.types import TaskFunction
 from omegaconf import DictConfig
 
-from ddpw_runtime.hydra_jobs import interrupts
 from ddpw_runtime.hydra_jobs.summary import JobConsole
 from ddpw_runtime.launch.engine import NodeJob, run_ranks
 from ddpw_runtime.launch.payload import TaskCall
@@ -85,7 +84,7 @@ class JobTask:
             console.started()
         append_to_job_files()
         try:
-            with self.around_ranks(), interrupts.job_running():
+            with self.around_ranks():
                 self.values = run_ranks(TaskCall(self.task_function, (cfg,)), job)
         except Exception as error:
             if console is not None:

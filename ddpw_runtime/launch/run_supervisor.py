@@ -30,7 +30,6 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -45,7 +44,7 @@ from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.starter import Inbox, close_starters
 from ddpw_runtime.launch.starter_process import die_with_parent
-from ddpw_runtime.launch.supervisor import Grace, OutsideRank, supervise
+from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, OutsideRank, supervise
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -121,14 +120,15 @@ class RunSupervisor:
         self.exited: int | None = None
         self.job_started = False
         self.interrupted: int | None = None
+        self.received: list[int] = []
+        """The signals this process got (Ctrl-C, SIGTERM): a second one ends everything at once."""
         self.sees_ctrl_c = _in_foreground()
 
     # ------------------------------------------------------------------ the whole run
     def run(self) -> int:
         """Supervise the run until rank 0's process ends; the program's exit code."""
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, _raise(Terminated))
-        signal.signal(signal.SIGHUP, _raise(_Hangup))
+        for sig in _SIGNALS:
+            signal.signal(sig, self._on_signal)
         signal.pthread_sigmask(signal.SIG_SETMASK, self.signal_mask)
         threading.Thread(target=self._watch, name="ddpw-rank-0", daemon=True).start()
         try:
@@ -230,6 +230,14 @@ class RunSupervisor:
             return self._interrupt_rank_zero(signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM)
         return _exit_code(self.exited)
 
+    def _on_signal(self, signum: int, frame: FrameType | None) -> NoReturn:
+        """Ctrl-C raises KeyboardInterrupt, SIGTERM `Terminated` (where the supervisor is, each is handled:
+        passed on to the ranks with the grace, or, the second time, at once); SIGHUP ends everything."""
+        self.received.append(signum)
+        if signum == signal.SIGHUP:
+            raise _Hangup()
+        raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
     # ------------------------------------------------------------------ interruptions outside the job
     def _interrupt_rank_zero(self, sig: int) -> int:
         """Ctrl-C or SIGTERM (`sig`): make sure every rank has it (those of a running job had it passed on
@@ -242,13 +250,13 @@ class RunSupervisor:
             self._answer(JobSettled(None, stopped=self.interrupted or sig))
         elif self.interrupted is None and not (sig == signal.SIGINT and self.sees_ctrl_c):
             _send(self.pid, sig)
-        end = time.monotonic() + self.grace.interrupt_s
+        end = time.monotonic() + (self.grace.interrupt_s if len(self.received) < 2 else 0.0)
         while self.exited is None:
             try:
                 event = self.events.get(timeout=max(0.0, end - time.monotonic()))
             except queue.Empty:
-                sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}, the task's own process) did not end "
-                                 f"{self.grace.interrupt_s:g} s after the signal; killed\n")
+                sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}, the program's task) did not end in the time "
+                                 "it was given; killed\n")
                 break
             except (KeyboardInterrupt, Terminated):  # asked again: at once
                 break
@@ -259,12 +267,14 @@ class RunSupervisor:
     def _kill_rank_zero(self) -> None:
         """SIGKILL rank 0's process (what it started is the job's, stopped with it) and reap it, bounded."""
         _send(self.pid, signal.SIGKILL)
-        end = time.monotonic() + 10.0
-        while self.exited is None and time.monotonic() < end:
+        end = time.monotonic() + KILL_WAIT_S
+        while self.exited is None:
             try:
                 self.events.get(timeout=max(0.0, end - time.monotonic()))
             except queue.Empty:
-                sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}) did not exit after SIGKILL; left behind\n")
+                sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}) did not exit {KILL_WAIT_S:.0f} s after SIGKILL "
+                                 "(stuck in the kernel?); left behind\n")
+                return
 
     # ------------------------------------------------------------------ what rank 0's process says
     def _watch(self) -> None:
@@ -339,15 +349,6 @@ def _send(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
-
-
-def _raise(kind: type[BaseException]) -> Callable[[int, FrameType | None], NoReturn]:
-    """A signal handler that raises `kind`."""
-
-    def handler(signum: int, frame: FrameType | None) -> NoReturn:
-        raise kind()
-
-    return handler
 
 
 def _exit_code(code: int) -> int:

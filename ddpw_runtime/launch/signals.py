@@ -1,13 +1,26 @@
 """Signals: to ranks (each rank leads its own process group, so a signal to the group reaches what the
-rank started too), and Ctrl-C and SIGTERM held back in the controller while it must not be interrupted."""
+rank started too); Ctrl-C and SIGTERM held back in the controller while it must not be interrupted; and
+the handlers of a multirun's controller.
+
+From the moment hydra-ddpw takes over a multirun (the launcher's `setup`), Ctrl-C raises `Interrupted` (a
+KeyboardInterrupt; uncaught, the program exits 130 without a traceback) and SIGTERM raises `Terminated`
+(exit 143); a second SIGTERM is ignored, as the program is already stopping. While jobs run, the
+launcher passes the signal on to them and says which were stopped; outside them (Hydra composing, between
+jobs) the handler says so itself. Before hydra-ddpw takes over, the program is any Hydra app, and Ctrl-C
+ends it as it ends any. (A plain run's supervisor, a job process, a rank and a SLURM node each set their
+own: see those modules.)"""
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
+
+from ddpw_runtime.errors import Interrupted, Terminated
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -46,3 +59,40 @@ def held(signals: tuple[int, ...] = STOPPING_SIGNALS) -> Iterator[None]:
             signal.signal(sig, handler)
         for sig in dict.fromkeys(arrived):
             signal.raise_signal(sig)
+
+
+_state = {"jobs running": False, "terminating": False}
+"""Whether the launcher is running jobs now (it reports an interruption itself), and whether SIGTERM came."""
+
+
+def install() -> None:
+    """Handle Ctrl-C and SIGTERM as a multirun's controller (see the module docstring), from now on (main
+    thread only)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_interrupt)
+        signal.signal(signal.SIGTERM, _on_terminate)
+
+
+@contextmanager
+def jobs_running() -> Iterator[None]:
+    """While jobs run: the launcher reports an interruption."""
+    _state["jobs running"] = True
+    try:
+        yield
+    finally:
+        _state["jobs running"] = False
+
+
+def _on_interrupt(signum: int, frame: FrameType | None) -> None:
+    if not _state["jobs running"]:
+        sys.stderr.write("Interrupted: no rank was running.\n")
+    raise Interrupted()
+
+
+def _on_terminate(signum: int, frame: FrameType | None) -> None:
+    if _state["terminating"]:
+        return
+    _state["terminating"] = True
+    if not _state["jobs running"]:
+        sys.stderr.write("Terminated (SIGTERM): no rank was running.\n")
+    raise Terminated()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import pickle
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -242,6 +243,9 @@ class NodeRanks:
     def kill(self) -> None:
         """SIGKILL every running rank and wait until each has exited, at most `KILL_WAIT_S`."""
         self.stopped.update(self.pids[pid] for pid in self.running())
+        if self.outside is not None and self.outside.pid in self.running():
+            sys.stderr.write(f"[ddpw] rank {self.outside.rank} (pid {self.outside.pid}, the program's task) did "
+                             "not end in the time it was given; killed\n")
         self.send(signal.SIGKILL)
         end = time.monotonic() + KILL_WAIT_S
         while self.running():

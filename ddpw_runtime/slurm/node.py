@@ -47,6 +47,11 @@ from ddpw_runtime.slurm.sbatch import rendezvous
 log = logging.getLogger(__name__)
 
 
+_REQUEUE_WAIT_S = 300.0
+"""How long a node waits for SLURM to stop it after the job was requeued (SLURM's own KillWait is
+seconds); past it the node ends by itself, without a result of this run."""
+
+
 class Preempted(Terminated):
     """SLURM warned the job (SIGUSR2) and it will be requeued: raised in the controller to stop its ranks."""
 
@@ -201,8 +206,12 @@ class _NodeRun:
         so none of them leaves a result of this run behind."""
         if self.node == 0:
             submitit_warning(signal.SIGUSR2, None)
-        while True:
-            time.sleep(60)
+        deadline = time.monotonic() + _REQUEUE_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(1)
+        log.error("SLURM did not stop this node %.0f s after the job was requeued; it ends without a result",
+                  _REQUEUE_WAIT_S)
+        os._exit(1)
 
     def _stop_other_nodes(self) -> None:
         """SIGTERM to every process of the job's other nodes (this node's ranks are gone already)."""

@@ -38,9 +38,9 @@ class DdpwLauncher(Launcher, Generic[Options]):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep what `launch` needs; from now on Ctrl-C and SIGTERM end the sweep cleanly (130, 143)."""
-        from ddpw_runtime.hydra_jobs import interrupts
+        from ddpw_runtime.launch import signals
 
-        interrupts.install()
+        signals.install()
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function

@@ -4,6 +4,7 @@ import ctypes
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,6 +148,56 @@ def misbehave(behaviour: str) -> object:
     return None
 
 
+def ignore_then_wait(sig: int) -> None:
+    """Ignore `sig`, as a task that handles its own signals may, and wait for ever."""
+    signal.signal(sig, signal.SIG_IGN)
+    while True:
+        time.sleep(1)
+
+
+def linger() -> None:
+    """Leave a non-daemon thread running (until a file `release` appears in the working dir)."""
+
+    def wait_for_release() -> None:
+        while not os.path.exists("release"):
+            time.sleep(0.05)
+
+    threading.Thread(target=wait_for_release, name="lingering-writer").start()
+
+
+def report_forked_handlers(output_dir: str) -> None:
+    """Fork a process (as DataLoader workers and vectorised environments are) that writes which signal
+    handlers it has, and what Ctrl-C raises in it."""
+
+    def child() -> None:
+        handlers = {name: repr(signal.getsignal(getattr(signal, name))) for name in ("SIGINT", "SIGTERM", "SIGUSR2")}
+        handlers["SIGRTMIN+3"] = repr(signal.getsignal(signal.SIGRTMIN + 3))
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+            raised = "nothing"
+        except BaseException as exc:  # what a Ctrl-C raises here
+            raised = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        with open(os.path.join(output_dir, "fork_handlers.json"), "w") as out:
+            json.dump({"handlers": handlers, "raised": raised}, out)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join()
+
+
+def freeze(freezer: str) -> None:
+    """Freeze this process (cgroup v1 freezer): a process stuck as in a hung driver call, which not even
+    SIGKILL ends until the cgroup is thawed."""
+    os.makedirs(freezer, exist_ok=True)
+    with open(os.path.join(freezer, "tasks"), "w") as out:
+        out.write(str(os.getpid()))
+    with open(os.path.join(freezer, "freezer.state"), "w") as out:
+        out.write("FROZEN")
+    while True:
+        time.sleep(1)
+
+
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> object:
     seen = report(cfg)
@@ -159,6 +210,16 @@ def main(cfg: DictConfig) -> object:
         assert sum(len(b[0]) for b in torch.utils.data.DataLoader(data, batch_size=8, num_workers=2)) == 64
     if cfg.behaviour in ("wait", "children_wait"):
         wait_for_signals(seen["rank"], seen["output_dir"])
+    if cfg.behaviour in ("ignore_sigint", "ignore_sigterm"):
+        ignore_then_wait(signal.SIGINT if cfg.behaviour == "ignore_sigint" else signal.SIGTERM)
+    if cfg.behaviour == "gil":  # a regular expression that backtracks for ever, the GIL held throughout
+        re.match(r"(a+)+$", "a" * 64 + "b")
+    if cfg.behaviour == "linger":
+        linger()
+    if cfg.behaviour == "fork_report" and seen["rank"] == 0:
+        report_forked_handlers(seen["output_dir"])
+    if cfg.behaviour == "freeze" and seen["rank"] == cfg.fail_rank:
+        freeze(cfg.freezer)
     odd = None
     if ddpw_runtime.rank() == cfg.fail_rank and cfg.behaviour != "ok":
         odd = misbehave(cfg.behaviour)

@@ -1,0 +1,129 @@
+"""Supervision the task cannot reach: whatever rank 0's task does to its own process (a plain run's rank 0
+is the user's process), the job ends as docs/faults.md says, and every wait for a process is bounded.
+Real processes throughout; each test checks nothing is left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import APPS, alive, job_dirs, leftover, run_app, seen, wait_for
+
+pytestmark = pytest.mark.subprocess
+
+SHORT_GRACE = "hydra.launcher.interrupt_grace_s=1"
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+def _start(cwd: Path, *overrides: str) -> subprocess.Popen:
+    """The test app in a session of its own (so a signal to its group reaches it alone), output as text."""
+    return subprocess.Popen(
+        [sys.executable, str(APPS / "app.py"), *overrides], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def _started(tmp_path: Path, proc: subprocess.Popen, ranks: int = 2) -> dict:
+    """Wait until every rank of the (single) job is inside the task; what they reported."""
+    wait_for(lambda: job_dirs(tmp_path) and len(seen(job_dirs(tmp_path)[0])) == ranks or proc.poll() is not None,
+             what="the ranks to start")
+    assert proc.poll() is None, proc.communicate()
+    return seen(job_dirs(tmp_path)[0])
+
+
+@pytest.mark.parametrize(
+    "behaviour, sig, code",
+    [("ignore_sigint", signal.SIGINT, 130), ("ignore_sigterm", signal.SIGTERM, 143), ("gil", signal.SIGINT, 130)],
+)
+def test_a_task_that_ignores_the_signal_or_holds_the_gil_is_ended_after_the_grace(
+    tmp_path: Path, behaviour: str, sig: int, code: int
+) -> None:
+    proc = _start(tmp_path, f"behaviour={behaviour}", SHORT_GRACE)
+    ranks = _started(tmp_path, proc)
+    proc.send_signal(sig)  # to the program's own pid, as `kill` or a scheduler sends it
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "rank 0 (pid" in err and "killed" in err  # the only way to end it, and the console says so
+    assert leftover(ranks) == []
+
+
+def test_ctrl_c_from_the_terminal_reaches_rank_0_once_and_a_second_one_kills_at_once(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "behaviour=ignore_sigint", "hydra.launcher.interrupt_grace_s=600")
+    ranks = _started(tmp_path, proc)
+    os.killpg(proc.pid, signal.SIGINT)  # a Ctrl-C typed in the terminal reaches the whole group
+    os.killpg(proc.pid, signal.SIGINT)  # and a second one: no waiting for the 600 s grace
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert leftover(ranks) == []
+
+
+def test_a_non_daemon_thread_left_by_the_task_keeps_the_program_and_is_named(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "behaviour=linger")
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    while line and "keeps running" not in line:
+        line = proc.stderr.readline()
+    assert "lingering-writer" in line, line  # the console names the thread
+    ranks = seen(job_dirs(tmp_path)[0])
+    wait_for(lambda: not alive(ranks[1]["pid"]), timeout=10, what="rank 1 to end")  # the job has ended
+    assert proc.poll() is None  # as Python keeps such a program running
+    (tmp_path / "release").write_text("")
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert leftover(ranks) == []
+
+
+def test_what_rank_0s_task_forks_has_no_handler_of_hydra_ddpw(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "behaviour=fork_report")
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads((job_dirs(tmp_path)[0] / "fork_handlers.json").read_text())
+    assert found["handlers"] == {
+        "SIGINT": repr(signal.default_int_handler), "SIGTERM": repr(signal.SIG_DFL),
+        "SIGUSR2": repr(signal.SIG_DFL), "SIGRTMIN+3": repr(signal.SIG_DFL),
+    }
+    assert found["raised"] == "builtins.KeyboardInterrupt"  # Python's own, not hydra-ddpw's
+
+
+@pytest.mark.skipif(not os.access(FREEZER, os.W_OK), reason="needs the cgroup v1 freezer (root on cgroup v1)")
+@pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain", "multirun"])
+def test_a_rank_that_does_not_die_after_sigkill_is_named_and_the_job_still_ends(tmp_path: Path, flags: tuple) -> None:
+    freezer = FREEZER / f"ddpw-test-{os.getpid()}-{len(flags)}"
+    try:
+        proc = run_app(tmp_path, *flags, "behaviour=freeze", f"freezer={freezer}", "platform.timeout_min=0.02",
+                       timeout=180)
+        assert proc.returncode == 1, proc.stderr
+        console = proc.stdout + proc.stderr
+        assert "rank 1 (pid" in console and "did not exit" in console and "left behind" in console
+        assert "ran past its time limit" in console
+    finally:
+        if freezer.exists():
+            (freezer / "freezer.state").write_text("THAWED")
+            frozen = [int(pid) for pid in (freezer / "tasks").read_text().split()]
+            for pid in frozen:
+                os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not (freezer / "tasks").read_text().split(), timeout=10, what="the frozen rank to go")
+            freezer.rmdir()
+
+
+@pytest.mark.skipif(not os.access(FREEZER, os.W_OK), reason="needs the cgroup v1 freezer (root on cgroup v1)")
+def test_closing_a_rank_starter_that_does_not_die_is_bounded() -> None:
+    from ddpw_runtime.launch.starter import RankStarter
+
+    starter = RankStarter(preload=False)
+    freezer = FREEZER / f"ddpw-test-starter-{os.getpid()}"
+    freezer.mkdir()
+    try:
+        (freezer / "tasks").write_text(str(starter.pid))
+        (freezer / "freezer.state").write_text("FROZEN")
+        starter.close()  # returns: the starter is named as left behind, not waited for
+        assert not starter.alive() or (freezer / "tasks").read_text().split() == [str(starter.pid)]
+    finally:
+        (freezer / "freezer.state").write_text("THAWED")
+        wait_for(lambda: not (freezer / "tasks").read_text().split(), timeout=10, what="the starter to go")
+        freezer.rmdir()
