@@ -57,6 +57,10 @@ def test_ctrl_c_from_the_terminal_reaches_rank_0_once_and_a_second_one_kills_at_
     proc = _start(tmp_path, "behaviour=ignore_sigint", "hydra.launcher.interrupt_grace_s=600")
     ranks = _started(tmp_path, proc)
     os.killpg(proc.pid, signal.SIGINT)  # a Ctrl-C typed in the terminal reaches the whole group
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    while line and "Ctrl-C again ends them at once" not in line:
+        line = proc.stderr.readline()
     os.killpg(proc.pid, signal.SIGINT)  # and a second one: no waiting for the 600 s grace
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

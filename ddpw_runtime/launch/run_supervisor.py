@@ -236,6 +236,10 @@ class RunSupervisor:
         self.received.append(signum)
         if signum == signal.SIGHUP:
             raise _Hangup()
+        if len(self.received) == 1:  # os.write: this may interrupt a write to sys.stderr
+            what = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+            os.write(2, f"[ddpw] {what}: every rank gets it and {self.grace.interrupt_s:g} s to end; Ctrl-C again "
+                        "ends them at once\n".encode())
         raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
     # ------------------------------------------------------------------ interruptions outside the job

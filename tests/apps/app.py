@@ -4,7 +4,6 @@ import ctypes
 import json
 import multiprocessing
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -212,8 +211,11 @@ def main(cfg: DictConfig) -> object:
         wait_for_signals(seen["rank"], seen["output_dir"])
     if cfg.behaviour in ("ignore_sigint", "ignore_sigterm"):
         ignore_then_wait(signal.SIGINT if cfg.behaviour == "ignore_sigint" else signal.SIGTERM)
-    if cfg.behaviour == "gil":  # a regular expression that backtracks for ever, the GIL held throughout
-        re.match(r"(a+)+$", "a" * 64 + "b")
+    if cfg.behaviour == "gil":  # a C call that never returns, the GIL held throughout (a hung extension)
+        libc = ctypes.PyDLL(None)  # PyDLL: the GIL stays held during the call
+        mutex = ctypes.create_string_buffer(64)  # a zeroed pthread_mutex_t: a default mutex
+        libc.pthread_mutex_lock(mutex)
+        libc.pthread_mutex_lock(mutex)  # locked again by its owner: it waits for ever, deaf to signals
     if cfg.behaviour == "linger":
         linger()
     if cfg.behaviour == "fork_report" and seen["rank"] == 0:
