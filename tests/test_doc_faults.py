@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
-FAULT_TESTS = ("test_faults.py",)
+FAULT_TESTS = ("test_faults.py", "test_supervision.py")
 
 
 def _cited() -> set:

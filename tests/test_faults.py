@@ -214,13 +214,14 @@ def test_a_failed_job_ends_what_its_ranks_started(tmp_path: Path) -> None:
     assert leftover(ranks) == []
 
 
+@pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain", "multirun"])
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGHUP"])
 def test_when_the_controller_dies_every_process_and_file_of_the_job_goes(
-    tmp_path: Path, private_tmp: Path, how: str
+    tmp_path: Path, private_tmp: Path, how: str, flags: tuple
 ) -> None:
     shm = _shm()
     proc = subprocess.Popen(
-        [sys.executable, str(APPS / "app.py"), "-m", "behaviour=children_wait"], cwd=tmp_path,
+        [sys.executable, str(APPS / "app.py"), *flags, "behaviour=children_wait"], cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
         env={**os.environ, "TMPDIR": str(private_tmp)}, start_new_session=True,
     )

@@ -39,8 +39,16 @@ MANIFEST = "ddpw_slurm_jobs.json"
 
 
 def run(cwd: Path, *overrides: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """The SLURM test app, run to its end."""
-    return run_app(cwd, *overrides, app=APP, timeout=timeout)
+    """The SLURM test app, run to its end as a multirun (how jobs are submitted to SLURM)."""
+    return run_app(cwd, *multirun(*overrides), app=APP, timeout=timeout)
+
+
+def multirun(*overrides: str) -> tuple[str, ...]:
+    """`overrides` with `-m`; a `hydra.run.dir=X` becomes the job's own dir X (the sweep dir, no subdir)."""
+    out = [f"hydra.sweep.dir={o.split('=', 1)[1]}" if o.startswith("hydra.run.dir=") else o for o in overrides]
+    if any(o.startswith("hydra.sweep.dir=") for o in out):
+        out.append("hydra.sweep.subdir=.")
+    return tuple(out) if "-m" in out else ("-m", *out)
 
 
 def manifest(output_dir: Path) -> list[dict[str, Any]]:
@@ -63,10 +71,10 @@ def seen_files(job: Path, prefix: str) -> dict[int, dict]:
 @pytest.mark.subprocess
 # ----------------------------------------------------------------------------- on the cluster
 def test_one_node_two_ranks(slurm_env: dict[str, str], tmp_path: Path) -> None:
-    proc = run(tmp_path)  # a plain run: the `ddpw` node makes it go through the launcher
+    proc = run(tmp_path)
     assert proc.returncode == 0, proc.stderr
     (job,) = job_dirs(tmp_path)
-    assert job.relative_to(tmp_path).parts[0] == "outputs"  # where a plain run puts it
+    assert job.relative_to(tmp_path).parts[0] == "multirun"  # where a multirun puts it
     ranks = seen(job)
     assert sorted(ranks) == [0, 1]
     (submitted,) = manifest(job)
@@ -143,7 +151,7 @@ def test_rank_failure_on_the_second_node_is_the_reported_root_cause(slurm_env: d
 @pytest.mark.subprocess
 def test_cancelled_job_is_reported_as_cancelled(slurm_env: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = start_app(tmp_path, "behaviour=wait", f"hydra.run.dir={out}", app=APP)
+    proc = start_app(tmp_path, *multirun("behaviour=wait", f"hydra.run.dir={out}"), app=APP)
     try:
         wait_for(lambda: len(list(out.glob("running_rank_*"))) == 2, timeout=90, what="both ranks to run")
         (submitted,) = manifest(out)
@@ -163,7 +171,7 @@ def test_preempted_job_is_requeued_and_resumes_from_its_checkpoint(slurm_env: di
     out = tmp_path / "run"
     overrides = ("behaviour=checkpoint", "hydra.launcher.max_restarts=1", "platform.n_nodes=2",
                  "platform.n_procs_per_node=1", f"hydra.run.dir={out}")
-    proc = start_app(tmp_path, *overrides, app=APP)
+    proc = start_app(tmp_path, *multirun(*overrides), app=APP)
     try:
         wait_for(lambda: len(list(out.glob("running_rank_*"))) == 2, timeout=90, what="both ranks to run")
         (submitted,) = manifest(out)
@@ -199,6 +207,14 @@ def test_fire_and_forget_returns_at_once_with_a_manifest(slurm_env: dict[str, st
 
 @pytest.mark.subprocess
 # ----------------------------------------------------------------------------- no cluster needed
+def test_a_plain_run_is_refused_with_the_command_that_submits_it(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "platform.n_procs_per_node=1", app=APP)
+    assert proc.returncode == 1
+    assert "hydra/launcher='ddpw_slurm': jobs are submitted to SLURM in a multirun: add -m" in proc.stderr
+    assert "Traceback" not in proc.stderr and not list(tmp_path.rglob(".submitit"))
+
+
+@pytest.mark.subprocess
 def test_dry_run_prints_the_sbatch_script_and_plan_and_submits_nothing(tmp_path: Path) -> None:
     proc = run(
         tmp_path, "-m", "lr=1,2", "platform.n_nodes=2", "platform.n_procs_per_node=1", "platform.n_cpus_per_node=2",

@@ -193,4 +193,6 @@ def _fd(arg: str) -> int | None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_rank(sys.argv[1], int(sys.argv[2]), _fd(sys.argv[3]), _fd(sys.argv[4])))
+    # The rank ends with its task, as a forked one does: a non-daemon thread the task left running does not
+    # keep it (its output is flushed by `run_rank`).
+    os._exit(run_rank(sys.argv[1], int(sys.argv[2]), _fd(sys.argv[3]), _fd(sys.argv[4])))
