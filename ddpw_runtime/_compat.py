@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,11 @@ def report_like_hydra(action: Callable[[], Any]) -> Any:
         from hydra._internal.utils import run_and_report
     except ImportError:
         return action()
-    return run_and_report(action)
+    try:
+        return run_and_report(action)
+    except Exception:  # HYDRA_FULL_ERROR=1 (or a debugger): Hydra re-raises, and a callback's error only warns
+        traceback.print_exc()
+        raise SystemExit(1) from None
 
 
 def task_function_of_run() -> TaskFunction | None:

@@ -2,7 +2,7 @@
 `ConfigError` that names the key, the bad value and what to do instead.
 
 Most tests call `Platform.validate` directly (no processes, no torch). `gpus_available`, where given,
-mocks only the number of CUDA GPUs this machine reports (what `ddpw_runtime.engine` asks torch for); it
+mocks only the number of CUDA GPUs this machine reports (what `ddpw_runtime.launch.checks` asks torch for); it
 does not mock CUDA itself, so these tests run the same on machines with and without GPUs. The last tests
 go through the real Hydra path (`examples/train.py` in a subprocess) and check that nothing started.
 """
@@ -204,34 +204,34 @@ def test_bad_config_is_refused_through_platform_from_config(bad: Bad) -> None:
     _check(info.value, bad)
 
 
-def test_engine_check_refuses_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`engine.check` is what the runtime calls first; with the GPU count mocked to 0 it refuses nccl."""
-    from ddpw_runtime.launch import engine
+def test_machine_check_refuses_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`checks.check` is what the runtime calls first; with the GPU count mocked to 0 it refuses nccl."""
+    from ddpw_runtime.launch import checks
 
-    monkeypatch.setattr(engine, "gpus_available", lambda platform: 0)  # mocks only the GPU count
+    monkeypatch.setattr(checks, "gpus_available", lambda platform: 0)  # mocks only the GPU count
     with pytest.raises(ConfigError) as info:
-        engine.check(Platform(device="gpu", n_gpus_per_node=1, backend="nccl"))
+        checks.check(Platform(device="gpu", n_gpus_per_node=1, backend="nccl"))
     assert info.value.key == "platform.backend"
     with pytest.raises(ConfigError) as info:
-        engine.check(Platform(n_procs_per_node=2, ipc_groups=[[0], [0, 1]]))
+        checks.check(Platform(n_procs_per_node=2, ipc_groups=[[0], [0, 1]]))
     assert info.value.key == "platform.ipc_groups"
 
 
-def test_engine_check_bad_count_on_slurm_is_a_config_error() -> None:
-    """The engine asks `uses_gpus` before `validate`; a bad count must still give a ConfigError."""
-    from ddpw_runtime.launch import engine
+def test_machine_check_bad_count_on_slurm_is_a_config_error() -> None:
+    """The check asks `uses_gpus` before `validate`; a bad count must still give a ConfigError."""
+    from ddpw_runtime.launch import checks
 
     with pytest.raises(ConfigError) as info:
-        engine.check(platform_from_config({"device": "slurm", "n_gpus_per_node": "two"}))
+        checks.check(platform_from_config({"device": "slurm", "n_gpus_per_node": "two"}))
     assert info.value.key == "platform.n_gpus_per_node"
     assert "'two'" in str(info.value)
 
 
-def test_engine_check_upon_finish_that_does_not_import() -> None:
-    from ddpw_runtime.launch import engine
+def test_machine_check_upon_finish_that_does_not_import() -> None:
+    from ddpw_runtime.launch import checks
 
     with pytest.raises(ConfigError) as info:
-        engine.check(Platform(upon_finish="no_such_module_ddpw.sub:fn"))
+        checks.check(Platform(upon_finish="no_such_module_ddpw.sub:fn"))
     assert info.value.key == "platform.upon_finish"
     assert "'no_such_module_ddpw.sub:fn'" in str(info.value)
     assert "package.module:function" in str(info.value)
