@@ -159,6 +159,23 @@ def test_hydra_full_error_gives_the_whole_traceback_and_still_starts_nothing(tmp
     nothing_started(tmp_path)
 
 
+@pytest.mark.subprocess
+def test_checking_a_cpu_platform_imports_no_torch() -> None:
+    """The checks ask torch only for the platforms that need it (GPUs, MPS, mpi, nccl): the controller of
+    a CPU sweep in an app that imports torch only in its task stays light."""
+    code = (
+        "import sys\n"
+        "from ddpw_conf import Platform\n"
+        "from ddpw_runtime.launch.checks import check\n"
+        "check(Platform(n_procs_per_node=2, upon_finish='json:dumps'))\n"
+        "check(Platform(device='slurm', n_nodes=2, n_gpus_per_node=1, backend='mpi'), here=False)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False"]
+
+
 # ------------------------------------------------------------------------------- Wrapper(Platform(...))
 def _first_per_key() -> list[Any]:
     """One row of tests/test_validation.py's table per key (the first), as `Wrapper` gets it."""
