@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
 
 from hydra.errors import CompactHydraException
@@ -22,3 +24,15 @@ class ConfigError(ValueError, CompactHydraException):
 
     def __reduce__(self) -> tuple:
         return (ConfigError, (self.key, self.value, self.fix))
+
+
+def unknown_key(key: str, value: Any, known: Iterable[str], owner: str, noun: str = "field") -> ConfigError:
+    """The error for `key` (its full dotted name), which `owner` does not have: the nearest of the
+    `known` names first (a typo, a part of the name, or the name with more to it), then all of them."""
+    names = sorted(known)
+    word = key.rpartition(".")[2]
+    nearest = difflib.get_close_matches(word, names, n=1) or [
+        name for name in names if word.lower() in name or name in word.lower()
+    ]
+    guess = f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
+    return ConfigError(key, value, f"{owner} has no such {noun}; {guess}its {noun}s are {', '.join(names)}")

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from ddpw_conf.errors import ConfigError
+from ddpw_conf.errors import ConfigError, unknown_key
 from ddpw_conf.platform import Device, Platform
 
 _Options = TypeVar("_Options", bound="LauncherOptions")
@@ -48,10 +48,10 @@ class LauncherOptions:
         from omegaconf import OmegaConf
 
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigError(f"hydra.launcher.{unknown[0]}", options[unknown[0]],
-                              f"no such option; the options are {', '.join(sorted(known - {'_target_'}))}")
+        for key in options:
+            if key not in known:
+                raise unknown_key(f"hydra.launcher.{key}", options[key], known - {"_target_"}, "hydra.launcher",
+                                  "option")
         plain: dict[str, Any] = {
             key: OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
             for key, value in options.items()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ddpw_conf.errors import ConfigError
+from ddpw_conf.errors import ConfigError, unknown_key
 
 AXES = ("pipeline", "data", "tensor")
 """The mesh axes, outermost first: tensor-parallel groups are runs of consecutive ranks (same node)."""
@@ -81,9 +81,7 @@ def layout_from_config(node: Any) -> Layout:
         return node
     if not isinstance(node, dict):
         raise ConfigError("platform.layout", node, "use a mapping such as {tensor: 2}")
-    unknown = sorted(set(node) - {"data", "tensor", "pipeline"})
-    if unknown:
-        raise ConfigError(
-            f"platform.layout.{unknown[0]}", node[unknown[0]], "Layout has the keys data, tensor and pipeline"
-        )
+    for key in node:
+        if key not in AXES:
+            raise unknown_key(f"platform.layout.{key}", node[key], AXES, "Layout")
     return Layout(**node)

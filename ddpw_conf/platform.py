@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields
+from datetime import timedelta
 from enum import Enum
 from typing import Any
 
-from ddpw_conf.errors import ConfigError
+from ddpw_conf.errors import ConfigError, unknown_key
 from ddpw_conf.layout import Layout, layout_from_config
 
 START_METHODS = ("forkserver", "spawn")
@@ -24,6 +25,11 @@ _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
 _SLURM_KEY = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*([.:][A-Za-z_]\w*)")
 MAX_WORLD_SIZE = 4096
+MAX_TIMEOUT_MIN = 100 * 365 * 24 * 60
+"""The longest `timeout_min` and `collective_timeout_min` (100 years). torch adds a timeout to the time
+since 1970 in nanoseconds, a signed 64-bit count that overflows in 2262 (past it, measured with torch
+2.13, collectives hang or fail at once); the launcher's own waits and SLURM's time limit (minutes, 32
+bits) end below that too."""
 
 
 class Device(Enum):
@@ -251,6 +257,17 @@ class Platform:
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ConfigError(f"platform.{key}", value, "use a positive number of minutes, such as 60 or 0.5")
+            if value > MAX_TIMEOUT_MIN:
+                raise ConfigError(
+                    f"platform.{key}", value, f"use at most {MAX_TIMEOUT_MIN} minutes (100 years): torch and the "
+                    "launcher add it to clocks that overflow beyond that",
+                )
+        if timedelta(minutes=self.collective_timeout_min) < timedelta(milliseconds=1):
+            raise ConfigError(
+                "platform.collective_timeout_min", self.collective_timeout_min,
+                "torch counts this timeout in whole milliseconds and this is less than one, so every wait would "
+                f"fail at once; use at least {1 / 60000:.7f} minutes (1 ms), such as 30",
+            )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**32:
             raise ConfigError("platform.seed", self.seed, "use an integer in 0..4294967295")
         if self.world_size > MAX_WORLD_SIZE:
@@ -399,7 +416,11 @@ def _positive(key: str, value: Any) -> None:
 
 def platform_from_config(node: Any) -> Platform:
     """A `Platform` from a config node (a structured `platform` node, a mapping, or None for the
-    defaults); unknown keys raise `ConfigError`."""
+    defaults); unknown keys, at any level, raise `ConfigError`.
+
+    A structured node is read as a plain mapping too: Hydra adds keys it does not know to it when
+    they are given with `+` (`+platform.n_proc_per_node=4`), and OmegaConf would turn them into stray
+    attributes of the `Platform` instead of refusing them."""
     from omegaconf import DictConfig, OmegaConf
 
     if node is None:
@@ -407,18 +428,11 @@ def platform_from_config(node: Any) -> Platform:
     if isinstance(node, Platform):
         return node
     if isinstance(node, DictConfig):
-        if OmegaConf.get_type(node) is Platform:
-            platform = OmegaConf.to_object(node)
-            assert isinstance(platform, Platform)
-            return platform
         node = OmegaConf.to_container(node, resolve=True)
     if not isinstance(node, dict):
         raise ConfigError("platform", node, "platform must be a mapping of Platform fields")
     known = {f.name for f in fields(Platform)}
-    unknown = sorted(set(node) - known)
-    if unknown:
-        raise ConfigError(
-            f"platform.{unknown[0]}", node[unknown[0]],
-            f"Platform has no such field; known fields: {', '.join(sorted(known))}",
-        )
+    for key in node:
+        if key not in known:
+            raise unknown_key(f"platform.{key}", node[key], known, "Platform")
     return Platform(**node)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,11 @@ def report_like_hydra(action: Callable[[], Any]) -> Any:
         except Exception as error:
             sys.stderr.write(f"{type(error).__name__}: {error}\n")
             raise SystemExit(1) from error
-    return run_and_report(action)
+    try:
+        return run_and_report(action)
+    except Exception:  # HYDRA_FULL_ERROR=1 (or a debugger): Hydra re-raises, and a callback's error only warns
+        traceback.print_exc()
+        raise SystemExit(1) from None
 
 
 def forget_failed_process_group() -> None:

@@ -72,7 +72,7 @@ class Wrapper:
         # starter and rank processes run as `python -m ddpw_runtime.<package>.<module>`, which must not
         # find themselves imported already.
         from ddpw_runtime.launch.caller_rank import check_caller_rank
-        from ddpw_runtime.launch.engine import check
+        from ddpw_runtime.launch.checks import check
 
         check(platform)
         platform.validate_local()

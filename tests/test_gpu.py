@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from ddpw_conf import ConfigError, Platform
+from ddpw_runtime.launch.checks import check
 from ddpw_runtime.launch.devices import visible_gpus
-from ddpw_runtime.launch.engine import check
 from tests.helpers import run_app, run_ranks
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), pytest.mark.subprocess]

@@ -2,7 +2,7 @@
 `ConfigError` that names the key, the bad value and what to do instead.
 
 Most tests call `Platform.validate` directly (no processes, no torch). `gpus_available`, where given,
-mocks only the number of CUDA GPUs this machine reports (what `ddpw_runtime.engine` asks torch for); it
+mocks only the number of CUDA GPUs this machine reports (what `ddpw_runtime.launch.checks` asks torch for); it
 does not mock CUDA itself, so these tests run the same on machines with and without GPUs. The last tests
 go through the real Hydra path (`examples/train.py` in a subprocess) and check that nothing started.
 """
@@ -171,6 +171,18 @@ BAD = [
     Bad("seed-negative", {"seed": -1}, "platform.seed", "0..4294967295"),
     Bad("seed-2**32", {"seed": 2**32}, "platform.seed", "0..4294967295"),
     Bad("seed-float", {"seed": 1.5}, "platform.seed", "integer"),
+    # --- timeouts torch cannot count: below one millisecond, or past what its clocks hold
+    Bad("collective_timeout_min-below-1ms", {"collective_timeout_min": 1e-9}, "platform.collective_timeout_min",
+        "at least 0.0000167 minutes (1 ms)"),
+    Bad("collective_timeout_min-1e13", {"collective_timeout_min": 1e13}, "platform.collective_timeout_min",
+        "at most 52560000 minutes"),
+    Bad("timeout_min-1e13", {"timeout_min": 1e13}, "platform.timeout_min", "at most 52560000 minutes"),
+    Bad("timeout_min-inf", {"timeout_min": float("inf")}, "platform.timeout_min", "at most 52560000 minutes"),
+    # --- layout
+    Bad("layout-unknown-axis", {"layout": {"expert": 2}}, "platform.layout.expert",
+        "Layout has no such field; its fields are data, pipeline, tensor", value=2),
+    Bad("layout-typo", {"layout": {"tensors": 2}}, "platform.layout.tensors", "did you mean tensor?", value=2),
+    Bad("layout-not-a-mapping", {"layout": 2}, "platform.layout", "mapping such as {tensor: 2}"),
 ]
 
 
@@ -204,34 +216,34 @@ def test_bad_config_is_refused_through_platform_from_config(bad: Bad) -> None:
     _check(info.value, bad)
 
 
-def test_engine_check_refuses_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`engine.check` is what the runtime calls first; with the GPU count mocked to 0 it refuses nccl."""
-    from ddpw_runtime.launch import engine
+def test_machine_check_refuses_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`checks.check` is what the runtime calls first; with the GPU count mocked to 0 it refuses nccl."""
+    from ddpw_runtime.launch import checks
 
-    monkeypatch.setattr(engine, "gpus_available", lambda platform: 0)  # mocks only the GPU count
+    monkeypatch.setattr(checks, "gpus_available", lambda platform: 0)  # mocks only the GPU count
     with pytest.raises(ConfigError) as info:
-        engine.check(Platform(device="gpu", n_gpus_per_node=1, backend="nccl"))
+        checks.check(Platform(device="gpu", n_gpus_per_node=1, backend="nccl"))
     assert info.value.key == "platform.backend"
     with pytest.raises(ConfigError) as info:
-        engine.check(Platform(n_procs_per_node=2, ipc_groups=[[0], [0, 1]]))
+        checks.check(Platform(n_procs_per_node=2, ipc_groups=[[0], [0, 1]]))
     assert info.value.key == "platform.ipc_groups"
 
 
-def test_engine_check_bad_count_on_slurm_is_a_config_error() -> None:
-    """The engine asks `uses_gpus` before `validate`; a bad count must still give a ConfigError."""
-    from ddpw_runtime.launch import engine
+def test_machine_check_bad_count_on_slurm_is_a_config_error() -> None:
+    """The check asks `uses_gpus` before `validate`; a bad count must still give a ConfigError."""
+    from ddpw_runtime.launch import checks
 
     with pytest.raises(ConfigError) as info:
-        engine.check(platform_from_config({"device": "slurm", "n_gpus_per_node": "two"}))
+        checks.check(platform_from_config({"device": "slurm", "n_gpus_per_node": "two"}))
     assert info.value.key == "platform.n_gpus_per_node"
     assert "'two'" in str(info.value)
 
 
-def test_engine_check_upon_finish_that_does_not_import() -> None:
-    from ddpw_runtime.launch import engine
+def test_machine_check_upon_finish_that_does_not_import() -> None:
+    from ddpw_runtime.launch import checks
 
     with pytest.raises(ConfigError) as info:
-        engine.check(Platform(upon_finish="no_such_module_ddpw.sub:fn"))
+        checks.check(Platform(upon_finish="no_such_module_ddpw.sub:fn"))
     assert info.value.key == "platform.upon_finish"
     assert "'no_such_module_ddpw.sub:fn'" in str(info.value)
     assert "package.module:function" in str(info.value)
@@ -243,6 +255,7 @@ UNKNOWN = [
     pytest.param({"n_nodes": 1, "nodes": 2}, "platform.nodes", 2, id="nodes"),
     pytest.param({"device": "cpu", "Device": "gpu"}, "platform.Device", "gpu", id="wrong-case"),
     pytest.param({"world_size": 4}, "platform.world_size", 4, id="derived-value-is-not-a-field"),
+    pytest.param({"n_proc_per_node": 4}, "platform.n_proc_per_node", 4, id="typo-did-you-mean"),
 ]
 
 
@@ -255,6 +268,19 @@ def test_unknown_key_is_refused(node: dict[str, Any], key: str, value: Any, as_d
     message = str(info.value)
     assert repr(value) in message
     assert "Platform has no such field" in message and "n_gpus_per_node" in message
+    if key == "platform.n_proc_per_node":
+        assert "did you mean n_procs_per_node?" in message
+
+
+def test_an_unknown_key_added_to_the_structured_node_is_refused() -> None:
+    """What Hydra does with `+platform.foo=1` and `+platform.layout.expert=2`: the key is added to the
+    structured node, at any level, which OmegaConf alone would accept as a stray attribute."""
+    for path, key in (("foo", "platform.foo"), ("layout.expert", "platform.layout.expert")):
+        node = OmegaConf.structured(Platform)
+        OmegaConf.update(node, path, 1, force_add=True)  # as Hydra adds a `+` key
+        with pytest.raises(ConfigError) as info:
+            platform_from_config(node)
+        assert info.value.key == key and info.value.value == 1
 
 
 @pytest.mark.parametrize("node", [pytest.param([1, 2], id="list"), pytest.param("cpu", id="str")])

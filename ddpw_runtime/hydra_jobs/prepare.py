@@ -19,7 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from ddpw_conf import Platform, platform_from_config
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.hydra_jobs.compose_once import forget_unused, job_config
-from ddpw_runtime.launch.engine import check
+from ddpw_runtime.launch.checks import check
 
 SWEEP_DIR_KEYS = ("hydra.sweep.dir", "hydra.sweep.subdir")
 """`run_job`'s output dir keys for a job of a sweep: a subdir of the sweep dir."""

@@ -6,7 +6,6 @@ process, and by `Wrapper`. The controller process never imports torch here.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import shutil
 import sys
@@ -18,12 +17,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ddpw_conf import ConfigError, Device, Platform
+from ddpw_conf import Platform
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.launch import rendezvous
+from ddpw_runtime.launch.checks import check, resolve_callable
+from ddpw_runtime.launch.checks import gpus_available as gpus_available  # imported from here by others
 from ddpw_runtime.launch.console import ConsoleRanks
-from ddpw_runtime.launch.devices import Share, cpu_cores
+from ddpw_runtime.launch.devices import Share
 from ddpw_runtime.launch.outcome import RankOutcome, failure, note_failures
 from ddpw_runtime.launch.payload import RankPayload, TaskCall
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
@@ -61,41 +62,6 @@ class NodeJob:
     """Put before every console line of this job's ranks (a job's number when jobs run side by side)."""
     share: Share | None = None
     """The GPUs and CPU cores of its own, when jobs run side by side."""
-
-
-def gpus_available(platform: Platform) -> int | None:
-    """The number of CUDA GPUs here, asked only for platforms that use GPUs (it imports torch)."""
-    if not platform.uses_gpus:
-        return None
-    import torch
-
-    return torch.cuda.device_count()
-
-
-def check(platform: Platform, here: bool = True) -> Platform:
-    """Validate `platform` (`here`: for this machine, whose GPUs are counted) and resolve `upon_finish`,
-    before anything starts."""
-    platform.validate(gpus_available(platform) if here else None)
-    if here and platform.device_kind is not Device.SLURM and platform.n_cpus_per_node is not None:
-        cores = len(cpu_cores())
-        if platform.n_cpus_per_node > cores:
-            raise ConfigError("platform.n_cpus_per_node", platform.n_cpus_per_node,
-                              f"this machine gives this program {cores} CPU cores; ask for at most {cores}")
-    if platform.upon_finish:
-        resolve_callable("platform.upon_finish", platform.upon_finish)
-    return platform
-
-
-def resolve_callable(key: str, path: str) -> Callable[..., Any]:
-    """The callable named by `module:function` or `module.function`; ConfigError when it is not there."""
-    module_name, _, name = path.rpartition(":") if ":" in path else path.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(key, path, f"cannot import it ({exc}); give 'package.module:function'") from exc
-    if not callable(fn):
-        raise ConfigError(key, path, "this names something that is not callable")
-    return fn
 
 
 def starter_for(platform: Platform, torch_here: bool = False) -> RankStarter:

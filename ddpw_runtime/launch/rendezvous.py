@@ -1,15 +1,16 @@
 """The rendezvous socket: bound by the controller before any rank starts, handed to rank 0.
 
 Binding first means the port is known and held (no window in which another program can take it), a
-fixed port that is busy is refused before anything starts, and the store listens only on the address
-it must: loopback for a single-node job, the first node's address for a multi-node one (torch's own
-TCPStore server would listen on every interface).
+fixed port that is busy or that this program may not use is refused before anything starts, and the
+store listens only on the address it must: loopback for a single-node job, the first node's address for
+a multi-node one (torch's own TCPStore server would listen on every interface).
 """
 
 from __future__ import annotations
 
 import errno
 import socket
+from pathlib import Path
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_runtime.launch.plan import LOOPBACK
@@ -38,6 +39,13 @@ def listen(platform: Platform, master_addr: str | None, master_port: int | None)
                 "platform.master_port", port, "another program is listening on this port; choose a free "
                 "port or leave master_port unset (null) to get a free one per job",
             ) from exc
+        if exc.errno == errno.EACCES:
+            first = unprivileged_ports()
+            raise ConfigError(
+                "platform.master_port", port, f"this program may not listen on this port (ports below {first} "
+                f"need root or CAP_NET_BIND_SERVICE); choose a port of {first} or above, or leave master_port "
+                "unset (null) to get a free one per job",
+            ) from exc
         if exc.errno == errno.EADDRNOTAVAIL:
             raise ConfigError(
                 "platform.master_addr", addr, "this machine has no such address; use one of its own "
@@ -45,3 +53,11 @@ def listen(platform: Platform, master_addr: str | None, master_port: int | None)
             ) from exc
         raise
     return sock
+
+
+def unprivileged_ports() -> int:
+    """The first port any program may listen on (Linux's `ip_unprivileged_port_start`; 1024 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text())
+    except (OSError, ValueError):
+        return 1024

@@ -1,0 +1,111 @@
+"""Whether a platform can run on this machine and this torch, before anything starts.
+
+`Platform.validate` checks what holds anywhere; this adds what depends on where the ranks run: the
+GPUs, CPU cores and MPS device here, the backends this torch was built with, whether this program may
+listen on a fixed rendezvous port, and whether `upon_finish` imports. torch is imported only for the
+platforms that need it (GPUs, MPS, an explicit mpi or nccl backend), never for the CPU/gloo default.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from ddpw_conf import ConfigError, Device, Platform
+from ddpw_runtime.launch import rendezvous
+from ddpw_runtime.launch.devices import cpu_cores
+
+BUILT_WITH = {"mpi": "is_mpi_available", "nccl": "is_nccl_available"}
+"""The backends a torch build may lack, with the `torch.distributed` function that says whether it has
+them. mpi is used only when asked for, nccl only with GPUs; gloo is in every build for Linux and macOS
+(and is not checked, so the CPU default imports no torch)."""
+
+
+def gpus_available(platform: Platform) -> int | None:
+    """The number of CUDA GPUs here, asked only for platforms that use GPUs (it imports torch)."""
+    if not platform.uses_gpus:
+        return None
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def check(platform: Platform, here: bool = True) -> Platform:
+    """Validate `platform` and resolve `upon_finish`, before anything starts. `here`: the ranks run on
+    this machine (its GPUs, cores, MPS device, torch build and ports are what they get); else only
+    what holds anywhere is checked (a SLURM job, from the host that submits it)."""
+    platform.validate(gpus_available(platform) if here else None)
+    if here:
+        check_torch(platform)
+    if here and platform.device_kind is not Device.SLURM:
+        check_cores(platform)
+        check_port(platform)
+    if platform.upon_finish:
+        resolve_callable("platform.upon_finish", platform.upon_finish)
+    return platform
+
+
+def check_cores(platform: Platform) -> None:
+    """Raise `ConfigError` when `platform` asks for more CPU cores than this program may use."""
+    if platform.n_cpus_per_node is None:
+        return
+    cores = len(cpu_cores())
+    if platform.n_cpus_per_node > cores:
+        raise ConfigError("platform.n_cpus_per_node", platform.n_cpus_per_node,
+                          f"this machine gives this program {cores} CPU cores; ask for at most {cores}")
+
+
+def check_torch(platform: Platform) -> None:
+    """Raise `ConfigError` when this torch cannot give `platform` its device or its backend."""
+    kind = platform.device_kind
+    if kind is Device.MPS:
+        import torch
+
+        if not torch.backends.mps.is_available():
+            raise ConfigError(
+                "platform.device", platform.device, "this machine has no MPS device that torch can use (Apple "
+                "silicon, macOS 12.3 or later, a torch built with MPS); use platform.device=cpu "
+                "(hydra/launcher=ddpw_cpu)",
+            )
+    backend = platform.resolved_backend
+    if backend in BUILT_WITH:
+        import torch
+        import torch.distributed as dist
+
+        if not getattr(dist, BUILT_WITH[backend])():
+            raise ConfigError(
+                "platform.backend", backend, f"this torch ({torch.__version__}) was built without {backend}; use "
+                + ("backend=gloo, or leave it unset (null) for the automatic choice, or a torch built with MPI"
+                   if backend == "mpi" else "backend=gloo"),
+            )
+
+
+def check_port(platform: Platform) -> None:
+    """Raise `ConfigError` when this program cannot listen on `platform.master_port` (taken by another
+    program, or a port below the system's unprivileged range), by listening on it for a moment. For ranks
+    on this machine only: on a SLURM node the first node's controller does it (`rendezvous.listen`)."""
+    if platform.master_port is not None and platform.ipc_protocol == "tcp":
+        rendezvous.listen(platform, None, None).close()
+
+
+def resolve_callable(key: str, path: str) -> Callable[..., Any]:
+    """The callable named by `module:function` or `module.function`; ConfigError when it is not there,
+    or when importing its module fails, whatever the module raises."""
+    module_name, _, name = path.rpartition(":") if ":" in path else path.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(key, path, f"cannot import it ({exc}); give 'package.module:function'") from exc
+    except (Exception, SystemExit) as exc:  # the module's own code failed: say how, in one line
+        raise ConfigError(
+            key, path, f"importing {module_name} raised {type(exc).__name__}: {_first_line(exc)}; fix that "
+            "module, or give another 'package.module:function'",
+        ) from exc
+    if not callable(fn):
+        raise ConfigError(key, path, "this names something that is not callable")
+    return fn
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0]

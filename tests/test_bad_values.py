@@ -1,0 +1,311 @@
+"""Every bad platform value, and every bad launcher option, is refused before anything starts: exit
+code 1, no rank, one line naming the key, the value and the fix, no traceback.
+
+Three tables:
+
+- what a user types (`python app.py ...`), one row per kind of bad value: a key that does not exist
+  added with `+`, a device or backend this machine or this torch does not have, a timeout torch cannot
+  count, an `upon_finish` module that fails to import, a port this program may not listen on. Each
+  row runs the test app as a user does and checks that no rank wrote its `seen_rank_*.json`;
+- `Wrapper(Platform(...))`, one row per field of `Platform` (the rows of tests/test_validation.py,
+  one per key, and the machine checks), in this process: it must raise before anything starts;
+- the launcher options, one row per option of both launchers, as every launcher reads them;
+
+and the SLURM launcher's checks before anything is submitted, on configs composed as Hydra composes them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from ddpw_conf import ConfigError, Platform
+from ddpw_conf.launcher import LOCAL_LAUNCHER, SLURM_LAUNCHER, LocalLauncherConf, SlurmLauncherConf, selected_options
+from ddpw_runtime import Wrapper
+from ddpw_runtime.launch.rendezvous import unprivileged_ports
+from tests.helpers import APPS, run_app
+from tests.test_validation import BAD
+
+HYDRA_HINT = "Set the environment variable HYDRA_FULL_ERROR=1"
+"""Hydra's own line under every error it reports."""
+
+
+def mps_here() -> bool:
+    import torch
+
+    return bool(torch.backends.mps.is_available())
+
+
+def mpi_here() -> bool:
+    import torch.distributed as dist
+
+    return bool(dist.is_mpi_available())
+
+
+def refused(output: str, key: str, value: Any, fix: str) -> None:
+    """`output` is one line (besides Hydra's hint) naming `key`, `value` and a fix that has `fix`."""
+    lines = [line for line in output.splitlines() if line.strip() and not line.startswith(HYDRA_HINT)]
+    assert len(lines) == 1, output
+    assert lines[0].startswith(f"{key}={value!r}: "), output
+    assert fix in lines[0], output
+
+
+def nothing_started(root: Path) -> None:
+    assert not list(root.rglob("seen_rank_*.json")), "a rank ran"
+    assert not list(root.rglob("rank_*.log")), "a rank was started"
+
+
+# ------------------------------------------------------------------------------- what a user types
+TYPED = [
+    pytest.param(["+platform.n_proc_per_node=4"], "platform.n_proc_per_node", 4,
+                 "did you mean n_procs_per_node?", id="typo-added-with-plus"),
+    pytest.param(["+platform.foo=1"], "platform.foo", 1, "Platform has no such field; its fields are backend",
+                 id="unknown-key-added-with-plus"),
+    pytest.param(["+platform.layout.expert=2"], "platform.layout.expert", 2,
+                 "Layout has no such field; its fields are data, pipeline, tensor", id="unknown-nested-key"),
+    pytest.param(["+hydra.launcher.stop_grace=2"], "hydra.launcher.stop_grace", 2, "did you mean stop_grace_s?",
+                 id="unknown-launcher-option"),
+    pytest.param(["platform.device=mps"], "platform.device", "mps", "no MPS device", id="mps-not-here"),
+    pytest.param(["hydra/launcher=ddpw_mps"], "platform.device", "mps", "use platform.device=cpu",
+                 id="ddpw_mps-not-here"),
+    pytest.param(["platform.backend=mpi"], "platform.backend", "mpi", "built without mpi; use backend=gloo",
+                 id="mpi-not-built"),
+    pytest.param(["platform.collective_timeout_min=1e13"], "platform.collective_timeout_min", 1e13,
+                 "at most 52560000 minutes", id="collective-timeout-too-long"),
+    pytest.param(["platform.collective_timeout_min=1e-9"], "platform.collective_timeout_min", 1e-9,
+                 "whole milliseconds", id="collective-timeout-below-1ms"),
+    pytest.param(["platform.upon_finish=raises_on_import:done"], "platform.upon_finish", "raises_on_import:done",
+                 "importing raises_on_import raised RuntimeError: this module fails as it is imported",
+                 id="upon_finish-module-raises"),
+]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("overrides, key, value, fix", TYPED)
+def test_a_bad_value_typed_by_a_user_is_refused_before_any_rank_starts(
+    tmp_path: Path, overrides: list[str], key: str, value: Any, fix: str
+) -> None:
+    if "mps" in " ".join(overrides) and mps_here():
+        pytest.skip("this machine has an MPS device")
+    if "mpi" in " ".join(overrides) and mpi_here():
+        pytest.skip("this torch has MPI")
+    proc = run_app(tmp_path, "platform.n_procs_per_node=2", *overrides)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    refused(proc.stdout + proc.stderr, key, value, fix)
+    nothing_started(tmp_path)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("override, key, value, fix", [
+    pytest.param("+platform.n_proc_per_node=4", "platform.n_proc_per_node", 4, "did you mean n_procs_per_node?",
+                 id="typo-added-with-plus"),
+    pytest.param("+platform.layout.expert=2", "platform.layout.expert", 2, "Layout has no such field",
+                 id="unknown-nested-key"),
+])
+def test_a_multirun_refuses_an_unknown_key_before_any_job_starts(
+    tmp_path: Path, override: str, key: str, value: Any, fix: str
+) -> None:
+    proc = run_app(tmp_path, "-m", "platform.n_procs_per_node=1,2", override)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    refused(proc.stdout + proc.stderr, key, value, fix)
+    nothing_started(tmp_path)
+
+
+def _without_low_ports() -> None:
+    """In the child, before the app starts: drop the right to listen on ports below the unprivileged
+    range (root keeps it otherwise), so the app runs as an ordinary user would."""
+    pr_capbset_drop, cap_net_bind_service = 24, 10
+    if ctypes.CDLL(None, use_errno=True).prctl(pr_capbset_drop, cap_net_bind_service, 0, 0, 0) != 0:
+        os._exit(99)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("mode", [[], ["-m"]], ids=["plain-run", "multirun"])
+def test_a_port_this_program_may_not_listen_on_is_refused_before_any_rank_starts(
+    tmp_path: Path, mode: list[str]
+) -> None:
+    port = unprivileged_ports() - 1
+    if port < 1:
+        pytest.skip("every port is open to every program on this machine")
+    proc = subprocess.run(
+        [sys.executable, str(APPS / "app.py"), *mode, "platform.n_procs_per_node=2", f"platform.master_port={port}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        preexec_fn=_without_low_ports if os.geteuid() == 0 else None,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    refused(proc.stdout + proc.stderr, "platform.master_port", port, f"choose a port of {port + 1} or above")
+    nothing_started(tmp_path)
+
+
+@pytest.mark.subprocess
+def test_hydra_full_error_gives_the_whole_traceback_and_still_starts_nothing(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(APPS / "app.py"), "platform.collective_timeout_min=1e-9"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        env={**os.environ, "HYDRA_FULL_ERROR": "1"},
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert proc.stderr.rstrip().endswith("such as 30"), proc.stderr
+    nothing_started(tmp_path)
+
+
+@pytest.mark.subprocess
+def test_checking_a_cpu_platform_imports_no_torch() -> None:
+    """The checks ask torch only for the platforms that need it (GPUs, MPS, mpi, nccl): the controller of
+    a CPU sweep in an app that imports torch only in its task stays light."""
+    code = (
+        "import sys\n"
+        "from ddpw_conf import Platform\n"
+        "from ddpw_runtime.launch.checks import check\n"
+        "check(Platform(n_procs_per_node=2, upon_finish='json:dumps'))\n"
+        "check(Platform(device='slurm', n_nodes=2, n_gpus_per_node=1, backend='mpi'), here=False)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False"]
+
+
+# ------------------------------------------------------------------------------- Wrapper(Platform(...))
+def _first_per_key() -> list[Any]:
+    """One row of tests/test_validation.py's table per key (the first), as `Wrapper` gets it."""
+    rows: dict[str, Any] = {}
+    for bad in BAD:
+        if bad.gpus_available is None:
+            rows.setdefault(bad.key.split("[")[0], bad)
+    return [pytest.param(bad.fields, bad.key, bad.value, bad.hint, id=bad.id) for bad in rows.values()]
+
+
+def _children() -> set[int]:
+    """This process's child processes."""
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        pids.update(int(pid) for pid in (task / "children").read_text().split())
+    return pids
+
+
+MACHINE = [
+    pytest.param({"device": "mps"}, "platform.device", "mps", "no MPS device", id="mps-not-here"),
+    pytest.param({"backend": "mpi"}, "platform.backend", "mpi", "built without mpi", id="mpi-not-built"),
+    pytest.param({"n_cpus_per_node": 4096}, "platform.n_cpus_per_node", 4096, "ask for at most",
+                 id="more-cores-than-here"),
+    pytest.param({"upon_finish": "raises_on_import:done"}, "platform.upon_finish", "raises_on_import:done",
+                 "RuntimeError: this module fails as it is imported", id="upon_finish-module-raises"),
+    pytest.param({"upon_finish": "json:no_such_function"}, "platform.upon_finish", "json:no_such_function",
+                 "has no attribute 'no_such_function'", id="upon_finish-no-such-function"),
+]
+
+
+@pytest.mark.parametrize("fields_, key, value, fix", _first_per_key() + MACHINE)
+def test_wrapper_refuses_a_bad_platform_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fields_: dict[str, Any], key: str, value: Any, fix: str
+) -> None:
+    if fields_.get("device") == "mps" and mps_here():
+        pytest.skip("this machine has an MPS device")
+    if fields_.get("backend") == "mpi" and mpi_here():
+        pytest.skip("this torch has MPI")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(APPS))
+    before = _children()
+    with pytest.raises(ConfigError) as info:
+        Wrapper(Platform(**fields_))
+    assert info.value.key == key and info.value.value == value
+    refused(str(info.value), key, value, fix)
+    assert _children() <= before, "a process was started"
+    assert not list(tmp_path.iterdir()), "a log folder was made"
+
+
+def test_wrapper_refuses_a_port_another_program_listens_on() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError) as info:
+            Wrapper(Platform(n_procs_per_node=2, master_port=port))
+    refused(str(info.value), "platform.master_port", port, "another program is listening on this port")
+
+
+def test_every_field_of_platform_has_a_row() -> None:
+    covered = {param.values[1].split(".")[1] for param in _first_per_key() + MACHINE}
+    assert covered == {f.name for f in fields(Platform)}
+
+
+# ------------------------------------------------------------------------------- launcher options
+OPTIONS = [
+    # both launchers
+    ({"dry_run": "yes"}, "hydra.launcher.dry_run", "use true or false"),
+    ({"stop_grace_s": -5}, "hydra.launcher.stop_grace_s", "number of seconds >= 0"),
+    ({"interrupt_grace_s": "soon"}, "hydra.launcher.interrupt_grace_s", "number of seconds >= 0"),
+    ({"max_restarts": -1}, "hydra.launcher.max_restarts", "integer >= 0"),
+    ({"stop_grace": 2}, "hydra.launcher.stop_grace", "did you mean stop_grace_s?"),
+    # the local launchers
+    ({"max_parallel_jobs": 0, "_target_": LOCAL_LAUNCHER}, "hydra.launcher.max_parallel_jobs", "integer >= 1"),
+    ({"max_paralel_jobs": 2, "_target_": LOCAL_LAUNCHER}, "hydra.launcher.max_paralel_jobs",
+     "did you mean max_parallel_jobs?"),
+    # the SLURM launcher
+    ({"fire_and_forget": 1, "_target_": SLURM_LAUNCHER}, "hydra.launcher.fire_and_forget", "use true or false"),
+    ({"submitit_folder": "logs/%A_%a", "_target_": SLURM_LAUNCHER}, "hydra.launcher.submitit_folder", "%j"),
+    ({"qos": "high --wrap=x", "_target_": SLURM_LAUNCHER}, "hydra.launcher.qos", "single SLURM value"),
+    ({"account": "-A other", "_target_": SLURM_LAUNCHER}, "hydra.launcher.account", "single SLURM value"),
+    ({"constraint": "a100 b", "_target_": SLURM_LAUNCHER}, "hydra.launcher.constraint", "single SLURM value"),
+    ({"exclude": "n1\nn2", "_target_": SLURM_LAUNCHER}, "hydra.launcher.exclude", "single SLURM value"),
+    ({"setup": "module load cuda", "_target_": SLURM_LAUNCHER}, "hydra.launcher.setup", "a list of shell lines"),
+    ({"array_parallelism": 0, "_target_": SLURM_LAUNCHER}, "hydra.launcher.array_parallelism", "integer >= 1"),
+    ({"signal_delay_s": 0, "_target_": SLURM_LAUNCHER}, "hydra.launcher.signal_delay_s", "integer >= 1"),
+    ({"qos_name": "high", "_target_": SLURM_LAUNCHER}, "hydra.launcher.qos_name", "did you mean qos?"),
+]
+
+
+@pytest.mark.parametrize("options, key, fix", OPTIONS, ids=[key.rpartition(".")[2] for _, key, _ in OPTIONS])
+def test_a_bad_launcher_option_is_refused(options: dict[str, Any], key: str, fix: str) -> None:
+    targets = [options["_target_"]] if "_target_" in options else [LOCAL_LAUNCHER, SLURM_LAUNCHER]
+    for target in targets:
+        with pytest.raises(ConfigError) as info:
+            selected_options({**options, "_target_": target})  # what every launcher reads its options with
+        value = options[key.rpartition(".")[2]]
+        assert info.value.key == key and info.value.value == value
+        refused(str(info.value), key, value, fix)
+
+
+def test_every_launcher_option_has_a_row() -> None:
+    covered = {key.rpartition(".")[2] for _, key, _ in OPTIONS}
+    options = {f.name for kind in (LocalLauncherConf, SlurmLauncherConf) for f in fields(kind)} - {"_target_"}
+    assert options <= covered
+
+
+# ------------------------------------------------------------------------------- SLURM, before submitting
+@pytest.mark.parametrize("override, key, value, fix", [
+    pytest.param("+platform.n_proc_per_node=4", "platform.n_proc_per_node", 4, "did you mean n_procs_per_node?",
+                 id="typo-added-with-plus"),
+    pytest.param("+platform.layout.expert=2", "platform.layout.expert", 2, "Layout has no such field",
+                 id="unknown-nested-key"),
+    pytest.param("platform.collective_timeout_min=1e-9", "platform.collective_timeout_min", 1e-9,
+                 "whole milliseconds", id="collective-timeout-below-1ms"),
+    pytest.param("platform.timeout_min=1e13", "platform.timeout_min", 1e13, "at most 52560000 minutes",
+                 id="time-limit-too-long"),
+    pytest.param("platform.upon_finish=raises_on_import:done", "platform.upon_finish", "raises_on_import:done",
+                 "RuntimeError: this module fails as it is imported", id="upon_finish-module-raises"),
+])
+def test_slurm_refuses_a_bad_value_before_submitting(
+    monkeypatch: pytest.MonkeyPatch, override: str, key: str, value: Any, fix: str
+) -> None:
+    """What the SLURM launcher does with each job before it submits anything (`prepared`, in a plain
+    run and a multirun alike), on the config Hydra composes for the test's SLURM app."""
+    from ddpw_runtime.hydra_jobs.prepare import SWEEP_DIR_KEYS, job_check, prepared
+
+    monkeypatch.syspath_prepend(str(APPS))
+    with initialize_config_dir(config_dir=str(APPS / "conf"), version_base=None):
+        config = compose(config_name="slurm", overrides=[override], return_hydra_config=True)
+    options = selected_options(config.hydra.launcher)
+    assert isinstance(options, SlurmLauncherConf)
+    with pytest.raises(ConfigError) as info:
+        prepared(config, 0, [override], job_check(options), SWEEP_DIR_KEYS)
+    refused(str(info.value), key, value, fix)
