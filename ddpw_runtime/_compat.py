@@ -127,16 +127,6 @@ def node_result_ready(task: Any) -> bool:
     return bool(task.paths.result_pickle.exists())
 
 
-def collectives_so_far(group: Any) -> int | None:
-    """How many collectives `group` has run in this process (its sequence number, which torch keeps for
-    gloo and NCCL to find ranks that fell out of step). Private: `ProcessGroup._get_sequence_number_for_group`.
-    Fallback: None (unknown; the check that uses it is skipped)."""
-    try:
-        return int(group._get_sequence_number_for_group())
-    except (AttributeError, RuntimeError):
-        return None
-
-
 def wrap_rerun_task(wrap: Callable[[TaskFunction], TaskFunction]) -> None:
     """Make Hydra's `--experimental-rerun` call `wrap(task_function)` instead of the task function (it
     calls the task directly, with no callback; see `hydra_jobs/rerun.py`). Private: the function that

@@ -109,7 +109,6 @@ class CallerRank:
         self._saved_threads: int | None = None
         self._saved_excepthook = sys.excepthook
         self._in_rank = False
-        self._collectives: int | None = None
         self.interrupted: int | None = None
         """The signal (SIGINT, SIGTERM) passed on to the ranks when the caller got one."""
         self._interrupted_at = ""
@@ -147,26 +146,22 @@ class CallerRank:
         import torch
 
         from ddpw_runtime.rank.environment import tell_imported_libraries
-        from ddpw_runtime.rank.setup import setup_rank, world_collectives
+        from ddpw_runtime.rank.setup import setup_rank
 
         self._saved_threads = torch.get_num_threads()
         self._saved_excepthook = sys.excepthook
         self._in_rank = True
         tell_imported_libraries(0)
         setup_rank(self.plan, 0, 0)
-        self._collectives = world_collectives()
 
     def leave_rank(self, own: RankResult) -> None:
         """Rank 0's task ended as `own`: leave the process group and put the process back (thread count,
         the `[rank0]` excepthook that init_process_group installs)."""
         import torch
 
-        from ddpw_runtime.rank.environment import lone_rank_warning
-        from ddpw_runtime.rank.setup import teardown_rank, world_collectives
+        from ddpw_runtime.rank.setup import teardown_rank
 
         self._task_over.set()
-        if own.ok:
-            own.warning = lone_rank_warning(self.plan, self._collectives, world_collectives())
         self.own = own
         if self._in_rank:
             self._in_rank = False
