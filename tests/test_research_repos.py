@@ -218,3 +218,24 @@ def test_the_config_key_is_found_by_the_target() -> None:
     config = json.loads('{"model": {"net": {"_target_": "torch.nn.Linear"}}, "trainer": '
                         '{"_target_": "lightning.pytorch.trainer.Trainer", "devices": 1}}')
     assert _node_making(config, "Trainer") == "trainer" and _node_making(config, "Fabric") is None
+
+
+# ---------------------------------------------------------------- ${now:} in a sweep
+
+
+@pytest.mark.subprocess
+def test_each_job_of_a_sweep_has_its_own_now_the_same_in_all_its_ranks(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "-m", "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", "x=1,2,3",
+                   app="stamped_app.py")
+    assert proc.returncode == 0, proc.stderr
+    jobs = [seen(job) for job in job_dirs(tmp_path)]
+    assert len(jobs) == 3
+    for ranks in jobs:
+        assert sorted(ranks) == [0, 1]
+        (stamp,) = {data["stamp"] for data in ranks.values()}  # one value in every rank of the job
+        assert {Path(data["output_dir"]).name for data in ranks.values()} == {stamp}  # its dir is named with it
+    jobs.sort(key=lambda ranks: ranks[0]["stamp"])
+    for before, after in zip(jobs, jobs[1:], strict=False):
+        # The job's own time: taken when it started, after the job before it had ended (one after another
+        # here), as Hydra's basic launcher takes it; not one time for the whole sweep.
+        assert after[0]["stamp"] > max(data["ended"] for data in before.values())

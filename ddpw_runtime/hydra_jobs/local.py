@@ -139,6 +139,7 @@ class _Runner:
             return self._run_job(job, task)
 
     def _run_job(self, job: PreparedJob, task: JobTask) -> DdpwJobReturn:
+        job.pin()  # its output dir and ${now:...} as of its start, as Hydra's basic launcher resolves them
         key, subkey = job.dir_keys
         self.started[job.idx] = time.monotonic()
         ret = run_job(hydra_context=self.hydra_context, task_function=task, config=job.config, job_dir_key=key,
