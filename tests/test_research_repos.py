@@ -17,7 +17,7 @@ from ddpw_runtime.rank.libraries import mismatch
 from tests.helpers import job_dirs, run_app, run_ranks, seen
 from tests.library_checks import register_library_checks
 
-LOCAL_RANK_FROM_ENV = "local_rank='${oc.decode:${oc.env:LOCAL_RANK}}'"
+LOCAL_RANK_FROM_ENV = 'local_rank="${oc.decode:${oc.env:LOCAL_RANK}}"'
 """The override that gives a repo written for torch.distributed.launch its `--local_rank` (docs/from-torchrun.md)."""
 
 
@@ -239,3 +239,43 @@ def test_each_job_of_a_sweep_has_its_own_now_the_same_in_all_its_ranks(tmp_path:
         # The job's own time: taken when it started, after the job before it had ended (one after another
         # here), as Hydra's basic launcher takes it; not one time for the whole sweep.
         assert after[0]["stamp"] > max(data["ended"] for data in before.values())
+
+
+# ---------------------------------------------------------------- an app with a `platform` of its own
+
+OWN_PLATFORM = ("hydra/launcher=ddpw_cpu_own_platform", "ddpw_platform.n_procs_per_node=2")
+"""The way out that docs/from-torchrun.md gives an app whose config has a `platform` key."""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("flags", [(), ("-m",)])
+def test_an_app_with_its_own_platform_string_runs_with_the_own_platform_launcher(
+    tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    proc = run_app(tmp_path, *flags, *OWN_PLATFORM, app="platform_string_app.py")
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    ranks = seen(job)
+    assert sorted(ranks) == [0, 1]
+    assert all(data["world_size"] == 2 and data["platform"] == "linux-x86_64" for data in ranks.values())
+
+
+@pytest.mark.subprocess
+def test_an_app_with_its_own_platform_group_runs_with_the_own_platform_launcher(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, *OWN_PLATFORM, app="own_platform_app.py")
+    assert proc.returncode == 0, proc.stderr
+    assert "cores=4" in proc.stdout and "COMPLETED" in proc.stderr + proc.stdout
+
+
+@pytest.mark.subprocess
+def test_the_collision_and_the_own_platform_errors_are_the_ones_the_page_names(tmp_path: Path) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "from-torchrun.md").read_text()
+    proc = run_app(tmp_path, "hydra/launcher=ddpw_cpu", app="platform_string_app.py")
+    assert proc.returncode == 1 and "Merge error: str is not a subclass of Platform" in proc.stderr  # Hydra's own
+    assert "Merge error: str is not a subclass of Platform" in page and "ddpw_cpu_own_platform" in page
+    proc = run_app(tmp_path, "hydra/launcher=ddpw_cpu", app="own_platform_app.py")
+    assert proc.returncode == 1 and "Key 'cores' not in 'Platform'" in proc.stderr
+    assert "not in 'Platform'" in page
+    proc = run_app(tmp_path, *OWN_PLATFORM, "ddpw_platform.n_cpus_per_node=3", app="platform_string_app.py")
+    assert proc.returncode == 1
+    assert "ddpw_platform.n_cpus_per_node=3: must be a multiple of the 2 rank(s)" in proc.stderr  # the key as typed

@@ -36,9 +36,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, open_dict, read_write
 
-from ddpw_conf import Platform, platform_from_config
+from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions, selected_options
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import Interrupted, RankFailure, Terminated
@@ -104,7 +104,7 @@ def selected_launcher(hydra: Any) -> LauncherOptions | None:
 def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
     """The platform of a plain run's job config (`config`, with or without its `hydra` node), after
     every check a plain run must pass."""
-    platform = platform_from_config(OmegaConf.select(config, "platform"))
+    platform = options.platform_of(config)
     job_check(options)(platform)
     check_caller_rank(platform)
     return platform

@@ -23,7 +23,7 @@ from hydra.core.utils import configure_log, filter_overrides, setup_globals
 from hydra.types import HydraContext
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
-from ddpw_conf import Platform, platform_from_config
+from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.hydra_jobs.compose_once import forget_unused, job_config
 from ddpw_runtime.launch.engine import check
@@ -65,11 +65,12 @@ class PreparedJob:
 
 def job_check(options: LauncherOptions) -> Callable[[Platform], None]:
     """Every check of a job's platform with these launcher options (and, for ranks on this machine,
-    against its GPUs)."""
+    against its GPUs); an error names the platform's keys as the user types them."""
 
     def check_job(platform: Platform) -> None:
-        check(platform, here=options.runs_here)
-        options.validate_platform(platform)
+        with options.naming_platform_keys():
+            check(platform, here=options.runs_here)
+            options.validate_platform(platform)
 
     return check_job
 
@@ -84,8 +85,7 @@ def prepare_launch(
     """What every ddpw launcher does first: check its options, then prepare every job of the batch (jobs
     that run here are pinned as each starts, jobs submitted elsewhere now)."""
     options.validate()
-    return prepare_jobs(hydra_context, config, job_overrides, initial_job_idx, job_check(options),
-                        pin=not options.runs_here)
+    return prepare_jobs(hydra_context, config, job_overrides, initial_job_idx, options, pin=not options.runs_here)
 
 
 def prepare_jobs(
@@ -93,11 +93,12 @@ def prepare_jobs(
     config: DictConfig,
     job_overrides: Sequence[Sequence[str]],
     initial_job_idx: int,
-    check: Callable[[Platform], Any],
+    options: LauncherOptions,
     pin: bool = True,
 ) -> list[PreparedJob]:
-    """Every job of a launch, composed (once, see `compose_once`), numbered, its platform checked by
-    `check` (which raises `ConfigError`), pinned now with `pin` (else by whoever starts it)."""
+    """Every job of a launch, composed (once, see `compose_once`), numbered, its platform read and
+    checked with `options` (a `ConfigError` if it cannot run), pinned now with `pin` (else by whoever
+    starts it)."""
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     jobs = []
@@ -107,7 +108,7 @@ def prepare_jobs(
             with open_dict(job_cfg):
                 job_cfg.hydra.job.id = str(idx)  # a str field: an int is converted, with a warning on omegaconf 2.4
                 job_cfg.hydra.job.num = idx
-            jobs.append(prepared(job_cfg, idx, list(overrides), check, SWEEP_DIR_KEYS, pin))
+            jobs.append(prepared(job_cfg, idx, list(overrides), options, SWEEP_DIR_KEYS, pin))
     finally:
         forget_unused(hydra_context)
     return jobs
@@ -117,15 +118,15 @@ def prepared(
     config: DictConfig,
     idx: int,
     overrides: list[str],
-    check: Callable[[Platform], Any],
+    options: LauncherOptions,
     dir_keys: tuple[str, str | None],
     pin: bool = True,
 ) -> PreparedJob:
-    """One composed job config made a `PreparedJob`: platform checked, output dir and `${now:}` pinned
-    (with `pin`; else `PreparedJob.pin` does it when the job starts)."""
+    """One composed job config made a `PreparedJob`: platform read and checked with `options`, output
+    dir and `${now:}` pinned (with `pin`; else `PreparedJob.pin` does it when the job starts)."""
     with hydra_config_of(config):
-        platform = platform_from_config(OmegaConf.select(config, "platform"))
-    check(platform)
+        platform = options.platform_of(config)
+    job_check(options)(platform)
     job = PreparedJob(idx, overrides, config, platform, output_dir_now(config, dir_keys), dir_keys)
     if pin:
         job.pin()

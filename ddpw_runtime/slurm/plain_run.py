@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from ddpw_conf.launcher import SlurmLauncherConf, selected_options
 from ddpw_runtime import _compat
 from ddpw_runtime.hydra_jobs.plain_run import PlainRun
-from ddpw_runtime.hydra_jobs.prepare import RUN_DIR_KEYS, job_check, prepared
+from ddpw_runtime.hydra_jobs.prepare import RUN_DIR_KEYS, prepared
 from ddpw_runtime.slurm.submit import run_jobs
 
 
@@ -37,7 +37,7 @@ class SlurmPlainRun(PlainRun):
         if task_function is None:
             return
         overrides = list(config.hydra.overrides.task)
-        job = _compat.report_like_hydra(lambda: prepared(config, 0, overrides, job_check(options), RUN_DIR_KEYS))
+        job = _compat.report_like_hydra(lambda: prepared(config, 0, overrides, options, RUN_DIR_KEYS))
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(),
                                callbacks=_compat.run_callbacks(config))
         folder = _folder(config, options, job.output_dir)
