@@ -279,3 +279,22 @@ def test_the_collision_and_the_own_platform_errors_are_the_ones_the_page_names(t
     proc = run_app(tmp_path, *OWN_PLATFORM, "ddpw_platform.n_cpus_per_node=3", app="platform_string_app.py")
     assert proc.returncode == 1
     assert "ddpw_platform.n_cpus_per_node=3: must be a multiple of the 2 rank(s)" in proc.stderr  # the key as typed
+
+
+# ---------------------------------------------------------------- the sweep summary
+
+
+def test_the_sweep_summary_shows_what_differs_between_jobs_and_readable_floats(tmp_path: Path) -> None:
+    from ddpw_runtime.hydra_jobs.sweep_summary import table
+
+    fixed = [f"model.layer_{n}.width=512" for n in range(13)]
+    entries = [{"job": n, "overrides": [*fixed[:7], f"optimizer.lr={lr}", *fixed[7:]], "status": "COMPLETED",
+                "duration_s": 41.25, "return_value": value, "output_dir": str(tmp_path / str(n)), "error": None}
+               for n, (lr, value) in enumerate([(0.1, 0.9583333134651184), (0.01, {"acc": 0.91666668653488159})])]
+    lines = table(entries, tmp_path / "sweep_summary.json", tmp_path).splitlines()
+    assert lines[2].split() == ["#0", "COMPLETED", "41.2", "s", "0.9583", "0", "optimizer.lr=0.1"]
+    assert lines[3].split()[-1] == "optimizer.lr=0.01" and "{acc: 0.9167}" in lines[3]
+    assert lines[4] == "  same in every job: " + " ".join(fixed)
+    assert max(len(line) for line in lines[:4]) < 100
+    lone = table(entries[:1], tmp_path / "sweep_summary.json", tmp_path).splitlines()
+    assert lone[2].endswith("optimizer.lr=0.1 " + " ".join(fixed[7:])) and len(lone) == 3  # one job: all of its own
