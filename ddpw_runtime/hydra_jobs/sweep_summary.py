@@ -18,6 +18,7 @@ import json
 import sys
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,7 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _in_every_job(overrides: list[list[str]]) -> list[str]:
+def _in_every_job(overrides: list[Sequence[str]]) -> list[str]:
     """The overrides that every job has, in the first job's order."""
     rest = [set(own) for own in overrides[1:]]
     return [o for o in overrides[0] if all(o in own for own in rest)]

@@ -59,7 +59,7 @@ def fabric_callbacks() -> list[Any]:
 def _trainer_check(base: type) -> type:
     """A Lightning callback (a subclass of that package's `Callback`) that checks the Trainer at `setup`."""
 
-    class TrainerCheck(base):  # type: ignore[misc, valid-type]
+    class TrainerCheck(base):
         """Stops a Trainer that would not train in the launched world (see the module docstring)."""
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
