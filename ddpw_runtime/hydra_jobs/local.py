@@ -18,9 +18,9 @@ from dataclasses import replace
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from ddpw_conf import ConfigError, LocalLauncherConf, platform_from_config
+from ddpw_conf import ConfigError, LocalLauncherConf
 from ddpw_runtime.errors import Interrupted, Terminated
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.hydra_jobs.side_by_side import Turns, run_side_by_side
@@ -83,7 +83,7 @@ def start_starter_early(config: DictConfig, options: LocalLauncherConf) -> None:
     if options.dry_run:
         return
     try:
-        starter_for(platform_from_config(OmegaConf.select(config, "platform")))
+        starter_for(options.platform_of(config))
     except ConfigError:
         pass
 
