@@ -19,7 +19,7 @@ OWN_CODE = re.compile(r"(ddpw_conf|ddpw_runtime|hydra_ddpw_launcher)/[\w/]+\.py:
 def warnings_of_own_code(proc_output: str, root: Path) -> list[str]:
     """Every warning the console or a rank's log attributes to a file of hydra-ddpw."""
     texts = [proc_output, *(log.read_text() for log in root.rglob("rank_*.log"))]
-    return [found for text in texts for found in OWN_CODE.findall(text) + OWN_CODE.findall(text.replace("\\", "/"))]
+    return [found.group(0) for text in texts for found in OWN_CODE.finditer(text.replace("\\", "/"))]
 
 
 @pytest.mark.parametrize("args", [
