@@ -8,17 +8,21 @@ starts.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from ddpw_conf.errors import ConfigError, unknown_key
-from ddpw_conf.platform import Device, Platform
+from ddpw_conf.platform import Device, Platform, platform_from_config
 
 _Options = TypeVar("_Options", bound="LauncherOptions")
 
 LOCAL_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.local_launcher.DdpwLocalLauncher"
 SLURM_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.slurm_launcher.DdpwSlurmLauncher"
+PLATFORM_KEY = "platform"
+"""Where a job's config holds its Platform, unless the launcher options name another node."""
+_CONFIG_KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 @dataclass
@@ -35,6 +39,9 @@ class LauncherOptions:
     max_restarts: int = 0
     """How many times a failed job is started again (locally, as torchrun's `--max-restarts`; on SLURM,
     a job that was preempted or reached its time limit is requeued)."""
+    platform_key: str = PLATFORM_KEY
+    """The job config's node that holds the Platform: `platform`, or `ddpw_platform` with the
+    `hydra/launcher=ddpw_*_own_platform` options, for apps whose config has a `platform` of its own."""
 
     @property
     def runs_here(self) -> bool:
@@ -61,6 +68,24 @@ class LauncherOptions:
     def validate_platform(self, platform: Platform) -> None:
         """Raise `ConfigError` for a (validated) platform that cannot run with these options."""
 
+    def platform_of(self, config: Any) -> Platform:
+        """The Platform of a job's config (with or without its `hydra` node): its `platform_key` node."""
+        from omegaconf import OmegaConf
+
+        with self.naming_platform_keys():
+            return platform_from_config(OmegaConf.select(config, self.platform_key))
+
+    @contextmanager
+    def naming_platform_keys(self) -> Iterator[None]:
+        """A `ConfigError` about the platform raised in the block names its key as the user types it
+        (`ddpw_platform.n_nodes` rather than `platform.n_nodes`, when that is the platform's node)."""
+        try:
+            yield
+        except ConfigError as error:
+            if self.platform_key == PLATFORM_KEY or error.key.split(".")[0].split("[")[0] != PLATFORM_KEY:
+                raise
+            raise ConfigError(self.platform_key + error.key[len(PLATFORM_KEY):], error.value, error.fix) from None
+
     def validate(self, where: str = "hydra.launcher.") -> LauncherOptions:
         """Raise `ConfigError` for an option that cannot run (its key is `where` + the option's name);
         returns self."""
@@ -69,6 +94,10 @@ class LauncherOptions:
         for key in ("interrupt_grace_s", "stop_grace_s"):
             _seconds(f"{where}{key}", getattr(self, key))
         _integer(f"{where}max_restarts", self.max_restarts, 0)
+        key = self.platform_key
+        if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key) or key.split(".")[0] == "hydra":
+            raise ConfigError(f"{where}platform_key", key, "name a node of the job's config, such as platform or "
+                              "ddpw_platform (not one under hydra, which cannot be swept)")
         return self
 
 

@@ -77,7 +77,9 @@ class Platform:
     ipc_protocol: str = "tcp"
     master_addr: str | None = None
     master_port: int | None = None
-    ipc_groups: list[list[int]] = field(default_factory=list)
+    ipc_groups: list[list[int]] | None = field(default_factory=list)
+    """Partition of the ranks into groups (`[]`: the world only); None: hydra-ddpw initialises no
+    process group and the task makes its own (`init_process_group()`, as under torchrun)."""
     backend: str | None = None
     seed: int = 1889
     timeout_min: float = 2880
@@ -332,10 +334,13 @@ class Platform:
 
     def _validate_groups(self) -> None:
         groups = self.ipc_groups
+        if groups is None:
+            self._validate_no_group()
+            return
         if not isinstance(groups, (list, tuple)):
             raise ConfigError(
                 "platform.ipc_groups", groups, "use a list of lists of ranks such as [[0, 1], [2, 3]], "
-                "or [] for the single default group",
+                "[] for the single default group, or null for none (the task makes its own)",
             )
         if not groups:
             return
@@ -374,6 +379,20 @@ class Platform:
                 "platform.ipc_groups", [list(g) for g in groups],
                 f"rank(s) {missing} are in no group; every rank of the world must be in exactly one "
                 "group (or use [] for the single default group)",
+            )
+
+    def _validate_no_group(self) -> None:
+        """`ipc_groups=None`: the task makes the process group itself through `env://`, which needs the
+        tcp rendezvous, and no layout mesh can be built for it."""
+        if self.ipc_protocol != "tcp":
+            raise ConfigError(
+                "platform.ipc_protocol", self.ipc_protocol, "with ipc_groups=null the task makes its own "
+                "process group through env:// (MASTER_ADDR, MASTER_PORT), which needs ipc_protocol=tcp",
+            )
+        if not self.layout.is_data_only:
+            raise ConfigError(
+                "platform.ipc_groups", None, "a platform.layout with tensor or pipeline above 1 needs the "
+                "process group that hydra-ddpw makes: use ipc_groups=[] (or leave the layout unset)",
             )
 
     def _validate_flags(self) -> None:

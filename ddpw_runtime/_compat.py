@@ -115,16 +115,6 @@ def node_result_ready(task: Any) -> bool:
     return bool(task.paths.result_pickle.exists())
 
 
-def collectives_so_far(group: Any) -> int | None:
-    """How many collectives `group` has run in this process (its sequence number, which torch keeps for
-    gloo and NCCL to find ranks that fell out of step). Private: `ProcessGroup._get_sequence_number_for_group`.
-    Fallback: None (unknown; the check that uses it is skipped)."""
-    try:
-        return int(group._get_sequence_number_for_group())
-    except (AttributeError, RuntimeError):
-        return None
-
-
 def compiled_original(model: Any) -> Any:
     """The module that `torch.compile` wrapped in `model`, or None when `model` is not such a wrapper.
     Private: `OptimizedModule._orig_mod` (torch has no public accessor). Fallback: None."""

@@ -3,12 +3,9 @@
     torchrun --nproc-per-node 2 script.py   ->   python examples/torchrun_style.py
 
 What such scripts assume holds in every rank: `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR`, ...
-are set as torchrun sets them. One difference: the process group is already initialised when the task
-starts, and torch refuses a second `init_process_group()` ("trying to initialize the default process
-group twice"). Guard the call, as scripts that also run without torchrun do:
-
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+are set as torchrun sets them, and its own `init_process_group(...)` and `destroy_process_group()`
+work: the call joins the group hydra-ddpw made for the job (or, with `platform.ipc_groups=null`, makes
+it, as under torchrun). See docs/from-torchrun.md.
 
 Returns the validation accuracy (rank 0's value is the job's return value).
 """
@@ -28,8 +25,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 def fit(cfg: DictConfig) -> float:
     """Train for `cfg.epochs` epochs the torchrun way; returns the validation accuracy."""
-    if not dist.is_initialized():  # under ddpw it is; under torchrun this line initialises it
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
     local_rank = int(os.environ["LOCAL_RANK"])
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     train_set, val_set = digits_split()
@@ -56,6 +52,7 @@ def train(cfg: DictConfig) -> float:
     accuracy = fit(cfg)
     if int(os.environ["RANK"]) == 0:
         print(f"world size {os.environ['WORLD_SIZE']}, val_acc {accuracy:.4f}")
+    dist.destroy_process_group()
     return accuracy
 
 

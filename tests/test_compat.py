@@ -65,20 +65,6 @@ def test_the_process_group_counter_that_a_failed_init_leaves_can_be_reset() -> N
         world.group_count = saved
 
 
-def test_collectives_so_far_counts_the_collectives_of_a_group(tmp_path: Path) -> None:
-    import torch
-    import torch.distributed as dist
-
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        before = _compat.collectives_so_far(dist.group.WORLD)
-        dist.all_reduce(torch.ones(1))
-        assert before is not None and _compat.collectives_so_far(dist.group.WORLD) == before + 1
-    finally:
-        dist.destroy_process_group()
-
-
 def test_submitit_renders_the_script_and_exposes_what_the_waiting_reads() -> None:
     from submitit.core.utils import JobPaths
     from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob

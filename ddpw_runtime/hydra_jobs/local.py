@@ -26,9 +26,9 @@ from pathlib import Path
 import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from ddpw_conf import ConfigError, LocalLauncherConf, platform_from_config
+from ddpw_conf import ConfigError, LocalLauncherConf
 from ddpw_runtime.errors import Interrupted, Terminated
 from ddpw_runtime.hydra_jobs.job_process import RESULT, JobEnd, JobPayload
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
@@ -85,7 +85,7 @@ def start_starter_early(config: DictConfig, options: LocalLauncherConf) -> None:
     if options.dry_run:
         return
     try:
-        starter_for(platform_from_config(OmegaConf.select(config, "platform")))
+        starter_for(options.platform_of(config))
     except ConfigError:
         pass
 
@@ -178,6 +178,7 @@ class _Sweep:
         grace = Grace(self.options.stop_grace_s, self.options.interrupt_grace_s)
         node_job = NodeJob(job.platform, job.output_dir, grace, max_restarts=self.options.max_restarts, share=share,
                            console_prefix=f"[job {job.idx}] " if beside else "")
+        job.pin()  # its output dir and ${now:...} as of its start, as Hydra's basic launcher resolves them
         folder = Path(tempfile.mkdtemp(prefix="ddpw-job-"))
         payload = JobPayload(ProcessState.capture(), cloudpickle.dumps((self.hydra_context, self.task_function,
                                                                         job.config)), job.idx, job.dir_keys, node_job)

@@ -37,9 +37,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, open_dict, read_write
 
-from ddpw_conf import Platform, platform_from_config
+from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions, selected_options
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankStopped
@@ -98,7 +98,7 @@ def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
     every check a plain run must pass."""
     from ddpw_runtime.launch.caller_rank import check_caller_rank
 
-    platform = platform_from_config(OmegaConf.select(config, "platform"))
+    platform = options.platform_of(config)
     job_check(options)(platform)
     check_caller_rank(platform)
     return platform

@@ -1,10 +1,17 @@
 """Preparing the jobs of a launch, the same for every ddpw launcher: each job's config composed once,
 its id and number, its `platform` read and checked (every job before the first starts), and its
 output dir and `${now:...}` values pinned, so every rank, every node and every restart of the job
-sees the same ones."""
+sees the same ones.
+
+Pinned when the job starts, as Hydra's basic launcher resolves them when it runs the job: each job of a
+sweep has its own time (a run dir named with `${now:...}` is each job's own). The local launcher pins
+each job as it starts it (`PreparedJob.pin`); jobs submitted to SLURM together are pinned when prepared.
+Values the sweep's own config resolved already (the sweep dir's `${now:...}`) stay the sweep's, as Hydra
+copies them into every job's config."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,7 +23,7 @@ from hydra.core.utils import configure_log, filter_overrides, setup_globals
 from hydra.types import HydraContext
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
-from ddpw_conf import Platform, platform_from_config
+from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.hydra_jobs.compose_once import forget_unused, job_config
 from ddpw_runtime.launch.checks import check
@@ -34,7 +41,19 @@ class PreparedJob:
     config: DictConfig
     platform: Platform
     output_dir: Path
+    """The job's output dir: once pinned, the one it runs in; before, the one its keys give now."""
     dir_keys: tuple[str, str | None] = SWEEP_DIR_KEYS
+    pinned: bool = False
+
+    def pin(self) -> Path:
+        """Resolve the job's output dir and every `${now:...}` of its task config now, once (later calls
+        change nothing), and return its output dir. Sets `HydraConfig` for a moment: call it where the
+        job holds the process's state."""
+        if not self.pinned:
+            self.output_dir = pin_output_dir(self.config, self.dir_keys)
+            pin_now(self.config)
+            self.pinned = True
+        return self.output_dir
 
     @property
     def shown(self) -> str:
@@ -44,11 +63,12 @@ class PreparedJob:
 
 def job_check(options: LauncherOptions) -> Callable[[Platform], None]:
     """Every check of a job's platform with these launcher options (and, for ranks on this machine,
-    against its GPUs)."""
+    against its GPUs); an error names the platform's keys as the user types them."""
 
     def check_job(platform: Platform) -> None:
-        check(platform, here=options.runs_here)
-        options.validate_platform(platform)
+        with options.naming_platform_keys():
+            check(platform, here=options.runs_here)
+            options.validate_platform(platform)
 
     return check_job
 
@@ -60,9 +80,10 @@ def prepare_launch(
     initial_job_idx: int,
     options: LauncherOptions,
 ) -> list[PreparedJob]:
-    """What every ddpw launcher does first: check its options, then prepare every job of the batch."""
+    """What every ddpw launcher does first: check its options, then prepare every job of the batch (jobs
+    that run here are pinned as each starts, jobs submitted elsewhere now)."""
     options.validate()
-    return prepare_jobs(hydra_context, config, job_overrides, initial_job_idx, job_check(options))
+    return prepare_jobs(hydra_context, config, job_overrides, initial_job_idx, options, pin=not options.runs_here)
 
 
 def prepare_jobs(
@@ -70,10 +91,12 @@ def prepare_jobs(
     config: DictConfig,
     job_overrides: Sequence[Sequence[str]],
     initial_job_idx: int,
-    check: Callable[[Platform], Any],
+    options: LauncherOptions,
+    pin: bool = True,
 ) -> list[PreparedJob]:
-    """Every job of a launch, composed (once, see `compose_once`), numbered, its platform checked by
-    `check` (which raises `ConfigError`), its output dir pinned."""
+    """Every job of a launch, composed (once, see `compose_once`), numbered, its platform read and
+    checked with `options` (a `ConfigError` if it cannot run), pinned now with `pin` (else by whoever
+    starts it)."""
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     jobs = []
@@ -81,9 +104,9 @@ def prepare_jobs(
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             job_cfg = job_config(hydra_context, config, overrides)
             with open_dict(job_cfg):
-                job_cfg.hydra.job.id = idx
+                job_cfg.hydra.job.id = str(idx)  # a str field: an int is converted, with a warning on omegaconf 2.4
                 job_cfg.hydra.job.num = idx
-            jobs.append(prepared(job_cfg, idx, list(overrides), check, SWEEP_DIR_KEYS))
+            jobs.append(prepared(job_cfg, idx, list(overrides), options, SWEEP_DIR_KEYS, pin))
     finally:
         forget_unused(hydra_context)
     return jobs
@@ -93,16 +116,19 @@ def prepared(
     config: DictConfig,
     idx: int,
     overrides: list[str],
-    check: Callable[[Platform], Any],
+    options: LauncherOptions,
     dir_keys: tuple[str, str | None],
+    pin: bool = True,
 ) -> PreparedJob:
-    """One composed job config made a `PreparedJob`: platform checked, output dir and `${now:}` pinned."""
+    """One composed job config made a `PreparedJob`: platform read and checked with `options`, output
+    dir and `${now:}` pinned (with `pin`; else `PreparedJob.pin` does it when the job starts)."""
     with hydra_config_of(config):
-        platform = platform_from_config(OmegaConf.select(config, "platform"))
-    check(platform)
-    output_dir = pin_output_dir(config, dir_keys)
-    pin_now(config)
-    return PreparedJob(idx, overrides, config, platform, output_dir, dir_keys)
+        platform = options.platform_of(config)
+    job_check(options)(platform)
+    job = PreparedJob(idx, overrides, config, platform, output_dir_now(config, dir_keys), dir_keys)
+    if pin:
+        job.pin()
+    return job
 
 
 @contextmanager
@@ -114,6 +140,17 @@ def hydra_config_of(config: DictConfig) -> Iterator[None]:
         yield
     finally:
         HydraConfig.instance().cfg = saved
+
+
+def output_dir_now(config: DictConfig, dir_keys: tuple[str, str | None]) -> Path:
+    """The output dir a job's keys give now, leaving nothing pinned (the config's resolver cache, where
+    `${now:...}` keeps what it resolved, is put back as it was)."""
+    saved = copy.deepcopy(OmegaConf.get_cache(config))
+    try:
+        with hydra_config_of(config):
+            return Path(*(str(OmegaConf.select(config, key)) for key in dir_keys if key is not None)).absolute()
+    finally:
+        OmegaConf.set_cache(config, saved)
 
 
 def pin_output_dir(config: DictConfig, dir_keys: tuple[str, str | None]) -> Path:

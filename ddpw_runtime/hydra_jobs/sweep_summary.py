@@ -3,8 +3,12 @@
 
     [ddpw] sweep summary: 3 jobs, 2 COMPLETED, 1 FAILED (multirun/2026-11-23/10-00-00/sweep_summary.json)
       job  status     time   rank 0 returned  output dir  overrides
-      #0   COMPLETED  3.1 s  0.93             0           lr=0.1
+      #0   COMPLETED  3.1 s  0.9583           0           lr=0.1
       #1   FAILED     1.2 s  ValueError: ...  1           lr=0.01
+      same in every job: epochs=10 platform.n_procs_per_node=2
+
+The table shows the overrides that differ between jobs (those of every job, once, below it) and numbers
+to 4 significant digits; the JSON keeps every job's overrides and the values as they are.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import sys
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,8 @@ from ddpw_runtime.launch.payload import write_atomically
 
 FILE_NAME = "sweep_summary.json"
 _SHOWN_VALUE_CHARS = 40
+_DIGITS = 4
+"""Significant digits of a float in the table."""
 
 
 @dataclass
@@ -102,19 +109,42 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
     counts = Counter(str(e["status"]) for e in entries)
     jobs = f"{len(entries)} job" + ("s" if len(entries) != 1 else "")
     tally = ", ".join(f"{count} {status}" for status, count in counts.items())
+    overrides = [filter_overrides(e["overrides"]) for e in entries]
+    common = _in_every_job(overrides) if len(entries) > 1 else []
     rows = [["job", "status", "time", "rank 0 returned", "output dir", "overrides"]]
-    for e in entries:
-        shown = e["error"] if e["error"] is not None else ("" if e["return_value"] is None else str(e["return_value"]))
+    for e, own in zip(entries, overrides, strict=True):
+        value = e["return_value"]
+        shown = e["error"] if e["error"] is not None else ("" if value is None else _shown(value))
         if len(shown) > _SHOWN_VALUE_CHARS:
             shown = shown[:_SHOWN_VALUE_CHARS - 3] + "..."
         rows.append([f"#{e['job']}", str(e["status"]), f"{e['duration_s']:.1f} s", shown,
-                     shown_path(Path(e["output_dir"]), base), " ".join(filter_overrides(e["overrides"]))])
+                     shown_path(Path(e["output_dir"]), base), " ".join(o for o in own if o not in common)])
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]) - 1)]
     lines = [f"{PREFIX} sweep summary: {jobs}, {tally} ({shown_path(path, base)})"]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         lines.append("  " + "  ".join([*cells, row[-1]]))
+    if common:
+        lines.append(f"  same in every job: {' '.join(common)}")
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _in_every_job(overrides: list[Sequence[str]]) -> list[str]:
+    """The overrides that every job has, in the first job's order."""
+    rest = [set(own) for own in overrides[1:]]
+    return [o for o in overrides[0] if all(o in own for own in rest)]
+
+
+def _shown(value: Any) -> str:
+    """A return value as the table shows it: floats to `_DIGITS` significant digits, also inside lists
+    and mappings."""
+    if isinstance(value, float):
+        return format(value, f".{_DIGITS}g")
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {_shown(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_shown(item) for item in value) + "]"
+    return str(value)
 
 
 class PrintSweepSummary(Callback):

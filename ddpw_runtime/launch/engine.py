@@ -165,12 +165,9 @@ class LocalJob:
 
 
 def settle(job: NodeJob, outcomes: list[RankOutcome]) -> None:
-    """After a node's ranks ended: write each failed rank's traceback into its log, say what the ranks
-    warned of, raise the `RankFailure` of the root cause if any rank failed, else call
-    `platform.upon_finish`."""
+    """After a node's ranks ended: write each failed rank's traceback into its log, raise the
+    `RankFailure` of the root cause if any rank failed, else call `platform.upon_finish`."""
     note_failures(outcomes)
-    for warning in dict.fromkeys(o.result.warning for o in outcomes if o.result is not None and o.result.warning):
-        log.warning(warning)
     made = failure(outcomes)
     if made is not None:
         raise made

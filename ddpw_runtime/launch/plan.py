@@ -31,6 +31,9 @@ class LaunchPlan:
     threads_per_rank: int
     console_ranks: list[int] = field(default_factory=list)
     groups: list[list[int]] = field(default_factory=list)
+    makes_group: bool = True
+    """Whether each rank gets the job's process group before its task runs (False with
+    `platform.ipc_groups=None`: the task makes its own, as under torchrun)."""
     run_id: str = ""
     max_restarts: int = 0
     """How many times the job may be started again (torchrun's `--max-restarts`)."""
@@ -66,11 +69,17 @@ class LaunchPlan:
             + ("" if self.master_port else " (a free port, chosen when the job starts)"),
             f"start method    : {self.platform.spawn_method}",
             f"threads per rank: {self.threads_per_rank}",
-            f"groups          : {self.groups or 'world only'}",
+            f"groups          : {self._groups_shown}",
             f"console ranks   : {self.console_ranks or 'none'}",
             f"rank logs       : {self.log_file(0).parent}/rank_<rank>.log",
         ]
         return "\n".join(lines)
+
+    @property
+    def _groups_shown(self) -> str:
+        if not self.makes_group:
+            return "none: the task makes its own process group (ipc_groups=null)"
+        return str(self.groups) if self.groups else "world only"
 
 
 def free_port(addr: str) -> int:
@@ -127,7 +136,8 @@ def plan_local(
         log_dir=log_dir,
         threads_per_rank=max(1, cpus // platform.ranks_per_node),
         console_ranks=platform.shown_ranks(),
-        groups=[list(g) for g in platform.ipc_groups],
+        groups=[list(g) for g in platform.ipc_groups or []],
+        makes_group=platform.ipc_groups is not None,
         run_id=run_id,
         max_restarts=max_restarts,
         restart_count=restart_count,

@@ -103,8 +103,6 @@ class RankResult:
     the launching process may not be able to import."""
     value_type: str = ""
     """The qualified name of the return value's class."""
-    warning: str | None = None
-    """Something the rank noticed that the user should hear of (see `environment.lone_rank_warning`)."""
     imported: tuple[str, ...] = ()
     """The torch modules this rank imported that the process it was forked from did not hold: the rank
     starter imports them once, so that the next jobs' ranks find them loaded (see `starter.Preload`)."""

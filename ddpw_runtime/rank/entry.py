@@ -21,8 +21,8 @@ import cloudpickle
 
 from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_atomically
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.rank.environment import lone_rank_warning, rank_environment, tell_imported_libraries
-from ddpw_runtime.rank.setup import setup_rank, teardown_rank, world_collectives
+from ddpw_runtime.rank.environment import rank_environment, tell_imported_libraries
+from ddpw_runtime.rank.setup import setup_rank, teardown_rank
 
 
 def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, terminal: int | None = None) -> int:
@@ -48,10 +48,9 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
         configure_logging(rank)
         task: TaskCall = cloudpickle.loads(payload.task)
         setup_rank(plan, rank, local_rank, listen_fd)
-        before, known_modules = world_collectives(), set(sys.modules)
+        known_modules = set(sys.modules)
         value = task()
         result = RankResult.success(rank, value, known_modules)
-        result.warning = lone_rank_warning(plan, before, world_collectives())
     except SystemExit as exc:
         result = _exit_result(rank, exc)
     except BaseException as exc:  # every failure goes back to the controller

@@ -23,9 +23,11 @@ from ddpw_runtime.launch.plan import LaunchPlan
 
 RESTART_COUNT_ENV = "DDPW_RESTART_COUNT"
 """The variable that carries `restart_count()` to the ranks."""
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+"""torchrun's word that the job's store is hosted already (by its agent; here by the launching process
+or rank 0): torch's `env://` rendezvous then makes every rank a client of it."""
 
 _LIGHTNING_RANK_ZERO = "lightning_utilities.core.rank_zero"
-_LIGHTNING_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 
 
 def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict[str, str]:
@@ -58,6 +60,7 @@ def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict[str, 
         "TORCHELASTIC_RUN_ID": plan.run_id,
         "TORCHELASTIC_RESTART_COUNT": restarts,
         "TORCHELASTIC_MAX_RESTARTS": str(plan.max_restarts),
+        AGENT_STORE_ENV: "True",  # env:// and the job's tcp:// join the store the job hosts, as under torchrun
         RESTART_COUNT_ENV: restarts,
         "OMP_NUM_THREADS": str(plan.threads_per_rank),
         **own_gpus,
@@ -72,20 +75,3 @@ def tell_imported_libraries(rank: int) -> None:
     decorator = getattr(rank_zero, "rank_zero_only", None)
     if decorator is not None and hasattr(decorator, "rank"):
         decorator.rank = rank
-
-
-def lone_rank_warning(plan: LaunchPlan, before: int | None, after: int | None) -> str | None:
-    """A warning when a rank of a multi-rank job ran its task without one collective on the world group
-    (`before` and `after` count them) while Lightning was loaded: Lightning then ran each rank as a
-    job of its own (a `Trainer(devices=1)` in a job of several ranks), every rank training alone. The
-    same text on every rank, so it is shown once."""
-    if plan.world_size == 1 or before is None or after != before:
-        return None
-    if not any(name in sys.modules for name in _LIGHTNING_PACKAGES):
-        return None
-    return (
-        f"the {plan.world_size} ranks of this job exchanged nothing while Lightning was loaded: Lightning ran "
-        "each rank as a job of its own, so every rank trained alone. Let the Trainer see the launched ranks: "
-        f"Trainer(devices={plan.ranks_per_node}, num_nodes={plan.platform.n_nodes}), or leave devices and "
-        "num_nodes unset (they follow the platform)"
-    )

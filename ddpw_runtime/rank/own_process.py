@@ -41,7 +41,6 @@ class RankInThisProcess:
         self._saved_threads: int | None = None
         self._saved_excepthook = sys.excepthook
         self._faulthandler = faulthandler.is_enabled()
-        self._collectives: int | None = None
         self._joined = False
 
     def enter(self) -> None:
@@ -63,29 +62,25 @@ class RankInThisProcess:
             import torch
 
             from ddpw_runtime.rank.environment import tell_imported_libraries
-            from ddpw_runtime.rank.setup import setup_rank, world_collectives
+            from ddpw_runtime.rank.setup import setup_rank
 
             self._saved_threads = torch.get_num_threads()
             tell_imported_libraries(self.rank)
             self._joined = True
             setup_rank(self.plan, self.rank, self.rank - self.plan.global_ranks[0], self.listen_fd)
-            self._collectives = world_collectives()
         except BaseException:
             self.leave(None)
             raise
 
     def leave(self, result: RankResult | None) -> None:
         """The task ended as `result` (None: it never ran): leave the process group and put the process back
-        as it was. A successful result gets the rank's warning, if any (see `lone_rank_warning`)."""
+        as it was."""
         if self._joined:
             self._joined = False
             import torch
 
-            from ddpw_runtime.rank.environment import lone_rank_warning
-            from ddpw_runtime.rank.setup import teardown_rank, world_collectives
+            from ddpw_runtime.rank.setup import teardown_rank
 
-            if result is not None and result.ok:
-                result.warning = lone_rank_warning(self.plan, self._collectives, world_collectives())
             teardown_rank()
             if self._saved_threads is not None:
                 torch.set_num_threads(self._saved_threads)

@@ -6,7 +6,6 @@ Shared by ranks in processes of their own (`entry.py`) and a rank that runs in t
 
 from __future__ import annotations
 
-import os
 import random
 from datetime import timedelta
 from typing import Any
@@ -18,44 +17,48 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from ddpw_runtime import _compat
 from ddpw_runtime.launch.plan import LaunchPlan
 from ddpw_runtime.rank import context
+from ddpw_runtime.rank.task_init import JobGroup, answer_task_init, restore_init
 
-AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
-"""Set to "True" when the launching process hosts the job's store (as torchrun's agent does), so no
-rank starts one."""
+_held_store: Any = None
+"""The job's store while this process is a rank: a task that makes its own process group (with
+`platform.ipc_groups=null`, or after destroying the job's) finds it through `env://`."""
 
 
 def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | None = None) -> None:
     """Make this process `rank` of `plan`'s job: threads, device, process group, ipc groups, layout
     mesh, `context`, and every RNG seeded. Undo with `teardown_rank`. With `listen_fd`, this rank
-    hosts the job's TCPStore on that already-bound socket."""
+    hosts the job's TCPStore on that already-bound socket. Without a group to make
+    (`platform.ipc_groups=null`), the task makes it itself through `env://`: every rank is a client of
+    the store (`TORCHELASTIC_USE_AGENT_STORE`, as under torchrun)."""
+    global _held_store
     torch.set_num_threads(plan.threads_per_rank)
     device = torch.device(plan.device)
     if plan.device == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    store = _store(plan, rank, listen_fd)
-    dist.init_process_group(
-        backend=plan.backend,
-        store=store,
-        rank=rank,
-        world_size=plan.world_size,
-        timeout=_timeout(plan),
-        device_id=device if plan.device == "cuda" else None,
-    )
     own_group: Any | None = None
-    for members in plan.groups:
-        group = dist.new_group(members)
-        if rank in members:
-            own_group = group
-    mesh = _layout_mesh(plan)
-    _all_joined(store, plan.world_size)
+    mesh: DeviceMesh | None = None
+    if plan.makes_group:
+        store = _held_store = _store(plan, rank, listen_fd)
+        dist.init_process_group(
+            backend=plan.backend,
+            store=store,
+            rank=rank,
+            world_size=plan.world_size,
+            timeout=_timeout(plan),
+            device_id=device if plan.device == "cuda" else None,
+        )
+        for members in plan.groups:
+            group = dist.new_group(members)
+            if rank in members:
+                own_group = group
+        mesh = _layout_mesh(plan)
+        _all_joined(store, plan.world_size)
+        answer_task_init(JobGroup.of(plan, rank, _timeout(plan), device if plan.device == "cuda" else None))
+    elif listen_fd is not None:
+        _held_store = _store(plan, rank, listen_fd)
     context.enter(plan, rank, local_rank, device, own_group, mesh)
     _seed(plan.platform.seed)
-
-
-def world_collectives() -> int | None:
-    """How many collectives this rank has run on the world group so far (None: unknown)."""
-    return _compat.collectives_so_far(dist.group.WORLD) if dist.is_initialized() else None
 
 
 def _all_joined(store: Any, world_size: int) -> None:
@@ -78,16 +81,15 @@ def _layout_mesh(plan: LaunchPlan) -> DeviceMesh | None:
 
 
 def _store(plan: LaunchPlan, rank: int, listen_fd: int | None) -> Any:
-    """The job's rendezvous store: a private file, or the TCPStore that rank 0 hosts (on the socket
-    the controller bound, when given) and every other rank joins."""
+    """The job's rendezvous store: a private file, or the TCPStore that the rank given the socket the
+    controller bound hosts (else the launching process does) and every other rank joins."""
     if plan.init_method.startswith("file://"):
         return dist.FileStore(plan.init_method.removeprefix("file://"), plan.world_size)
-    hosts = listen_fd is not None or (rank == 0 and os.environ.get(AGENT_STORE_ENV) != "True")
     return dist.TCPStore(
         plan.master_addr,
         plan.master_port,
         plan.world_size,
-        is_master=hosts,
+        is_master=listen_fd is not None,
         timeout=_timeout(plan),
         wait_for_workers=False,
         master_listen_fd=listen_fd,
@@ -119,9 +121,13 @@ def _seed(seed: int) -> None:
 
 
 def teardown_rank() -> None:
-    """Destroy the process group (if any) and clear `context`; the process can join another job."""
+    """Destroy the process group (if any: the task may have destroyed it already), stop holding the
+    store and clear `context`; the process can join another job."""
+    global _held_store
+    restore_init()
     if dist.is_initialized():
         dist.destroy_process_group()
     else:
         _compat.forget_failed_process_group()
+    _held_store = None
     context.leave()

@@ -1,5 +1,5 @@
 """examples/torchrun_style.py's `fit`, run by the ddpw launcher; each rank reports what a torchrun
-script relies on, and what a second, unguarded `init_process_group()` does."""
+script relies on, and what its own `init_process_group()` does (before `fit` makes its own call too)."""
 
 import os
 import sys
@@ -22,16 +22,16 @@ TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
 def main(cfg: DictConfig) -> float:
     try:
         dist.init_process_group()
-        second_init = "no error"
-    except Exception as error:  # noqa: BLE001 - recorded: torch's type and wording vary by version
-        second_init = f"{type(error).__name__}: {error}"
+        own_init = "no error"
+    except Exception as error:  # noqa: BLE001 - recorded
+        own_init = f"{type(error).__name__}: {error}"
     accuracy = torchrun_style.fit(cfg)
     save({
         "env": {key: os.environ.get(key) for key in TORCHRUN_KEYS},
         "dist_rank": dist.get_rank(),
         "dist_world_size": dist.get_world_size(),
         "local_rank": ddpw_runtime.local_rank(),
-        "second_init": second_init,
+        "own_init": own_init,
         "accuracy": accuracy,
     })
     return accuracy

@@ -1,0 +1,156 @@
+"""Training libraries that would run each rank as a job of its own: a Lightning `Trainer` or a `Fabric`
+left at one device (many templates' default) in a job of several ranks trains once per rank, every rank
+alone, racing the others for the same checkpoints. Nothing else shows it: the ranks may still exchange
+something (torchmetrics syncs its metrics over the world group).
+
+Both libraries add the callbacks that entry points give them to every `Trainer` and `Fabric`
+(`pyproject.toml` registers the factories below); in a hydra-ddpw rank the callback compares the world the
+library will train in with the launched one and stops the task, on every rank, with an error that names
+the library's own setting, and the key of the job's config that holds it when there is one:
+
+- Lightning: at the Trainer's `setup` hook, before it trains.
+- Fabric: at `fabric.setup(model, optimizer)` (its `on_after_setup` hook), before it trains; a Fabric
+  that sets up its model and optimizers apart (`setup_module`, `setup_optimizers`) is stopped after its
+  first optimizer step, the first hook Fabric calls then.
+
+Outside a hydra-ddpw rank the factories return no callback.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ddpw_runtime.launch.payload import JOB_ENV
+
+_PACKAGES = ("lightning", "pytorch_lightning", "lightning_fabric")
+
+
+def in_rank() -> bool:
+    """Whether this process is a rank of a hydra-ddpw job (or was started by one, with its variables)."""
+    return JOB_ENV in os.environ and "TORCHELASTIC_RUN_ID" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def lightning_callbacks() -> list[Any]:
+    """Entry point `lightning.pytorch.callbacks_factory`: the check, in a hydra-ddpw rank."""
+    if not in_rank():
+        return []
+    from lightning.pytorch import Callback
+
+    return [_trainer_check(Callback)()]
+
+
+def pytorch_lightning_callbacks() -> list[Any]:
+    """Entry point `pytorch_lightning.callbacks_factory`: the same check for the `pytorch_lightning` package."""
+    if not in_rank():
+        return []
+    from pytorch_lightning import Callback
+
+    return [_trainer_check(Callback)()]
+
+
+def fabric_callbacks() -> list[Any]:
+    """Entry points `lightning.fabric.callbacks_factory` and `lightning_fabric.callbacks_factory`: the
+    check, in a hydra-ddpw rank."""
+    return [FabricCheck()] if in_rank() else []
+
+
+def _trainer_check(base: type) -> type:
+    """A Lightning callback (a subclass of that package's `Callback`) that checks the Trainer at `setup`."""
+
+    class TrainerCheck(base):
+        """Stops a Trainer that would not train in the launched world (see the module docstring)."""
+
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            check("Trainer", int(trainer.world_size), int(trainer.num_devices), int(trainer.num_nodes))
+
+    return TrainerCheck
+
+
+class FabricCheck:
+    """A Fabric callback that stops a Fabric that would not train in the launched world."""
+
+    def on_after_setup(self, fabric: Any, module: Any) -> None:
+        """`fabric.setup(model, optimizer)`: before any step."""
+        self._check_strategy(fabric.strategy)
+
+    def on_after_optimizer_step(self, strategy: Any, optimizer: Any) -> None:
+        """Every optimizer step: the first hook a Fabric that set up its model alone calls."""
+        self._check_strategy(strategy)
+
+    @staticmethod
+    def _check_strategy(strategy: Any) -> None:
+        devices = int(getattr(strategy, "num_processes", 1))
+        check("Fabric", int(getattr(strategy, "world_size", 1)), devices, int(getattr(strategy, "num_nodes", 1)))
+
+
+class LibraryWorldMismatch(ValueError):
+    """A training library would not train in the world hydra-ddpw launched (every rank alone)."""
+
+
+def check(library: str, world_size: int, devices: int, num_nodes: int) -> None:
+    """Raise `LibraryWorldMismatch` when `library` (`Trainer` or `Fabric`), about to train in a world
+    of `world_size` processes (`devices` per node on `num_nodes` nodes), is not in the launched world."""
+    message = mismatch(library, world_size, devices, num_nodes, launched(), config_key(library))
+    if message is not None:
+        raise LibraryWorldMismatch(message)
+
+
+def launched() -> tuple[int, int, int]:
+    """The launched world as the rank's environment gives it: world size, ranks per node, nodes."""
+    return int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["GROUP_WORLD_SIZE"])
+
+
+def mismatch(
+    library: str, world_size: int, devices: int, num_nodes: int, world: tuple[int, int, int], key: str | None
+) -> str | None:
+    """What is wrong with `library` in a world of `world_size` (`devices` x `num_nodes`) when the
+    launched `world` (world size, ranks per node, nodes) is another, and the fix; None when they agree.
+    `key`: the job config's node that holds the library's arguments, if known."""
+    launched_size, per_node, nodes = world
+    if world_size == launched_size:
+        return None
+    fix = f"use {library}(devices={per_node}, num_nodes={nodes})"
+    if key is not None:
+        typed = [f"{key}.devices={per_node}"] + ([f"{key}.num_nodes={nodes}"] if num_nodes != nodes else [])
+        fix += f" (here: {' '.join(typed)})"
+    if library == "Trainer":
+        fix += ", or leave devices and num_nodes unset (they follow the platform)"
+    return (
+        f"{library}(devices={devices}, num_nodes={num_nodes}) would run {world_size} process(es) in a job of "
+        f"{launched_size} rank(s), so every rank would train alone: {fix}"
+    )
+
+
+def config_key(library: str) -> str | None:
+    """The key of the job config's node that makes the library's object (its `_target_` is
+    `lightning...Trainer` or `...Fabric`), read from the job's `.hydra/config.yaml`; None outside a
+    Hydra job, without that file, or without such a node."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized():
+        return None
+    hydra = HydraConfig.get()
+    if hydra.output_subdir is None:
+        return None
+    saved = Path(str(hydra.runtime.output_dir)) / str(hydra.output_subdir) / "config.yaml"
+    try:
+        config = OmegaConf.to_container(OmegaConf.load(saved), resolve=False)
+    except (OSError, ValueError):
+        return None
+    return _node_making(config, library)
+
+
+def _node_making(node: Any, library: str, prefix: str = "") -> str | None:
+    if not isinstance(node, dict):
+        return None
+    target = node.get("_target_")
+    if isinstance(target, str) and target.split(".")[0] in _PACKAGES and target.rsplit(".", 1)[-1] == library:
+        return prefix or None
+    for name, value in node.items():
+        found = _node_making(value, library, f"{prefix}.{name}" if prefix else str(name))
+        if found is not None:
+            return found
+    return None

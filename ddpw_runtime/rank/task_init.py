@@ -1,0 +1,135 @@
+"""`init_process_group()` called by a task whose rank is in its job's process group already: a script
+written for torchrun, which makes the group itself.
+
+torch refuses a second default group ("trying to initialize the default process group twice!"). While a
+rank is in its job (from `setup_rank` to `teardown_rank`), `torch.distributed.init_process_group` is the
+function below instead:
+
+- a call that asks for the group the rank is in (no arguments, or the job's backend, rank, world size
+  and collective timeout, through `env://` or the job's own `tcp://` address, no store of its own)
+  returns at once: the task uses that group, as it would use the one it made under torchrun;
+- any other call is refused with a `ConfigError` naming the platform setting that makes the two agree,
+  or `platform.ipc_groups=null`, with which hydra-ddpw makes no group and the task's own call makes it;
+- with no group (`ipc_groups=null`, or the task destroyed the group) the call is torch's own, and
+  `env://` finds everything it needs in the rank's environment.
+
+Only the attribute of the two modules that export the function is replaced, so a task that bound the
+function to a name of its own before its rank started (`from torch.distributed import
+init_process_group` in the script of a plain run) calls torch's own; `ipc_groups=null` is the way for
+it (see docs/from-torchrun.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+from ddpw_conf import ConfigError
+from ddpw_conf.platform import BACKENDS
+from ddpw_runtime.launch.plan import LaunchPlan
+
+_ORIGINAL: Callable[..., Any] = distributed_c10d.init_process_group
+"""torch's own function (this module is imported before any rank replaces it)."""
+_EXPORTED_BY = (dist, distributed_c10d)
+
+_NO_GROUP = "platform.ipc_groups=null, so that hydra-ddpw makes no process group and this call makes it"
+
+
+@dataclass(frozen=True)
+class JobGroup:
+    """The process group hydra-ddpw made for this rank, as a task's call would ask for it."""
+
+    world: Any
+    """The default group itself (a call made after the task replaced it is torch's own)."""
+    backend: str
+    rank: int
+    world_size: int
+    timeout: timedelta
+    addresses: tuple[str, ...]
+    """The init methods that name this job's rendezvous."""
+    device: torch.device | None
+    """The CUDA device the group is bound to, if any."""
+
+    @staticmethod
+    def of(plan: LaunchPlan, rank: int, timeout: timedelta, device: torch.device | None) -> JobGroup:
+        """The group of `rank` in `plan`'s job, just made."""
+        addresses = ("env://", f"tcp://{plan.master_addr}:{plan.master_port}")
+        return JobGroup(dist.group.WORLD, plan.backend, rank, plan.world_size, timeout, addresses, device)
+
+
+def answer_task_init(group: JobGroup) -> None:
+    """From now on, a task's `init_process_group()` that asks for `group` joins it (see the module
+    docstring). Undo with `restore_init`."""
+
+    @functools.wraps(_ORIGINAL)
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        if not dist.is_initialized() or dist.group.WORLD is not group.world:
+            return _ORIGINAL(*args, **kwargs)
+        asked = inspect.signature(_ORIGINAL).bind(*args, **kwargs).arguments
+        mismatch = differs(group, asked)
+        if mismatch is not None:
+            raise mismatch
+        return None
+
+    for module in _EXPORTED_BY:
+        setattr(module, "init_process_group", init_process_group)  # noqa: B010 - mypy refuses assigning a function
+
+
+def restore_init() -> None:
+    """`init_process_group` is torch's own again."""
+    for module in _EXPORTED_BY:
+        setattr(module, "init_process_group", _ORIGINAL)  # noqa: B010
+
+
+def differs(group: JobGroup, asked: dict[str, Any]) -> ConfigError | None:
+    """Why a call of `init_process_group` with the arguments `asked` cannot join `group`; None when it can."""
+    call = "init_process_group(" + ", ".join(f"{name}={value!r}" for name, value in asked.items()) + ")"
+    backend = asked.get("backend")
+    if backend is not None and str(backend).lower() != group.backend:
+        matching = f"set platform.backend={backend}, or " if str(backend).lower() in BACKENDS else "set "
+        return ConfigError("platform.backend", group.backend,
+                           f"the task calls {call}, but hydra-ddpw made a {group.backend} group for this job "
+                           f"already: {matching}{_NO_GROUP}")
+    timeout = asked.get("timeout")
+    if timeout is not None and timeout != group.timeout:
+        minutes = timeout.total_seconds() / 60
+        return ConfigError("platform.collective_timeout_min", group.timeout.total_seconds() / 60,
+                           f"the task calls {call}, with another timeout than the group hydra-ddpw made: set "
+                           f"platform.collective_timeout_min={minutes:g}, or {_NO_GROUP}")
+    other = _other_request(group, asked)
+    if other is not None:
+        return ConfigError("platform.ipc_groups", [],
+                           f"the task calls {call}, which asks for {other} than the group of {group.world_size} "
+                           f"rank(s) that hydra-ddpw made for this job: set {_NO_GROUP}")
+    return None
+
+
+def _other_request(group: JobGroup, asked: dict[str, Any]) -> str | None:
+    """What else than `group` the arguments ask for (rendezvous, store, ranks, device, options)."""
+    init_method = asked.get("init_method")
+    if init_method is not None and init_method not in group.addresses:
+        return f"another rendezvous ({init_method})"
+    if asked.get("store") is not None:
+        return "a store of its own"
+    if asked.get("world_size", -1) not in (-1, group.world_size):
+        return f"another world size ({asked['world_size']})"
+    if asked.get("rank", -1) not in (-1, group.rank):
+        return f"another rank ({asked['rank']})"
+    device_id = asked.get("device_id")
+    if device_id is not None and _as_device(device_id) != group.device:
+        return f"another device ({device_id})"
+    if asked.get("pg_options") is not None or asked.get("_ranks") is not None:
+        return "other options"
+    return None
+
+
+def _as_device(device_id: Any) -> torch.device:
+    return torch.device("cuda", device_id) if isinstance(device_id, int) else torch.device(device_id)

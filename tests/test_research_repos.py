@@ -1,0 +1,300 @@
+"""Research repos of every style, run from the command line alone: a script written for torchrun (it
+makes and destroys its own process group, reads `--local_rank` from its config), a Fabric script and a
+Lightning Trainer left at one device, a sweep whose run dir uses `${now:}`, and an app whose config
+has a `platform` key of its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpw_conf import ConfigError, Platform
+from ddpw_runtime import Wrapper
+from ddpw_runtime.rank.libraries import mismatch
+from tests.helpers import job_dirs, run_app, run_ranks, seen
+from tests.library_checks import register_library_checks
+
+LOCAL_RANK_FROM_ENV = 'local_rank="${oc.decode:${oc.env:LOCAL_RANK}}"'
+"""The override that gives a repo written for torch.distributed.launch its `--local_rank` (docs/from-torchrun.md)."""
+
+
+def torchrun_repo(cwd: Path, *overrides: str, flags: tuple[str, ...] = ()) -> Any:
+    return run_app(cwd, *flags, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", *overrides,
+                   app="torchrun_repo.py")
+
+
+# ---------------------------------------------------------------- a script written for torchrun
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("groups", ["[]", "null"])
+def test_a_torchrun_script_runs_unchanged_in_a_plain_run(tmp_path: Path, groups: str) -> None:
+    proc = torchrun_repo(tmp_path, f"platform.ipc_groups={groups}", LOCAL_RANK_FROM_ENV)
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    ranks = seen(job)
+    assert sorted(ranks) == [0, 1]
+    for rank, data in ranks.items():
+        assert data["world_size"] == 2 and data["total"] == 3.0  # one world: 1 + 2 summed over both ranks
+        assert data["local_rank"] == data["env_local_rank"] == rank  # an int, as --local_rank gave it
+
+
+@pytest.mark.subprocess
+def test_a_torchrun_script_runs_unchanged_in_a_sweep_with_each_way_to_make_its_group(tmp_path: Path) -> None:
+    proc = torchrun_repo(tmp_path, "init=plain,backend,env", "platform.ipc_groups=[],null", flags=("-m",))
+    assert proc.returncode == 0, proc.stderr
+    jobs = job_dirs(tmp_path)
+    assert len(jobs) == 6
+    for job in jobs:
+        ranks = seen(job)
+        assert sorted(ranks) == [0, 1], job
+        assert all(data["world_size"] == 2 and data["total"] == 3.0 for data in ranks.values()), ranks
+        assert all(data["local_rank"] == -1 for data in ranks.values())  # the repo's default, without the override
+
+
+def torchrun_task(call: str) -> tuple[bool, float]:
+    """What a torchrun script does with its group: make it (`call`), sum the ranks, destroy it."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    calls: dict[str, Any] = {"plain": {}, "backend": {"backend": "gloo"}, "env": {"init_method": "env://"},
+                             "nccl": {"backend": "nccl"}, "timeout": {"timeout": timedelta(days=1)}}
+    dist.init_process_group(**calls[call])
+    total = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    return dist.is_initialized(), total.item()
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("groups", [[], None])
+def test_a_torchrun_task_in_the_callers_process_leaves_it_ready_for_the_next_job(
+    tmp_path: Path, groups: list[list[int]] | None
+) -> None:
+    platform = Platform(n_procs_per_node=2, verbose=False, ipc_groups=groups)
+    for call in ("plain", "env"):
+        values = Wrapper(platform, log_dir=tmp_path, caller_rank=True).start(torchrun_task, call)
+        assert values == [(False, 3.0), (False, 3.0)]
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    assert dist.init_process_group.__module__ == "torch.distributed.distributed_c10d"  # torch's own again
+
+
+@pytest.mark.subprocess
+def test_a_torchrun_task_whose_ranks_are_processes_of_their_own_joins_one_world(tmp_path: Path) -> None:
+    values = run_ranks(torchrun_task, "backend", platform=Platform(n_procs_per_node=2, verbose=False), log_dir=tmp_path)
+    assert values == [(False, 3.0), (False, 3.0)]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("call", "key", "fix"), [
+    ("nccl", "platform.backend", "set platform.backend=nccl, or platform.ipc_groups=null"),
+    ("timeout", "platform.collective_timeout_min",
+     "set platform.collective_timeout_min=1440, or platform.ipc_groups=null"),
+])
+def test_a_call_that_asks_for_another_group_names_the_setting(tmp_path: Path, call: str, key: str, fix: str) -> None:
+    with pytest.raises(Exception) as failure:
+        Wrapper(Platform(n_procs_per_node=2, verbose=False), log_dir=tmp_path).start(torchrun_task, call)
+    assert f"ConfigError: {key}=" in str(failure.value) and fix in str(failure.value)
+    assert "twice" not in str(failure.value)
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"ipc_protocol": "file"}, "platform.ipc_protocol"),
+    ({"layout": {"tensor": 2}}, "platform.ipc_groups"),
+])
+def test_no_process_group_needs_the_tcp_rendezvous_and_no_layout(change: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Platform(n_procs_per_node=2, ipc_groups=None, **change).validate()
+    assert refused.value.key == key
+
+
+# ---------------------------------------------------------------- Lightning and Fabric left at one device
+
+
+def test_the_message_names_the_librarys_setting_and_the_config_key() -> None:
+    message = mismatch("Fabric", 1, 1, 1, (2, 2, 1), "fabric")
+    assert message is not None and "use Fabric(devices=2, num_nodes=1) (here: fabric.devices=2)" in message
+    message = mismatch("Trainer", 4, 2, 2, (8, 4, 2), None)
+    assert message is not None and "Trainer(devices=2, num_nodes=2) would run 4 process(es) in a job of 8" in message
+    assert "use Trainer(devices=4, num_nodes=2), or leave devices and num_nodes unset" in message
+    assert mismatch("Trainer", 2, 2, 1, (2, 2, 1), "trainer") is None
+
+
+def fit_lightning(devices: int | None) -> int:
+    """A Lightning fit on 8 random samples; the world size the Trainer saw. `devices=None`: not given
+(an explicit value, "auto" included, wins over `PL_TRAINER_DEVICES`)."""
+    import lightning as L
+    import torch
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, index: int) -> Any:
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    chosen: dict[str, Any] = {} if devices is None else {"devices": devices}
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, **chosen)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=4)
+    trainer.fit(Tiny(), data)
+    return int(trainer.world_size)
+
+
+def lightning_after_a_collective(devices: int | None) -> int:
+    """A collective first (as torchmetrics' sync does), then a Lightning fit; the Trainer's world size."""
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(1))
+    return fit_lightning(devices)
+
+
+@pytest.mark.subprocess
+def test_a_trainer_left_at_one_device_is_stopped_before_it_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    register_library_checks(monkeypatch, tmp_path / "entry_points")
+    platform = Platform(n_procs_per_node=2, verbose=False)
+    with pytest.raises(Exception) as stopped:
+        Wrapper(platform, log_dir=tmp_path / "one").start(lightning_after_a_collective, 1)
+    assert "LibraryWorldMismatch: Trainer(devices=1, num_nodes=1) would run 1 process(es) in a job of 2" in str(
+        stopped.value)
+    assert "Trainer.fit` stopped" not in (tmp_path / "one" / "rank_0.log").read_text()  # no epoch ran
+    assert Wrapper(platform, log_dir=tmp_path / "unset").start(lightning_after_a_collective, None) == [2, 2]
+
+
+def fabric_app(cwd: Path, *overrides: str) -> Any:
+    return run_app(cwd, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", *overrides, app="fabric_app.py",
+                   timeout=240)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("setup", ["together", "apart"])
+def test_a_fabric_left_at_one_device_is_stopped_naming_its_config_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
+    register_library_checks(monkeypatch, tmp_path / "entry_points")
+    proc = fabric_app(tmp_path, f"setup={setup}")
+    assert proc.returncode == 1
+    assert ("LibraryWorldMismatch: Fabric(devices=1, num_nodes=1) would run 1 process(es) in a job of 2 rank(s), so "
+            "every rank would train alone: use Fabric(devices=2, num_nodes=1) (here: fabric.devices=2)") in proc.stderr
+    assert "Trainer(" not in proc.stderr
+    assert not list(tmp_path.rglob("seen_rank_*.json"))  # no rank got to the end of its training
+
+
+@pytest.mark.subprocess
+def test_a_fabric_set_to_the_launched_ranks_trains_once_on_every_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    register_library_checks(monkeypatch, tmp_path / "entry_points")
+    proc = fabric_app(tmp_path, "fabric.devices=2")
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    assert [data["world_size"] for data in seen(job).values()] == [2, 2]
+
+
+def test_outside_a_rank_the_factories_add_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpw_runtime.rank import libraries
+
+    monkeypatch.delenv("DDPW_JOB", raising=False)
+    assert libraries.lightning_callbacks() == [] and libraries.fabric_callbacks() == []
+
+
+def test_the_config_key_is_found_by_the_target() -> None:
+    from ddpw_runtime.rank.libraries import _node_making
+
+    config = json.loads('{"model": {"net": {"_target_": "torch.nn.Linear"}}, "trainer": '
+                        '{"_target_": "lightning.pytorch.trainer.Trainer", "devices": 1}}')
+    assert _node_making(config, "Trainer") == "trainer" and _node_making(config, "Fabric") is None
+
+
+# ---------------------------------------------------------------- ${now:} in a sweep
+
+
+@pytest.mark.subprocess
+def test_each_job_of_a_sweep_has_its_own_now_the_same_in_all_its_ranks(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "-m", "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", "x=1,2,3",
+                   app="stamped_app.py")
+    assert proc.returncode == 0, proc.stderr
+    jobs = [seen(job) for job in job_dirs(tmp_path)]
+    assert len(jobs) == 3
+    for ranks in jobs:
+        assert sorted(ranks) == [0, 1]
+        (stamp,) = {data["stamp"] for data in ranks.values()}  # one value in every rank of the job
+        assert {Path(data["output_dir"]).name for data in ranks.values()} == {stamp}  # its dir is named with it
+    jobs.sort(key=lambda ranks: ranks[0]["stamp"])
+    for before, after in zip(jobs, jobs[1:], strict=False):
+        # The job's own time: taken when it started, after the job before it had ended (one after another
+        # here), as Hydra's basic launcher takes it; not one time for the whole sweep.
+        assert after[0]["stamp"] > max(data["ended"] for data in before.values())
+
+
+# ---------------------------------------------------------------- an app with a `platform` of its own
+
+OWN_PLATFORM = ("hydra/launcher=ddpw_cpu_own_platform", "ddpw_platform.n_procs_per_node=2")
+"""The way out that docs/from-torchrun.md gives an app whose config has a `platform` key."""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("flags", [(), ("-m",)])
+def test_an_app_with_its_own_platform_string_runs_with_the_own_platform_launcher(
+    tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    proc = run_app(tmp_path, *flags, *OWN_PLATFORM, app="platform_string_app.py")
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    ranks = seen(job)
+    assert sorted(ranks) == [0, 1]
+    assert all(data["world_size"] == 2 and data["platform"] == "linux-x86_64" for data in ranks.values())
+
+
+@pytest.mark.subprocess
+def test_an_app_with_its_own_platform_group_runs_with_the_own_platform_launcher(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, *OWN_PLATFORM, app="own_platform_app.py")
+    assert proc.returncode == 0, proc.stderr
+    assert "cores=4" in proc.stdout and "COMPLETED" in proc.stderr + proc.stdout
+
+
+@pytest.mark.subprocess
+def test_the_collision_and_the_own_platform_errors_are_the_ones_the_page_names(tmp_path: Path) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "from-torchrun.md").read_text()
+    proc = run_app(tmp_path, "hydra/launcher=ddpw_cpu", app="platform_string_app.py")
+    assert proc.returncode == 1 and "Merge error: str is not a subclass of Platform" in proc.stderr  # Hydra's own
+    assert "Merge error: str is not a subclass of Platform" in page and "ddpw_cpu_own_platform" in page
+    proc = run_app(tmp_path, "hydra/launcher=ddpw_cpu", app="own_platform_app.py")
+    assert proc.returncode == 1 and "Key 'cores' not in 'Platform'" in proc.stderr
+    assert "not in 'Platform'" in page
+    proc = run_app(tmp_path, *OWN_PLATFORM, "ddpw_platform.n_cpus_per_node=3", app="platform_string_app.py")
+    assert proc.returncode == 1
+    assert "ddpw_platform.n_cpus_per_node=3: must be a multiple of the 2 rank(s)" in proc.stderr  # the key as typed
+
+
+# ---------------------------------------------------------------- the sweep summary
+
+
+def test_the_sweep_summary_shows_what_differs_between_jobs_and_readable_floats(tmp_path: Path) -> None:
+    from ddpw_runtime.hydra_jobs.sweep_summary import table
+
+    fixed = [f"model.layer_{n}.width=512" for n in range(13)]
+    entries = [{"job": n, "overrides": [*fixed[:7], f"optimizer.lr={lr}", *fixed[7:]], "status": "COMPLETED",
+                "duration_s": 41.25, "return_value": value, "output_dir": str(tmp_path / str(n)), "error": None}
+               for n, (lr, value) in enumerate([(0.1, 0.9583333134651184), (0.01, {"acc": 0.91666668653488159})])]
+    lines = table(entries, tmp_path / "sweep_summary.json", tmp_path).splitlines()
+    assert lines[2].split() == ["#0", "COMPLETED", "41.2", "s", "0.9583", "0", "optimizer.lr=0.1"]
+    assert lines[3].split()[-1] == "optimizer.lr=0.01" and "{acc: 0.9167}" in lines[3]
+    assert lines[4] == "  same in every job: " + " ".join(fixed)
+    assert max(len(line) for line in lines[:4]) < 100
+    lone = table(entries[:1], tmp_path / "sweep_summary.json", tmp_path).splitlines()
+    assert lone[2].endswith("optimizer.lr=0.1 " + " ".join(fixed[7:])) and len(lone) == 3  # one job: all of its own
