@@ -34,10 +34,11 @@ from typing import Any, NoReturn
 
 import cloudpickle
 
-from ddpw_conf import Platform
+from ddpw_conf import ConfigError, Platform
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import Terminated
 from ddpw_runtime.hydra_jobs.task import JobTask
+from ddpw_runtime.launch.checks import check
 from ddpw_runtime.launch.engine import NodeJob
 from ddpw_runtime.launch.supervisor import Grace
 from ddpw_runtime.rank.environment import RESTART_COUNT_ENV
@@ -115,6 +116,10 @@ class _NodeRun:
     def run(self) -> NodeOutcome:
         os.environ[RESTART_COUNT_ENV] = str(self.attempt)
         hydra_context, task_function, config = self._load()
+        try:  # what the submitting host could not ask: this node's GPUs and torch
+            check(self.spec.platform)
+        except ConfigError as exc:
+            return NodeOutcome.failed(self.node, self.attempt, exc)
         submitit_warning = signal.getsignal(signal.SIGUSR2)  # checkpoint() and `scontrol requeue`
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGUSR2, self._on_warning)
