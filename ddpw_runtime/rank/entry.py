@@ -22,6 +22,7 @@ import cloudpickle
 from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_atomically
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.rank.environment import rank_environment, tell_imported_libraries
+from ddpw_runtime.rank.own_process import flush_output, libc, open_log
 from ddpw_runtime.rank.setup import setup_rank, teardown_rank
 
 
@@ -90,11 +91,7 @@ def _redirect_output(log_file: Path, terminal: int | None) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    if terminal is not None:
-        fd = terminal
-    else:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = terminal if terminal is not None else open_log(log_file)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -110,34 +107,15 @@ def _unbuffered(fd: int) -> io.TextIOWrapper:
     return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", write_through=True)
 
 
-def _libc() -> Any:
-    try:
-        return ctypes.CDLL(None)
-    except OSError:
-        return None
-
-
 def _c_stdout_unbuffered() -> None:
     """Make the C library's stdout unbuffered (it is fully buffered on a file), so a `printf` without a
     newline reaches the log even when the process ends by `os._exit`."""
-    libc = _libc()
+    found = libc()
     try:
-        stdout = ctypes.c_void_p.in_dll(libc, "stdout")
-        libc.setvbuf(stdout, None, 2, 0)  # 2: _IONBF
+        stdout = ctypes.c_void_p.in_dll(found, "stdout")
+        found.setvbuf(stdout, None, 2, 0)  # 2: _IONBF
     except (AttributeError, ValueError, TypeError):
         pass
-
-
-def flush_output() -> None:
-    """Flush Python's and the C library's output buffers (a closed `sys.stdout` is skipped)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (ValueError, OSError, AttributeError):
-            pass
-    libc = _libc()
-    if libc is not None:
-        libc.fflush(None)
 
 
 def configure_logging(rank: int) -> None:

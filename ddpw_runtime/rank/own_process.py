@@ -9,6 +9,7 @@ Shared with every rank process (`entry.py`): the same variables, the same set-up
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ddpw_runtime.launch.plan import LaunchPlan
 from ddpw_runtime.launch.records import RankResult
@@ -50,7 +52,7 @@ class RankInThisProcess:
         os.environ.update(self.env)
         tempfile.tempdir = None  # the job's own TMPDIR, when the variables name one
         if self.output is not None:
-            _flush()
+            flush_output()
             self._saved_fds = (os.dup(1), os.dup(2))
             os.dup2(self.output, 1)
             os.dup2(self.output, 2)
@@ -86,7 +88,7 @@ class RankInThisProcess:
                 torch.set_num_threads(self._saved_threads)
             sys.excepthook = self._saved_excepthook  # init_process_group installs a `[rank0]` one
         if self._saved_fds is not None:
-            _flush()
+            flush_output()
             faulthandler.unregister(signal.SIGUSR1)
             if not self._faulthandler:
                 faulthandler.disable()
@@ -109,9 +111,21 @@ def open_log(log_file: Path) -> int:
     return os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
-def _flush() -> None:
+def libc() -> Any:
+    """The C library of this process (None where it cannot be loaded)."""
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+def flush_output() -> None:
+    """Flush Python's and the C library's output buffers (a closed `sys.stdout` is skipped)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError, AttributeError):
+        except (ValueError, OSError, AttributeError):
             pass
+    found = libc()
+    if found is not None:
+        found.fflush(None)
