@@ -28,19 +28,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ddpw_runtime.launch import protocol
 from ddpw_runtime.launch.job_processes import JobProcesses
-from ddpw_runtime.launch.protocol import (
-    Adopt,
-    Channel,
-    EndJob,
-    JobEnded,
-    JobKey,
-    Preload,
-    RankExited,
-    RankStarted,
-    StartJob,
-    StartRank,
-)
+from ddpw_runtime.launch.protocol import Channel, JobKey
 from ddpw_runtime.launch.signals import send_to_group
 
 _PR_SET_PDEATHSIG = 1
@@ -119,18 +109,18 @@ class _Server:
                 self._handle(channel, request, fds)
 
     def _handle(self, channel: Channel, request: object, fds: list[int]) -> None:
-        if isinstance(request, EndJob):
+        if isinstance(request, protocol.EndJob):
             self._end_job(request.job, request.release, channel)
-        elif isinstance(request, Preload):
+        elif isinstance(request, protocol.Preload):
             _import_all(request.modules)
-        elif isinstance(request, Adopt):
+        elif isinstance(request, protocol.Adopt):
             self._job(request.job, channel).adopt(request.pid)
-        elif isinstance(request, StartJob):
+        elif isinstance(request, protocol.StartJob):
             pid = self._start_job(request)
             self.ranks[pid] = (None, channel)
-            channel.send(RankStarted(request.request, pid))
+            channel.send(protocol.RankStarted(request.request, pid))
         else:
-            assert isinstance(request, StartRank)
+            assert isinstance(request, protocol.StartRank)
             attached = iter(fds)
             listen_fd = next(attached) if request.listen_fd else None
             terminal = next(attached) if request.terminal else None
@@ -139,7 +129,7 @@ class _Server:
             for fd in fds:
                 os.close(fd)
             self.ranks[pid] = (job, channel)
-            channel.send(RankStarted(request.request, pid))
+            channel.send(protocol.RankStarted(request.request, pid))
 
     def _job(self, key: JobKey, channel: Channel) -> JobProcesses:
         """The processes of the job `key` (known from its first rank or adopted process on)."""
@@ -176,7 +166,7 @@ class _Server:
         for fd in (self.wake_r, self.wake_w, *(c.fileno() for c in self.channels)):
             os.close(fd)
 
-    def _start_job(self, request: StartJob) -> int:
+    def _start_job(self, request: protocol.StartJob) -> int:
         """Fork a job process (`hydra_jobs/job_process.py`), with a channel of its own to this starter."""
         ours, theirs = socket.socketpair()
         pid = os.fork()
@@ -198,7 +188,9 @@ class _Server:
         finally:
             os._exit(code)
 
-    def _start(self, request: StartRank, job: JobProcesses, listen_fd: int | None, terminal: int | None) -> int:
+    def _start(
+        self, request: protocol.StartRank, job: JobProcesses, listen_fd: int | None, terminal: int | None
+    ) -> int:
         pid = os.fork()
         if pid:
             return pid
@@ -239,10 +231,10 @@ class _Server:
             job, channel = started
             if job is not None:
                 # What the rank started gets SIGTERM now (helpers that clean up after it, such as the
-                # multiprocessing resource tracker, ignore it and finish their work); `EndJob` sweeps the rest.
+                # multiprocessing resource tracker, ignore it and finish their work); `protocol.EndJob` sweeps the rest.
                 send_to_group(pid, signal.SIGTERM)
             try:
-                channel.send(RankExited(pid, os.waitstatus_to_exitcode(status)))
+                channel.send(protocol.RankExited(pid, os.waitstatus_to_exitcode(status)))
             except OSError:  # that channel's process is gone
                 pass
 
@@ -255,7 +247,7 @@ class _Server:
         left = job.stop() if job is not None else []
         if job is not None:
             job.close()
-        channel.send(JobEnded(key, tuple(left)))
+        channel.send(protocol.JobEnded(key, tuple(left)))
 
     def _controller_gone(self, signum: int, frame: Any) -> NoReturn:
         self.end()
@@ -275,7 +267,7 @@ class _Server:
 
 
 def _import_all(modules: Iterable[str]) -> None:
-    """Import each of `modules` that imports (see `Preload`)."""
+    """Import each of `modules` that imports (see `protocol.Preload`)."""
     for name in modules:
         try:
             importlib.import_module(name)
