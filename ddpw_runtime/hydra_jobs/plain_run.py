@@ -165,20 +165,15 @@ class RankZeroSide:
         if isinstance(message, JobSettled):
             _end_run(message, None)
         assert isinstance(message, RankZero)
-        attached = iter(fds)
-        listen_fd = next(attached) if message.listen_fd else None
-        output = next(attached) if message.terminal else open_log(message.plan.log_file(0))
+        output = fds[0] if message.terminal else open_log(message.plan.log_file(0))
         _stopped.clear()
-        self.rank = RankInThisProcess(message.plan, 0, message.env, listen_fd, output)
+        self.rank = RankInThisProcess(message.plan, 0, message.env, output=output)
         try:
             self.rank.enter()
         except BaseException as exc:  # rank 0 could not join (or was interrupted): the job's end says why
             stopped = _stopped.is_set() or not isinstance(exc, Exception)
             self.channel.send(TaskEnded(None if stopped else RankResult.failure(0, exc)))
             _end_run(self._settled(), None if stopped else exc)
-        finally:
-            if listen_fd is not None:
-                os.close(listen_fd)
 
     def end(self, job_return: JobReturn) -> None:
         """Rank 0's task ended as `job_return`: leave the job, hear how it ended, start it again while the

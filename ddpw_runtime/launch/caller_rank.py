@@ -60,7 +60,9 @@ class CallerRank:
         self.local = local
         self.plan = local.plan
         env = {**rank_environment(self.plan, 0, 0), **local.payload.job_environment()}
-        self.rank = RankInThisProcess(self.plan, 0, env, local.listen_fd)
+        self.rank = RankInThisProcess(self.plan, 0, env)
+        self._store: Any = None
+        """The job's store, served here while the job runs (see `LocalJob.host_store`)."""
         self.own_error: BaseException | None = None
         """What rank 0's task raised here (the object itself), when it raised."""
         self.own: RankResult | None = None
@@ -78,6 +80,7 @@ class CallerRank:
         self._stoppable = {TaskCall.__call__.__code__, type(self.rank).enter.__code__}
 
     def __enter__(self) -> CallerRank:
+        self._store = self.local.host_store()
         if threading.current_thread() is threading.main_thread():
             for sig, handler in ((STOP_SIGNAL, self._on_stop_signal), (signal.SIGINT, self._on_interrupt),
                                  (signal.SIGTERM, self._on_interrupt)):
@@ -94,6 +97,7 @@ class CallerRank:
             self._ranks.request_stop()
             self._thread.join()
         self._console.stop()
+        self._store = None
         for sig, handler in self._saved_handlers.items():
             signal.signal(sig, handler)
         self._saved_handlers.clear()
@@ -174,6 +178,7 @@ class CallerRank:
         """The job is being stopped (another rank failed, or the time limit): stop rank 0 here too, if its
         task still runs."""
         self._console.freeze()
+        self._store = None  # a rank 0 still joining fails at once
         if self._task_over.is_set() or self.stopped:
             return
         self.stopped = True

@@ -7,6 +7,7 @@ process, and by `Wrapper`. The controller process never imports torch here.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -119,6 +120,25 @@ class LocalJob:
             raise
         if platform.verbose:
             log.info(self.plan.one_line())
+
+    def host_store(self) -> Any:
+        """The job's TCPStore, served by this process on a duplicate of the rendezvous socket, as
+        torchrun's agent serves it (this imports torch): rank 0 then joins it like every rank, and when the
+        job is stopped, dropping it makes a rank still joining fail at once instead of after the collective
+        timeout (a rank blocked there cannot be told otherwise)."""
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        assert self.listen_fd is not None  # node 0 with the tcp rendezvous (check_caller_rank)
+        own_fd = os.dup(self.listen_fd)
+        try:
+            return TCPStore(self.plan.master_addr, self.plan.master_port, self.plan.world_size, is_master=True,
+                            wait_for_workers=False, master_listen_fd=own_fd,
+                            timeout=timedelta(minutes=self.plan.platform.collective_timeout_min))
+        except BaseException:
+            os.close(own_fd)
+            raise
 
     @property
     def listen_fd(self) -> int | None:

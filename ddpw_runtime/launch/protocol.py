@@ -168,12 +168,11 @@ class JobStarting:
 
 @dataclass(frozen=True)
 class RankZero:
-    """To rank 0's process: be rank 0 of this attempt (`plan`), with `env` added to its environment.
-    Attached: the rendezvous socket when `listen_fd`, its terminal when `terminal`."""
+    """To rank 0's process: be rank 0 of this attempt (`plan`), with `env` added to its environment, and
+    join the job's store, which the supervisor serves. Attached: its terminal when `terminal`."""
 
     plan: LaunchPlan
     env: dict[str, str]
-    listen_fd: bool
     terminal: bool
 
 

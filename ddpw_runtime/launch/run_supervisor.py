@@ -176,14 +176,14 @@ class RunSupervisor:
             self.result_file = local.payload.result_file(0)
             env = {**_rank_zero_environment(local), **local.payload.job_environment()}
             terminal = console.terminal_of(0)
-            fds = [fd for fd in (local.listen_fd, terminal) if fd is not None]
+            stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
             outside = OutsideRank(0, self.pid, self.sees_ctrl_c)
-            ranks = local.ranks(local.plan.global_ranks, console, outside=outside)
+            ranks = local.ranks(local.plan.global_ranks, console, on_stop=stores.clear, outside=outside)
             self.inbox = ranks.inbox
             if self.exited is not None:  # rank 0 died while the job was being prepared
                 ranks.inbox.put(RankExited(self.pid, self.exited))
             self.awaiting.clear()
-            self.channel.send(RankZero(local.plan, env, local.listen_fd is not None, terminal is not None), fds)
+            self.channel.send(RankZero(local.plan, env, terminal is not None), [terminal] if terminal else [])
             console.handed_over(0)
             try:
                 outcomes = supervise(ranks)
