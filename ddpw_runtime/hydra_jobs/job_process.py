@@ -29,6 +29,7 @@ from ddpw_runtime.launch.engine import NodeJob
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel
+from ddpw_runtime.launch.records import portable
 from ddpw_runtime.launch.starter import RankStarter, close_starters, use_starter
 
 RESULT = "job.result"
@@ -64,7 +65,6 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
     from hydra.core.utils import run_job
 
     from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, JobTask
-    from ddpw_runtime.slurm.outcomes import portable
 
     signal.signal(signal.SIGTERM, _terminated)
     use_starter(RankStarter(preload, attached_to=(channel, starter_pid)))

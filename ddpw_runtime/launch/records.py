@@ -44,6 +44,15 @@ def portable_pickle(obj: Any) -> bytes | None:
     return blob
 
 
+def portable(exc: BaseException, as_text: type[Exception] = RuntimeError) -> BaseException:
+    """`exc` if it survives the trip to another process, else an `as_text` error with its type, message and
+    traceback as text."""
+    if portable_pickle(exc) is not None:
+        return exc
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    return as_text(f"{qualified_name(type(exc))}: {exc}\n{text}")
+
+
 def qualified_name(cls: type) -> str:
     """`module.QualName` of `cls`, without `builtins.`."""
     return f"{cls.__module__}.{cls.__qualname__}".removeprefix("builtins.")

@@ -36,13 +36,14 @@ import cloudpickle
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_runtime import _compat
-from ddpw_runtime.errors import Terminated
+from ddpw_runtime.errors import SlurmJobError, Terminated
 from ddpw_runtime.hydra_jobs.task import JobTask
 from ddpw_runtime.launch.checks import check
 from ddpw_runtime.launch.engine import NodeJob
+from ddpw_runtime.launch.records import portable
 from ddpw_runtime.launch.supervisor import Grace
 from ddpw_runtime.rank.environment import RESTART_COUNT_ENV
-from ddpw_runtime.slurm.outcomes import NodeOutcome, portable
+from ddpw_runtime.slurm.outcomes import NodeOutcome
 from ddpw_runtime.slurm.sbatch import rendezvous
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ class _NodeRun:
                           job_subdir_key=subkey)
             error = _compat.job_error(ret)
             if error is not None:
-                ret.return_value = portable(error)
+                ret.return_value = portable(error, SlurmJobError)
                 return replace(NodeOutcome.failed(0, self.attempt, error), job_return=ret)
             return NodeOutcome(0, self.attempt, task.values, job_return=ret)
         with _entered(config, key, subkey) as task_cfg:

@@ -4,7 +4,6 @@ node, `launch/outcome.py`, over the ranks of every node), or how SLURM ended the
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +12,7 @@ from hydra.core.utils import JobReturn, JobStatus
 
 from ddpw_runtime.errors import RankFailure, SlurmJobError
 from ddpw_runtime.launch.outcome import RankOutcome, failure, root_cause
-from ddpw_runtime.launch.records import portable_pickle, qualified_name
+from ddpw_runtime.launch.records import portable
 
 INCOMPLETE_STATES = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "PREEMPTED",
                      "RESIZING", "SUSPENDED", "UNKNOWN", "READY")
@@ -51,16 +50,7 @@ class NodeOutcome:
         """The outcome of a node whose ranks (or controller) failed with `error`."""
         if isinstance(error, RankFailure):
             return NodeOutcome(node, attempt, ranks=error.outcomes)
-        return NodeOutcome(node, attempt, error=portable(error))
-
-
-def portable(exc: BaseException) -> BaseException:
-    """`exc` if it survives the trip to the submitting side, else a `SlurmJobError` with its type,
-    message and traceback as text."""
-    if portable_pickle(exc) is not None:
-        return exc
-    text = "".join(traceback.format_exception(exc)).rstrip()
-    return SlurmJobError(f"{qualified_name(type(exc))}: {exc}\n{text}")
+        return NodeOutcome(node, attempt, error=portable(error, SlurmJobError))
 
 
 def latest(outcomes: dict[int, NodeOutcome]) -> dict[int, NodeOutcome]:
