@@ -15,16 +15,15 @@ pytestmark = pytest.mark.subprocess  # every test here starts programs or rank p
 
 def run_client(tmp_path: Path, app: str, epochs: int) -> dict[int, dict]:
     """Run `app` (a plain run: one job, 2 ranks, examples/conf/config.yaml) and return what each rank
-    reported, after checking the launch: rank 0 is the program itself, whose only child is the rank
-    starter; the starter's only child is rank 1; rank 1 started no process of its own, so the library
-    launched nothing more."""
+    reported, after checking the launch: rank 0 is the program's run (a fork of the program, which
+    supervises the job); the rank starter's only child is rank 1; neither rank started a process of its
+    own, so the library launched nothing more."""
     proc = run_app(tmp_path, f"epochs={epochs}", app=app)
     assert proc.returncode == 0, proc.stderr
     (job,) = job_dirs(tmp_path)
     ranks = seen(job)
     assert sorted(ranks) == [0, 1]
-    starter = ranks[1]["ppid"]
-    assert ranks[0]["children"] == [starter], ranks[0]
+    assert ranks[0]["children"] == [], ranks[0]
     assert ranks[1]["siblings"] == [ranks[1]["pid"]] and ranks[1]["children"] == [], ranks[1]
     for data in ranks.values():
         assert data["world_size"] == 2
