@@ -245,6 +245,7 @@ OPTIONS = [
     ({"stop_grace_s": -5}, "hydra.launcher.stop_grace_s", "number of seconds >= 0"),
     ({"interrupt_grace_s": "soon"}, "hydra.launcher.interrupt_grace_s", "number of seconds >= 0"),
     ({"max_restarts": -1}, "hydra.launcher.max_restarts", "integer >= 0"),
+    ({"platform_key": "hydra.x"}, "hydra.launcher.platform_key", "name a node of the job's config"),
     ({"stop_grace": 2}, "hydra.launcher.stop_grace", "did you mean stop_grace_s?"),
     # the local launchers
     ({"max_parallel_jobs": 0, "_target_": LOCAL_LAUNCHER}, "hydra.launcher.max_parallel_jobs", "integer >= 1"),

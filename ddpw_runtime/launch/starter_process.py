@@ -80,6 +80,8 @@ class _Server:
         self.ranks: dict[int, tuple[JobProcesses | None, Channel]] = {}
         """The job (None for a job process) of each running child, and the channel its exit goes to."""
         self.jobs: dict[JobKey, tuple[JobProcesses, Channel]] = {}
+        self.job_folders: dict[int, str] = {}
+        """The private folder of each running job process (removed with the rest if the controller dies)."""
         self.pid = os.getpid()
         if preload:
             from ddpw_runtime.rank.setup import warm_up  # imports torch and torch.distributed once
@@ -118,6 +120,7 @@ class _Server:
         elif isinstance(request, protocol.StartJob):
             pid = self._start_job(request)
             self.ranks[pid] = (None, channel)
+            self.job_folders[pid] = str(Path(request.payload_path).parent)
             channel.send(protocol.RankStarted(request.request, pid))
         else:
             assert isinstance(request, protocol.StartRank)
@@ -229,6 +232,7 @@ class _Server:
             if started is None:  # a process a rank left behind (see `serve`)
                 continue
             job, channel = started
+            self.job_folders.pop(pid, None)
             if job is not None:
                 # What the rank started gets SIGTERM now (helpers that clean up after it, such as the
                 # multiprocessing resource tracker, ignore it and finish their work); `protocol.EndJob` sweeps the rest.
@@ -263,6 +267,8 @@ class _Server:
             shutil.rmtree(key.folder, ignore_errors=True)
         for pid in _children():  # left behind by ranks, and not found as any job's (see `serve`)
             send_to_group(pid, signal.SIGKILL, group=False)
+        for folder in self.job_folders.values():
+            shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
 
 
