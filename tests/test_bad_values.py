@@ -296,7 +296,7 @@ def test_every_launcher_option_has_a_row() -> None:
                  "RuntimeError: this module fails as it is imported", id="upon_finish-module-raises"),
 ])
 def test_slurm_refuses_a_bad_value_before_submitting(
-    monkeypatch: pytest.MonkeyPatch, override: str, key: str, value: Any, fix: str
+    monkeypatch: pytest.MonkeyPatch, hydra_restore_singletons: Any, override: str, key: str, value: Any, fix: str
 ) -> None:
     """What the SLURM launcher does with each job before it submits anything (`prepared`, in a plain
     run and a multirun alike), on the config Hydra composes for the test's SLURM app."""

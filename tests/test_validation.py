@@ -475,7 +475,9 @@ def _plain_run_check(override: str) -> None:
 
 
 @pytest.mark.parametrize("override, shown", HYDRA_BAD)
-def test_bad_override_is_refused_before_anything_starts(override: str, shown: str) -> None:
+def test_bad_override_is_refused_before_anything_starts(
+    override: str, shown: str, hydra_restore_singletons: Any
+) -> None:
     with pytest.raises(ConfigError) as info:
         _plain_run_check(override)
     assert shown in str(info.value)
