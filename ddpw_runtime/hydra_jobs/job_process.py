@@ -70,6 +70,7 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
     use_starter(RankStarter(preload, attached_to=(channel, starter_pid)))
     result = Path(payload_path).parent / RESULT
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held since the fork (see the starter)
         with open(payload_path, "rb") as src:
             payload: JobPayload = pickle.load(src)
         payload.state.enter({})

@@ -186,8 +186,9 @@ class _Sweep:
         with os.fdopen(fd, "wb") as out:
             pickle.dump(payload, out, protocol=pickle.HIGHEST_PROTOCOL)
         log.info(f"#{job.idx} : {job.shown}")
-        pid = starter_for(job.platform).start_job(self.inbox, str(folder / "payload.pkl"))
-        self.running[pid] = _Running(job, share, folder, time.monotonic())
+        with signals.held():  # Ctrl-C or SIGTERM comes once the job is known here, so that it is stopped too
+            pid = starter_for(job.platform).start_job(self.inbox, str(folder / "payload.pkl"))
+            self.running[pid] = _Running(job, share, folder, time.monotonic())
 
     def _wait_one(self) -> None:
         """Wait until a running job ends, and note how."""

@@ -87,7 +87,9 @@ class _Server:
             from ddpw_runtime.rank.setup import warm_up  # imports torch and torch.distributed once
 
             warm_up()
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+        # Ctrl-C is the controller's to handle: a handler that does nothing (not SIG_IGN, which would drop
+        # a Ctrl-C sent to a child in the moment between its fork and its own handler; see `_fork`).
+        signal.signal(signal.SIGINT, _not_mine)
         signal.signal(signal.SIGHUP, self._controller_gone)
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:  # (ignored on a SLURM node: see slurm/node.py)
             signal.signal(signal.SIGTERM, self._controller_gone)
@@ -172,7 +174,7 @@ class _Server:
     def _start_job(self, request: protocol.StartJob) -> int:
         """Fork a job process (`hydra_jobs/job_process.py`), with a channel of its own to this starter."""
         ours, theirs = socket.socketpair()
-        pid = os.fork()
+        pid = _fork()
         if pid:
             theirs.close()
             self.channels.append(Channel(ours))
@@ -181,7 +183,7 @@ class _Server:
         try:
             ours.close()
             self._in_child()
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # let through by `run_job_process`
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             from ddpw_runtime.hydra_jobs.job_process import run_job_process
 
@@ -194,16 +196,15 @@ class _Server:
     def _start(
         self, request: protocol.StartRank, job: JobProcesses, listen_fd: int | None, terminal: int | None
     ) -> int:
-        pid = os.fork()
+        pid = _fork()
         if pid:
             return pid
         code = 1
         try:
             self._in_child()
             job.join()
-            # Ctrl-C is held until the rank's output goes to its log (`run_rank` lets it through), so
-            # a rank stopped while it starts reports it like any rank, not on the controller's terminal.
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            # Ctrl-C is held (`_fork`) until the rank's output goes to its log (`run_rank` lets it through),
+            # so a rank stopped while it starts reports it like any rank, not on the controller's terminal.
             signal.signal(signal.SIGINT, signal.SIG_DFL if request.exec_fresh else signal.default_int_handler)
             if request.exec_fresh:
                 for passed in (listen_fd, terminal):
@@ -270,6 +271,19 @@ class _Server:
         for folder in self.job_folders.values():
             shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
+
+
+def _not_mine(signum: int, frame: Any) -> None:
+    """Ctrl-C in the starter: the controller's to handle."""
+
+
+def _fork() -> int:
+    """`os.fork()`, the child starting with Ctrl-C held (it lets it through once its own handler is set)."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    pid = os.fork()
+    if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    return pid
 
 
 def _import_all(modules: Iterable[str]) -> None:
