@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-
 from ddpw_conf.launcher import LocalLauncherConf, SlurmLauncherConf
 from ddpw_conf.platform import Platform
 
@@ -44,6 +42,8 @@ def launcher_node(launcher: Any, platform: Platform, callback: str) -> dict[str,
 
 def register_configs() -> None:
     """Register everything; safe to call more than once."""
+    from hydra.core.config_store import ConfigStore  # Hydra is loaded only where configs are registered
+
     store = ConfigStore.instance()
     store.store(name="ddpw", node={}, package="_global_", provider="hydra-ddpw")
     for name, (conf, platform, callback) in LAUNCHERS.items():

@@ -145,6 +145,8 @@ def configure_logging(rank: int) -> None:
     """Configure logging as Hydra did in the launching process (its own logging, then the job's),
     when this rank runs a Hydra job. Ranks other than 0 leave out the job's file handlers, so the job
     log gets each line once; their records go to their own log file through the console handlers."""
+    if "hydra" not in sys.modules:  # no Hydra job: the launching process had no Hydra state to pass on
+        return
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import configure_log
     from omegaconf import DictConfig, OmegaConf
