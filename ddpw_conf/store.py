@@ -1,4 +1,4 @@
-"""Registration of the launcher options in Hydra's ConfigStore.
+"""The configs of the launcher options, as Hydra loads them.
 
 Each launcher option (`hydra/launcher=ddpw_cpu|ddpw_gpu|ddpw_mps|ddpw_slurm`, package `_global_`) brings
 everything a repo that knows nothing of hydra-ddpw needs: the launcher, the callback that makes a plain
@@ -7,14 +7,23 @@ run start the ranks (`ddpw_runtime.hydra_jobs.plain_run`), and a default `platfo
 `platform` presets are type-checked. Nothing else is registered where apps that do not select a ddpw
 launcher would see it (no `platform` config group), except the empty `ddpw` node, which configs
 written for hydra-ddpw 0.1 list in their defaults.
+
+Hydra finds them through the plugin's config source (`hydra_plugins/hydra_ddpw_launcher/_options_source.py`),
+which makes an option's config only when an app loads it, so apps that never select a ddpw launcher
+pay nothing for them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+import functools
+from typing import TYPE_CHECKING, Any
 
 from ddpw_conf.launcher import LocalLauncherConf, SlurmLauncherConf
 from ddpw_conf.platform import Platform
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 LAUNCHERS: dict[str, tuple[Any, Platform, str]] = {
     "ddpw_cpu": (LocalLauncherConf, Platform(device="cpu"), "ddpw_runtime.hydra_jobs.plain_run.PlainRun"),
@@ -40,17 +49,17 @@ def launcher_node(launcher: Any, platform: Platform, callback: str) -> dict[str,
     }
 
 
-def register_configs() -> None:
-    """Register everything; safe to call more than once."""
-    from hydra.core.config_store import ConfigStore  # Hydra is loaded only where configs are registered
+def option_config(name: str) -> DictConfig:
+    """A fresh copy of the config of `name` (`ddpw`, or a launcher option in `LAUNCHERS`): a structured
+    config, so what is merged into it is type-checked."""
+    return copy.deepcopy(_made(name))
 
-    store = ConfigStore.instance()
-    store.store(name="ddpw", node={}, package="_global_", provider="hydra-ddpw")
-    for name, (conf, platform, callback) in LAUNCHERS.items():
-        store.store(
-            group="hydra/launcher",
-            name=name,
-            node=launcher_node(conf, platform, callback),
-            package="_global_",
-            provider="hydra-ddpw",
-        )
+
+@functools.cache
+def _made(name: str) -> DictConfig:
+    from omegaconf import OmegaConf
+
+    if name == "ddpw":
+        return OmegaConf.create({})
+    conf, platform, callback = LAUNCHERS[name]
+    return OmegaConf.structured(launcher_node(conf, platform, callback))
