@@ -22,7 +22,7 @@ from typing import Any
 from suite import harness, report, sections
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("launch", "sweep", "packing", "failure", "steady", "footprint", "scale")
+SECTIONS = ("launch", "sweep", "packing", "failure", "steady", "footprint", "scale", "discovery")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -51,6 +51,7 @@ def plan(quick: bool, reps: int) -> dict[str, Callable[[], Any]]:
         "steady": lambda: sections.steady(n_ranks=2, reps=reps),
         "footprint": lambda: sections.footprint(n_ranks=2, reps=reps),
         "scale": lambda: sections.scale(scale_sizes, reps),
+        "discovery": lambda: sections.discovery(4 * reps),  # fresh processes of a second each: more pairs
     }
 
 

@@ -153,6 +153,12 @@ def targets(data: Data) -> list[tuple[str, str, bool | None]]:
             rows.append((text, f"{ours / other:.3f}x ({ours * 1e3:.2f} ms vs {other * 1e3:.2f} ms)",
                          ours <= 1.05 * other))
 
+    extra = data.get("discovery", {}).get("paired", {}).get("discovery_wall")
+    rows.append(("Plugin discovery in an app that does not use hydra-ddpw: <= 10 ms more with hydra-ddpw "
+                 "installed than without (issue 22; median over interleaved pairs)",
+                 "not measured" if extra is None else f"{extra['median'] * 1e3:+.1f} ms",
+                 None if extra is None else extra["median"] <= 0.010))
+
     lazy = data.get("footprint", {}).get("rows", {}).get("hydra_ddpw_lazy_multirun")
     if lazy and "error" not in lazy:
         rss = lazy["peak_rss_mb"]["median"]
@@ -244,6 +250,8 @@ def markdown(data: Data, reps: int, quick: bool) -> str:
         out += _footprint_md(data["footprint"])
     if "scale" in data:
         out += _scale_md(data["scale"])
+    if "discovery" in data:
+        out += _discovery_md(data["discovery"])
     return "\n".join(out)
 
 
@@ -348,6 +356,31 @@ def _scale_md(scale: Data) -> list[str]:
             f"over 1-8 ranks, {s(fits['wall']['all'])} over all; ranks ready {s(fits['ready']['up_to_8'])} over "
             f"1-8 ranks, {s(fits['ready']['all'])} over all.", ""]
     return out + _errors({"scale": row}, {"scale": scale["label"]})
+
+
+def _discovery_md(disc: Data) -> list[str]:
+    out = [f"## 7. Hydra's plugin discovery, with and without hydra-ddpw ({disc['reps']} interleaved pairs)", "",
+           "A fresh process per run (`apps/discovery.py`): after `import hydra`, `Plugins.instance()` (the scan "
+           "of every module under `hydra_plugins` that every Hydra app runs at start-up), then composing a "
+           "config that knows nothing of hydra-ddpw (`apps/conf_plain/plain.yaml`, Hydra's own config "
+           "included). Without hydra-ddpw: the scan is given a `hydra_plugins` package linking to every "
+           "installed plugin but hydra-ddpw's; with it: to every one (see `sections.discovery`). Milliseconds, "
+           "median (min–max).", ""]
+    rows = []
+    for key, r in disc["rows"].items():
+        if "error" in r:
+            rows.append([disc["labels"][key], "failed", "", "", "", ""])
+            continue
+        rows.append([disc["labels"][key], _fmt(r, "discovery_wall", 1e3, 1), _fmt(r, "discovery_cpu", 1e3, 1),
+                     _fmt(r, "compose_wall", 1e3, 1), _fmt(r, "compose_cpu", 1e3, 1),
+                     f"{r['modules_imported']}{' (ddpw_conf too)' if r['ddpw_conf_imported'] else ''}"])
+    paired = disc.get("paired") or {}
+    if paired:
+        rows.append(["more with hydra-ddpw (per pair)", *[Stats.from_dict(paired[m]).fmt(1e3, 1) for m in (
+            "discovery_wall", "discovery_cpu", "compose_wall", "compose_cpu")], ""])
+    out += _table(["plugins scanned", "discovery", "discovery, CPU", "compose", "compose, CPU",
+                   "modules the scan imported"], rows)
+    return out + _errors(disc["rows"], disc["labels"])
 
 
 # Plots -----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The six measurements of the suite. Each returns plain data (JSON-ready) that report.py renders.
+"""The measurements of the suite. Each returns plain data (JSON-ready) that report.py renders.
 
 Repetitions are interleaved (rep 1 of every command, then rep 2, ...) so that a slow spell of the
 machine spreads over all commands instead of landing on one; each command runs once unmeasured first,
@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-from suite.harness import CommandFailed, Run, Stats, run_command
+from suite.harness import CommandFailed, Run, Stats, python_argv, run_command
 from suite.tools import (
     FAILURE_TOOLS,
     FOOTPRINT_TOOLS,
@@ -272,3 +274,76 @@ def slope(points: Sequence[tuple[int, float]]) -> float | None:
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     den = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
+
+
+# 7. Plugin discovery ---------------------------------------------------------------------------------
+
+DISCOVERY_VARIANTS = {
+    "without": "every plugin of this environment but hydra-ddpw's",
+    "with": "every plugin of this environment, hydra-ddpw's too",
+}
+
+
+def discovery(reps: int) -> Data:
+    """Hydra's plugin discovery (and then composing a config) in an app that does not use hydra-ddpw,
+    with and without hydra-ddpw's plugin, in fresh processes, interleaved (`reps` pairs).
+
+    How "without" is made: the scan imports every module of the `hydra_plugins` package, which is a
+    namespace package spread over every installed plugin's folder. Each run is given a folder holding a
+    regular `hydra_plugins` package (which Python takes instead of the namespace's portions) whose
+    entries link to every entry of those portions (the first one of each name, as Python resolves them),
+    all of them, or all but `hydra_ddpw_launcher`. Everything else (the interpreter, the installed
+    packages, hydra-ddpw's own packages) is the same in both, so the difference is the plugin's."""
+    with tempfile.TemporaryDirectory(prefix="ddpw-bench-plugins-") as folder:
+        mirrors = {variant: _plugins_mirror(Path(folder) / variant, with_ddpw=variant == "with")
+                   for variant in DISCOVERY_VARIANTS}
+        cases: list[Case] = [(variant, functools.partial(_discovery_once, mirrors[variant]))
+                             for variant in DISCOVERY_VARIANTS]
+        measured = _measure(cases, reps, "discovery")
+    rows: Data = {}
+    for key, values in measured.items():
+        if isinstance(values, str):
+            rows[key] = {"error": values}
+            continue
+        rows[key] = {metric: _stats(v[metric] for v in values)
+                     for metric in ("discovery_wall", "discovery_cpu", "compose_wall", "compose_cpu")}
+        rows[key]["modules_imported"] = max(v["modules_imported"] for v in values)
+        rows[key]["ddpw_plugin_scanned"] = all(v["ddpw_plugin_scanned"] for v in values)
+        rows[key]["ddpw_conf_imported"] = any(v["ddpw_conf_imported"] for v in values)
+        rows[key]["values"] = values
+    return {"reps": reps, "rows": rows, "labels": DISCOVERY_VARIANTS, "paired": _paired_extra(rows)}
+
+
+def _plugins_mirror(folder: Path, with_ddpw: bool) -> Path:
+    """`folder`, holding a regular `hydra_plugins` package that links to this environment's plugins."""
+    import hydra_plugins
+
+    entries: dict[str, Path] = {}
+    for portion in hydra_plugins.__path__:
+        if Path(portion).is_dir():
+            for entry in sorted(Path(portion).iterdir()):
+                if entry.name not in ("__init__.py", "__pycache__"):
+                    entries.setdefault(entry.name, entry)
+    package = folder / "hydra_plugins"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for name, target in entries.items():
+        if with_ddpw or name != "hydra_ddpw_launcher":
+            (package / name).symlink_to(target)
+    return folder
+
+
+def _discovery_once(mirror: Path) -> dict[str, Any]:
+    run = run_command(python_argv("discovery.py", str(mirror)))
+    if len(run.marks) != 1:
+        raise CommandFailed(f"discovery.py wrote no figures:\n{run.output_tail}")
+    return {key: value for key, value in run.marks[0].items() if key != "tag"}
+
+
+def _paired_extra(rows: Data) -> Data:
+    """Median and range, over the interleaved pairs, of what each figure takes more with hydra-ddpw."""
+    if any("error" in rows.get(v, {"error": ""}) for v in DISCOVERY_VARIANTS):
+        return {}
+    pairs = list(zip(rows["with"]["values"], rows["without"]["values"], strict=True))
+    return {metric: _stats(w[metric] - wo[metric] for w, wo in pairs)
+            for metric in ("discovery_wall", "discovery_cpu", "compose_wall", "compose_cpu")}
