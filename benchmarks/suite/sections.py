@@ -156,20 +156,48 @@ def _sweep_figures(argvs: list[list[str]], n_jobs: int, n_ranks: int) -> dict[st
         "first": done[0],
         "per_job": (total - done[0]) / (n_jobs - 1),
         "interval": statistics.median(sorted(done)[k] - sorted(done)[k - 1] for k in range(1, n_jobs)),
+        "task_work": statistics.median(_task_work(marks, f"job{k}") for k in range(1, n_jobs)),
     }
+
+
+def _task_work(marks: list[dict], tag: str) -> float:
+    """Seconds the ranks of job `tag` spent on the task's own work once their process group was up (the
+    last rank's end of work less the last rank's ready: what the task itself costs, not the launcher)."""
+    job = [m for m in marks if m["tag"] == tag]
+    return max(m["done"] for m in job) - max(m["ready"] for m in job)
 
 
 def packing(n_jobs: int, reps: int) -> Data:
     """hydra-ddpw sweeps of `n_jobs` one-rank jobs: a trivial task, a task that builds DDP, one that
-    trains, one after another and side by side on this machine's cores."""
+    trains, one after another and side by side on this machine's cores. And the same trivial and DDP
+    tasks each in a fresh single process without any launcher (`fresh`), to tell how much of what a DDP
+    job costs more than a trivial one is the task's own work."""
     cases: list[Case] = [(key, functools.partial(_packing_once, key, n_jobs)) for key in PACKING_CASES]
     measured = _measure(cases, reps, "packing", warm_up=False)
     rows: Data = {}
     for key, values in measured.items():
         rows[key] = {"error": values} if isinstance(values, str) else {
             metric: _stats(v[metric] for v in values) for metric in values[0]}
-    return {"n_jobs": n_jobs, "rows": rows, "labels": {key: label for key, (label, _) in PACKING_CASES.items()}}
+    fresh_cases: list[Case] = [(mode, functools.partial(_fresh_once, mode)) for mode in FRESH_MODES]
+    fresh: Data = {}
+    for key, values in _measure(fresh_cases, reps, "packing, fresh process").items():
+        fresh[key] = {"error": values} if isinstance(values, str) else {
+            metric: _stats(v[metric] for v in values) for metric in values[0]}
+    return {"n_jobs": n_jobs, "rows": rows, "labels": {key: label for key, (label, _) in PACKING_CASES.items()},
+            "fresh": fresh, "fresh_labels": FRESH_MODES}
 
+
+FRESH_MODES = {
+    "trivial": "trivial task, fresh process",
+    "ddp": "task building DDP (one step), fresh process",
+}
+"""The tasks of the packing sweeps timed alone: `python plain_script.py MODE`, a world of one, no launcher."""
+
+
+def _fresh_once(mode: str) -> dict[str, float]:
+    run = run_command(python_argv("plain_script.py", mode))
+    _expect_ranks(run, 1)
+    return {"wall": run.wall_s, "task_work": _task_work(run.marks, "job0")}
 
 def _packing_once(case: str, n_jobs: int) -> dict[str, float]:
     return _sweep_figures([packing_argv(case, n_jobs)], n_jobs, 1)
@@ -222,6 +250,32 @@ def _steady_once(tool: Tool, n: int, settings: Data) -> dict[str, float]:
     rank0 = next(m for m in run.marks if m["rank"] == 0)
     settings.update(warmup=rank0["allreduce_warmup"], iters=rank0["allreduce_iters"])
     return {mb: float(seconds) for mb, seconds in rank0["allreduce_s"].items()}
+
+
+def training(n_ranks: int, reps: int, tools: Sequence[Tool] = STEADY_TOOLS) -> Data:
+    """A DDP training loop in steady state (rank_work mode `loop`): per run, rank 0's median, 10th and
+    90th percentile step time; per tool, those over the interleaved runs, and the torch threads a rank had."""
+    settings: Data = {}
+    cases: list[Case] = [(t.key, functools.partial(_training_once, t, n_ranks, settings)) for t in tools]
+    measured = _measure(cases, reps, "training")
+    rows: Data = {}
+    for key, values in measured.items():
+        if isinstance(values, str):
+            rows[key] = {"error": values}
+            continue
+        rows[key] = {metric: _stats(v[metric] for v in values) for metric in ("median", "p10", "p90")}
+        rows[key]["threads"] = sorted({v["threads"] for v in values})
+    return {"n_ranks": n_ranks, "rows": rows, "labels": {t.key: t.label for t in tools}, **settings}
+
+
+def _training_once(tool: Tool, n: int, settings: Data) -> dict[str, float]:
+    run = run_command(tool.argv(n, "loop"))
+    _expect_ranks(run, n)
+    rank0 = next(m for m in run.marks if m["rank"] == 0)
+    settings.update({key: rank0["loop"][key] for key in ("warmup", "steps", "model")})
+    steps = sorted(rank0["step_s"])
+    return {"median": statistics.median(steps), "p10": steps[len(steps) // 10],
+            "p90": steps[(9 * len(steps)) // 10], "threads": rank0["loop"]["threads"]}
 
 
 # 5. Controller footprint -----------------------------------------------------------------------------
