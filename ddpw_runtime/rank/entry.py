@@ -68,10 +68,10 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
 
 def _torch_modules_imported(inherited: set[str]) -> tuple[str, ...]:
     """The torch modules loaded since this process started (forked with `inherited` loaded), which the
-    starter may hold for later ranks. None on a CUDA build of torch, where importing more in the
-    starter could touch CUDA before it forks ranks that need it."""
+    starter may hold for later ranks. None on a build of torch with GPU support (CUDA, ROCm), where
+    importing more in the starter could initialise the GPU runtime before it forks ranks that need it."""
     torch = sys.modules.get("torch")
-    if torch is None or torch.version.cuda is not None:
+    if torch is None or torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None:
         return ()
     return tuple(sorted(name for name in set(sys.modules) - inherited if name.startswith("torch.")))
 
