@@ -87,6 +87,13 @@ def _stats(values: Iterable[float]) -> Data:
     return Stats.of(list(values)).to_dict()
 
 
+def _summary_rows(measured: dict[str, list[Any] | str], metrics: Sequence[str]) -> Data:
+    """Per case: the stats of each of `metrics` over its runs, or the reason it failed."""
+    return {key: {"error": values} if isinstance(values, str) else
+            {metric: _stats(v[metric] for v in values) for metric in metrics}
+            for key, values in measured.items()}
+
+
 # 1. Launch -------------------------------------------------------------------------------------------
 
 def launch(sizes: Sequence[int], reps: int, tools: Sequence[Tool] = LAUNCH_TOOLS) -> Data:
@@ -179,10 +186,7 @@ def packing(n_jobs: int, reps: int) -> Data:
         rows[key] = {"error": values} if isinstance(values, str) else {
             metric: _stats(v[metric] for v in values) for metric in values[0]}
     fresh_cases: list[Case] = [(mode, functools.partial(_fresh_once, mode)) for mode in FRESH_MODES]
-    fresh: Data = {}
-    for key, values in _measure(fresh_cases, reps, "packing, fresh process").items():
-        fresh[key] = {"error": values} if isinstance(values, str) else {
-            metric: _stats(v[metric] for v in values) for metric in values[0]}
+    fresh = _summary_rows(_measure(fresh_cases, reps, "packing, fresh process"), ("wall", "task_work"))
     return {"n_jobs": n_jobs, "rows": rows, "labels": {key: label for key, (label, _) in PACKING_CASES.items()},
             "fresh": fresh, "fresh_labels": FRESH_MODES}
 
@@ -258,13 +262,10 @@ def training(n_ranks: int, reps: int, tools: Sequence[Tool] = STEADY_TOOLS) -> D
     settings: Data = {}
     cases: list[Case] = [(t.key, functools.partial(_training_once, t, n_ranks, settings)) for t in tools]
     measured = _measure(cases, reps, "training")
-    rows: Data = {}
+    rows = _summary_rows(measured, ("median", "p10", "p90"))
     for key, values in measured.items():
-        if isinstance(values, str):
-            rows[key] = {"error": values}
-            continue
-        rows[key] = {metric: _stats(v[metric] for v in values) for metric in ("median", "p10", "p90")}
-        rows[key]["threads"] = sorted({v["threads"] for v in values})
+        if not isinstance(values, str):
+            rows[key]["threads"] = sorted({v["threads"] for v in values})
     return {"n_ranks": n_ranks, "rows": rows, "labels": {t.key: t.label for t in tools}, **settings}
 
 
@@ -332,6 +333,8 @@ def slope(points: Sequence[tuple[int, float]]) -> float | None:
 
 # 7. Plugin discovery ---------------------------------------------------------------------------------
 
+DISCOVERY_FIGURES = ("discovery_wall", "discovery_cpu", "compose_wall", "compose_cpu")
+"""What apps/discovery.py measures, in seconds."""
 DISCOVERY_VARIANTS = {
     "without": "every plugin of this environment but hydra-ddpw's",
     "with": "every plugin of this environment, hydra-ddpw's too",
@@ -354,13 +357,10 @@ def discovery(reps: int) -> Data:
         cases: list[Case] = [(variant, functools.partial(_discovery_once, mirrors[variant]))
                              for variant in DISCOVERY_VARIANTS]
         measured = _measure(cases, reps, "discovery")
-    rows: Data = {}
+    rows = _summary_rows(measured, DISCOVERY_FIGURES)
     for key, values in measured.items():
         if isinstance(values, str):
-            rows[key] = {"error": values}
             continue
-        rows[key] = {metric: _stats(v[metric] for v in values)
-                     for metric in ("discovery_wall", "discovery_cpu", "compose_wall", "compose_cpu")}
         rows[key]["modules_imported"] = max(v["modules_imported"] for v in values)
         rows[key]["ddpw_plugin_scanned"] = all(v["ddpw_plugin_scanned"] for v in values)
         rows[key]["ddpw_conf_imported"] = any(v["ddpw_conf_imported"] for v in values)
@@ -399,5 +399,4 @@ def _paired_extra(rows: Data) -> Data:
     if any("error" in rows.get(v, {"error": ""}) for v in DISCOVERY_VARIANTS):
         return {}
     pairs = list(zip(rows["with"]["values"], rows["without"]["values"], strict=True))
-    return {metric: _stats(w[metric] - wo[metric] for w, wo in pairs)
-            for metric in ("discovery_wall", "discovery_cpu", "compose_wall", "compose_cpu")}
+    return {metric: _stats(w[metric] - wo[metric] for w, wo in pairs) for metric in DISCOVERY_FIGURES}
