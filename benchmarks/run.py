@@ -22,7 +22,7 @@ from typing import Any
 from suite import harness, report, sections
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("launch", "sweep", "packing", "failure", "steady", "footprint", "scale")
+SECTIONS = ("launch", "sweep", "packing", "failure", "steady", "training", "footprint", "scale", "discovery")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -49,8 +49,10 @@ def plan(quick: bool, reps: int) -> dict[str, Callable[[], Any]]:
         "packing": lambda: sections.packing(n_jobs=4 if quick else 6, reps=reps),
         "failure": lambda: sections.failure(n_ranks=2, reps=reps),
         "steady": lambda: sections.steady(n_ranks=2, reps=reps),
+        "training": lambda: sections.training(n_ranks=2, reps=2 * reps),  # a spread worth reporting
         "footprint": lambda: sections.footprint(n_ranks=2, reps=reps),
         "scale": lambda: sections.scale(scale_sizes, reps),
+        "discovery": lambda: sections.discovery(4 * reps),  # fresh processes of a second each: more pairs
     }
 
 

@@ -4,7 +4,6 @@ from ddpw_conf.errors import ConfigError
 from ddpw_conf.launcher import LocalLauncherConf, SlurmLauncherConf
 from ddpw_conf.layout import Layout
 from ddpw_conf.platform import Device, Platform, platform_from_config
-from ddpw_conf.store import register_configs
 
 __all__ = [
     "ConfigError",
@@ -14,6 +13,5 @@ __all__ = [
     "SlurmLauncherConf",
     "Platform",
     "platform_from_config",
-    "register_configs",
 ]
 

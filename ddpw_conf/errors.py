@@ -1,19 +1,69 @@
-"""The error raised for a configuration that cannot run."""
+"""The error raised for a configuration that cannot run, and what every error of hydra-ddpw whose message
+says it all has in common (`CompactError`).
+
+How Hydra prints such an error as one line without importing Hydra here. Hydra reports the error of a
+run in `hydra._internal.utils.run_and_report`: the message alone when
+`isinstance(error, hydra.errors.CompactHydraException)`, else a traceback. `CompactHydraException` is
+a plain class (not an ABC: nothing can be registered as its virtual subclass), so it has to be a real
+base of the error's class. Importing it imports the whole `hydra` package (a third of a second), which
+a script that only uses `Wrapper` or the helpers in a rank would pay for nothing. So a `CompactError`
+is made as what the process can report: where Hydra is loaded (the only processes where Hydra reports
+errors), `CompactError(...)` gives an instance of a subclass that also derives from
+`CompactHydraException` (made once per class; same name, module and docstring), as `OSError(errno, ...)`
+gives a `FileNotFoundError`; elsewhere it gives the class itself. `except ConfigError:` and
+`isinstance` behave the same either way, and an error pickled in one process is made again, as what that
+process can report, in the other.
+"""
 
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
-from hydra.errors import CompactHydraException
+_E = TypeVar("_E", bound="CompactError")
 
 
-class ConfigError(ValueError, CompactHydraException):
+class CompactError(Exception):
+    """An error whose message holds everything worth showing: Hydra prints it as one line, without a
+    traceback (see the module docstring for how, without importing Hydra)."""
+
+    def __new__(cls: type[_E], *args: Any, **kwargs: Any) -> _E:
+        hydra_errors = sys.modules.get("hydra.errors")
+        if hydra_errors is not None and not issubclass(cls, hydra_errors.CompactHydraException):
+            cls = _reported_by_hydra(cls, hydra_errors.CompactHydraException)
+        return super().__new__(cls, *args, **kwargs)
+
+    def __reduce__(self) -> Any:
+        return (_made_as(type(self)), self.args, self.__dict__ or None)
+
+
+_REPORTED_BY_HYDRA: dict[type, type] = {}
+"""Each error class's subclass that Hydra prints as one line, made the first time it is needed."""
+
+
+def _reported_by_hydra(cls: type[_E], compact: type[Exception]) -> type[_E]:
+    """`cls` as Hydra reports it: a subclass that also derives from Hydra's `CompactHydraException`."""
+    made = _REPORTED_BY_HYDRA.get(cls)
+    if made is None:
+        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+                     "made_as": cls}
+        made = _REPORTED_BY_HYDRA.setdefault(cls, type(cls.__name__, (cls, compact), namespace))
+    return made
+
+
+def _made_as(cls: type[CompactError]) -> type[CompactError]:
+    """The class whose constructor made an instance of `cls` (pickles name it, not Hydra's subclass)."""
+    made_as: type[CompactError] = cls.__dict__.get("made_as", cls)
+    return made_as
+
+
+class ConfigError(CompactError, ValueError):
     """A configuration value that cannot run, found before any process starts.
 
     The message always names the key, the value that was given and what to do instead. Hydra prints
-    it as one line, without a traceback (it is a CompactHydraException).
+    it as one line, without a traceback (it is a `CompactError`).
     """
 
     def __init__(self, key: str, value: Any, fix: str) -> None:

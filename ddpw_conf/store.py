@@ -1,4 +1,4 @@
-"""Registration of the launcher options in Hydra's ConfigStore.
+"""The configs of the launcher options, as Hydra loads them.
 
 Each launcher option (`hydra/launcher=ddpw_cpu|ddpw_gpu|ddpw_mps|ddpw_slurm`, package `_global_`) brings
 everything a repo that knows nothing of hydra-ddpw needs: the launcher, the callback that makes a plain
@@ -9,16 +9,23 @@ to merge it into a `Platform`) selects the twin option `ddpw_*_own_platform`, wh
 `ddpw_platform` and tells the launcher to read it there (`hydra.launcher.platform_key`). Nothing else is
 registered where apps that do not select a ddpw launcher would see it (no `platform` config group),
 except the empty `ddpw` node, which configs written for hydra-ddpw 0.1 list in their defaults.
+
+Hydra finds them through the plugin's config source (`hydra_plugins/hydra_ddpw_launcher/_options_source.py`),
+which makes an option's config only when an app loads it, so apps that never select a ddpw launcher
+pay nothing for them.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from hydra.core.config_store import ConfigStore
+import copy
+import functools
+from typing import TYPE_CHECKING, Any
 
 from ddpw_conf.launcher import PLATFORM_KEY, LocalLauncherConf, SlurmLauncherConf
 from ddpw_conf.platform import Platform
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 LAUNCHERS: dict[str, tuple[Any, Platform, str]] = {
     "ddpw_cpu": (LocalLauncherConf, Platform(device="cpu"), "ddpw_runtime.hydra_jobs.plain_run.PlainRun"),
@@ -48,12 +55,23 @@ def launcher_node(launcher: Any, platform: Platform, callback: str, key: str = P
     }
 
 
-def register_configs() -> None:
-    """Register everything; safe to call more than once."""
-    store = ConfigStore.instance()
-    store.store(name="ddpw", node={}, package="_global_", provider="hydra-ddpw")
+OPTIONS = (*LAUNCHERS, *(name + OWN_PLATFORM[0] for name in LAUNCHERS))
+"""Every `hydra/launcher` option: each of `LAUNCHERS`, and its twin for apps with a `platform` of their own."""
+
+
+def option_config(name: str) -> DictConfig:
+    """A fresh copy of the config of `name` (`ddpw`, or one of `OPTIONS`): a structured config, so what
+    is merged into it is type-checked."""
+    return copy.deepcopy(_made(name))
+
+
+@functools.cache
+def _made(name: str) -> DictConfig:
+    from omegaconf import OmegaConf
+
+    if name == "ddpw":
+        return OmegaConf.create({})
     ending, key = OWN_PLATFORM
-    for name, (conf, platform, callback) in LAUNCHERS.items():
-        for option, node in ((name, launcher_node(conf, platform, callback)),
-                             (name + ending, launcher_node(conf, platform, callback, key))):
-            store.store(group="hydra/launcher", name=option, node=node, package="_global_", provider="hydra-ddpw")
+    conf, platform, callback = LAUNCHERS[name.removesuffix(ending)]
+    node = launcher_node(conf, platform, callback, key if name.endswith(ending) else PLATFORM_KEY)
+    return OmegaConf.structured(node)

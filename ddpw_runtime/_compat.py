@@ -13,11 +13,10 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hydra.core.plugins import Plugins
-from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn
+if TYPE_CHECKING:  # Hydra is imported where it is used: the Wrapper API and the ranks it starts never load it
+    from hydra.core.utils import JobReturn
 
 
 def hydra_state() -> dict[str, Any]:
@@ -25,6 +24,9 @@ def hydra_state() -> dict[str, Any]:
     (the state is pickled right away, which copies it anyway) and without the plugin registry (which
     `get_state` leaves out too). Private: `Singleton._instances`, `BaseContainer._resolvers`. Buys tens
     of milliseconds per job. Fallback: `Singleton.get_state()`."""
+    from hydra.core.plugins import Plugins
+    from hydra.core.singleton import Singleton
+
     try:
         from omegaconf.basecontainer import BaseContainer
 
@@ -37,6 +39,9 @@ def hydra_state() -> dict[str, Any]:
 def restore_hydra_state(state: dict[str, Any]) -> None:
     """`Singleton.set_state(state)`, keeping this process's plugin registry: `set_state` rediscovers every
     Hydra plugin (60 ms per rank), which a rank forked from the controller has already. Public API only."""
+    from hydra.core.plugins import Plugins
+    from hydra.core.singleton import Singleton
+
     state["instances"][Plugins] = Plugins.instance()
     Singleton.set_state(state)
 

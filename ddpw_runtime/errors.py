@@ -1,8 +1,9 @@
 """The errors a user of hydra-ddpw may catch: a failed job (`RankFailure`), a job past its time limit
 (`JobTimedOut`), a SLURM job that ended without its result (`SlurmJobError`).
 
-They are `CompactHydraException`s: Hydra prints their message alone, without the launcher's own frames.
-Their messages carry everything worth showing (the failed rank's traceback, where each rank was).
+They are `CompactError`s: Hydra prints their message alone, without the launcher's own frames (their
+messages carry everything worth showing: the failed rank's traceback, where each rank was), and importing
+them imports nothing of Hydra (`ddpw_conf.errors` says how).
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from hydra.errors import CompactHydraException
+from ddpw_conf.errors import CompactError
 
 if TYPE_CHECKING:
     from ddpw_runtime.launch.outcome import RankOutcome
     from ddpw_runtime.launch.records import RankResult
 
 
-class RankFailure(RuntimeError, CompactHydraException):
+class RankFailure(CompactError, RuntimeError):
     """A distributed job failed; describes the rank that failed first (the root cause).
 
     `rank`, `node`, `exit_code`, `error_type`, `error_message`, `traceback_text` (its traceback, when
@@ -83,7 +84,7 @@ class RankFailure(RuntimeError, CompactHydraException):
         )
 
 
-class JobTimedOut(RuntimeError, CompactHydraException):
+class JobTimedOut(CompactError, RuntimeError):
     """The job ran past `platform.timeout_min` and was stopped; `where` maps each rank to the
     place its stack dump shows it was (also in each rank's log)."""
 
@@ -99,7 +100,7 @@ class JobTimedOut(RuntimeError, CompactHydraException):
         return (JobTimedOut, (self.timeout_min, self.where))
 
 
-class SlurmJobError(RuntimeError, CompactHydraException):
+class SlurmJobError(CompactError, RuntimeError):
     """A SLURM job ended without every node's result: cancelled, timed out, out of memory, lost a node,
     or a node controller failed outside the ranks. The message says which, and where the logs are."""
 

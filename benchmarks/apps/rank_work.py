@@ -14,6 +14,9 @@ Modes:
   ddp        wraps a small model in DistributedDataParallel and takes one training step (what every real
              job does first: it imports torch's DDP machinery), then like trivial
   train      like ddp, but TRAIN_STEPS steps: a small job of a research sweep, about a second of compute
+  loop       a DDP training loop in steady state: LOOP_WARMUP steps, then LOOP_STEPS steps each timed on
+             its own (a 3-layer MLP of LOOP_WIDTH units, batch LOOP_BATCH: about 10-30 ms a step with 2
+             ranks on 2 cores), then like trivial
 
 torch is imported inside the functions, so an app can keep its controller free of torch.
 """
@@ -34,6 +37,9 @@ ALLREDUCE_WARMUP = 3
 ALLREDUCE_ITERS = {1: 200, 64: 20}
 HOLD_S = 1.0
 TRAIN_STEPS = 300
+LOOP_WARMUP = 20
+LOOP_STEPS = 200
+LOOP_INPUTS, LOOP_WIDTH, LOOP_CLASSES, LOOP_BATCH = 256, 1024, 10, 128
 
 
 class RankAskedToFail(RuntimeError):
@@ -56,6 +62,10 @@ def run(mode: str = "trivial", tag: str = "job0", fail_rank: int = 1) -> dict[st
         raise RankAskedToFail(f"rank {rank} was asked to fail")
     if mode in ("ddp", "train"):
         marks["steps"] = train_ddp(1 if mode == "ddp" else TRAIN_STEPS)
+    if mode == "loop":
+        marks["step_s"] = time_training_steps()
+        marks["loop"] = {"warmup": LOOP_WARMUP, "steps": LOOP_STEPS, "threads": torch.get_num_threads(),
+                         "model": f"MLP {LOOP_INPUTS}-{LOOP_WIDTH}-{LOOP_WIDTH}-{LOOP_CLASSES}, batch {LOOP_BATCH}"}
     if mode == "allreduce":
         marks["allreduce_s"] = {str(mb): time_allreduce(mb) for mb in ALLREDUCE_SIZES_MB}
         marks["allreduce_warmup"] = ALLREDUCE_WARMUP
@@ -86,6 +96,29 @@ def train_ddp(steps: int) -> int:
         model(data).square().mean().backward()
         optimizer.step()
     return steps
+
+
+def time_training_steps() -> list[float]:
+    """Seconds of each of LOOP_STEPS training steps (forward, backward with DDP's gradient all_reduce,
+    optimizer step) of a 3-layer MLP wrapped in DistributedDataParallel, after LOOP_WARMUP untimed steps."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(LOOP_INPUTS, LOOP_WIDTH), torch.nn.ReLU(), torch.nn.Linear(LOOP_WIDTH, LOOP_WIDTH),
+        torch.nn.ReLU(), torch.nn.Linear(LOOP_WIDTH, LOOP_CLASSES)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    inputs, labels = torch.randn(LOOP_BATCH, LOOP_INPUTS), torch.randint(0, LOOP_CLASSES, (LOOP_BATCH,))
+    times: list[float] = []
+    for step in range(LOOP_WARMUP + LOOP_STEPS):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+        if step >= LOOP_WARMUP:
+            times.append(time.perf_counter() - start)
+    return times
 
 
 def ensure_process_group() -> tuple[int, int]:

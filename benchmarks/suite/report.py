@@ -98,6 +98,19 @@ def _floor_note(data: Data) -> list[str]:
             f"and stops the ranks, so it cannot come in under that ratio.", ""]
 
 
+STEADY_LABELS = {"hydra_ddpw": "plain run", "hydra_ddpw_multirun": "multirun", "wrapper": "Wrapper"}
+"""The ways hydra-ddpw starts ranks that the steady-state sections compare with torchrun."""
+
+
+def _steady_row(rows: list[tuple[str, str, bool | None]], text: str, ours: float | None, other: float | None,
+                limit: float) -> None:
+    if ours is None or other is None:
+        rows.append((text, "not measured", None))
+    else:
+        rows.append((text, f"{ours / other:.3f}x ({ours * 1e3:.2f} ms vs {other * 1e3:.2f} ms)",
+                     ours <= limit * other))
+
+
 def targets(data: Data) -> list[tuple[str, str, bool | None]]:
     """(target, measured, met) for each target of issues 6 and 13 that the data can judge."""
     rows: list[tuple[str, str, bool | None]] = []
@@ -137,21 +150,33 @@ def targets(data: Data) -> list[tuple[str, str, bool | None]]:
     ratio_row("Sweep of DDP jobs: per job after the first <= 2x a trivial sweep's (issue 13)",
               _median(packing_rows.get("ddp"), "per_job"), _median(packing_rows.get("trivial"), "per_job"), 2.0,
               "trivial")
+    extra = _ddp_extra(data.get("packing", {}))
+    rows.append(("Sweep of DDP jobs: what a DDP job costs more than a trivial one is the task's own work, no more "
+                 "than the same DDP construction costs in a fresh process (issue 22)",
+                 "not measured" if extra is None else
+                 f"{extra[0]:.2f} s more per job ({extra[1]:.2f} s in the median interval), {extra[2]:.2f} s of "
+                 f"it the task's work; fresh process {extra[3]:.2f} s",
+                 None if extra is None else extra[0] <= extra[3]))
 
     exit_s = _median(data.get("failure", {}).get("rows", {}).get("hydra_ddpw"), "exit_after_raise")
     rows.append(("Failure: command exits <= 0.5 s after the rank raised (median)",
                  "not measured" if exit_s is None else f"{exit_s:.2f} s", None if exit_s is None else exit_s <= 0.5))
 
     steady_rows = data.get("steady", {}).get("rows", {})
-    for mb in ("1", "64"):
-        ours = _median(steady_rows.get("hydra_ddpw"), mb)
-        other = _median(steady_rows.get("torchrun"), mb)
-        text = f"Steady state: all_reduce {mb} MB within 5% of torchrun"
-        if ours is None or other is None:
-            rows.append((text, "not measured", None))
-        else:
-            rows.append((text, f"{ours / other:.3f}x ({ours * 1e3:.2f} ms vs {other * 1e3:.2f} ms)",
-                         ours <= 1.05 * other))
+    training_rows = data.get("training", {}).get("rows", {})
+    for key, label in STEADY_LABELS.items():
+        for mb in ("1", "64") if key == "hydra_ddpw" else ("1",):
+            _steady_row(rows, f"Steady state, {label}: all_reduce {mb} MB within 5% of torchrun",
+                        _median(steady_rows.get(key), mb), _median(steady_rows.get("torchrun"), mb), 1.05)
+        _steady_row(rows, f"Steady state, {label}: DDP training step <= 1.02x torchrun's (issue 22)",
+                    _median(training_rows.get(key), "median"), _median(training_rows.get("torchrun"), "median"),
+                    1.02)
+
+    extra = data.get("discovery", {}).get("paired", {}).get("discovery_wall")
+    rows.append(("Plugin discovery in an app that does not use hydra-ddpw: <= 10 ms more with hydra-ddpw "
+                 "installed than without (issue 22; median over interleaved pairs)",
+                 "not measured" if extra is None else f"{extra['median'] * 1e3:+.1f} ms",
+                 None if extra is None else extra["median"] <= 0.010))
 
     lazy = data.get("footprint", {}).get("rows", {}).get("hydra_ddpw_lazy_multirun")
     if lazy and "error" not in lazy:
@@ -240,10 +265,14 @@ def markdown(data: Data, reps: int, quick: bool) -> str:
         out += _failure_md(data["failure"])
     if "steady" in data:
         out += _steady_md(data["steady"])
+    if "training" in data:
+        out += _training_md(data["training"])
     if "footprint" in data:
         out += _footprint_md(data["footprint"])
     if "scale" in data:
         out += _scale_md(data["scale"])
+    if "discovery" in data:
+        out += _discovery_md(data["discovery"])
     return "\n".join(out)
 
 
@@ -289,11 +318,48 @@ def _packing_md(packing: Data) -> list[str]:
            f"job) / {n - 1}. Side by side, each job takes one core of its own (`platform.n_cpus_per_node=1`), "
            f"so this machine's {os.cpu_count()} cores run {os.cpu_count()} jobs at once; one after another, "
            "each job has every core (its torch threads too).", ""]
-    rows = [[packing["labels"][k], _fmt(r, "total"), _fmt(r, "first"), _fmt(r, "per_job")]
+    rows = [[packing["labels"][k], _fmt(r, "total"), _fmt(r, "first"), _fmt(r, "per_job"),
+             *(_fmt(r, metric) if metric in r or "error" in r else "" for metric in ("interval", "task_work"))]
             for k, r in packing["rows"].items()]
-    out += _table(["", "total", "first job", "per job after the first"], rows)
+    out += _table(["", "total", "first job", "per job after the first", "interval", "the task's own work (jobs "
+                   "after the first)"], rows)
     out += _errors(packing["rows"], packing["labels"])
+    fresh = packing.get("fresh")
+    if fresh:
+        out += ["The same tasks each in a fresh single process, no launcher (`python plain_script.py MODE`, torch "
+                "imported at the top, a world of one): the whole command, and the task's own work once its "
+                "process group is up (DDP's construction imports what it needs then).", ""]
+        out += _table(["", "whole command", "the task's own work"],
+                      [[packing["fresh_labels"][k], _fmt(r, "wall"), _fmt(r, "task_work")] for k, r in fresh.items()])
+        out += _errors(fresh, packing["fresh_labels"])
+        out += _ddp_share(packing)
     return out
+
+
+def _ddp_extra(packing: Data) -> tuple[float, float, float, float] | None:
+    """What a DDP job of the sweep costs more than a trivial one: per job after the first, and in the
+    median interval between jobs; the task's own work in the sweep; and the task's work in a fresh process."""
+    rows, fresh = packing.get("rows", {}), packing.get("fresh", {})
+    pairs = [(rows, "per_job"), (rows, "interval"), (rows, "task_work"), (fresh, "task_work")]
+    extra = []
+    for where, metric in pairs:
+        ddp, trivial = _median(where.get("ddp"), metric), _median(where.get("trivial"), metric)
+        if ddp is None or trivial is None:
+            return None
+        extra.append(ddp - trivial)
+    return extra[0], extra[1], extra[2], extra[3]
+
+
+def _ddp_share(packing: Data) -> list[str]:
+    extra = _ddp_extra(packing)
+    if extra is None:
+        return []
+    per_job, interval, in_sweep, fresh = extra
+    return [f"A DDP job after the first took {per_job:.2f} s more than a trivial one on average, and "
+            f"{interval:.2f} s more in the median interval between jobs (the average also holds the rank "
+            f"starter's one-time import of what the first DDP job imported, so that later jobs' ranks start "
+            f"with it); its task's own work took {in_sweep:.2f} s more. In a fresh process the same DDP "
+            f"construction takes {fresh:.2f} s more than the trivial task.", ""]
 
 
 def _failure_md(failure: Data) -> list[str]:
@@ -315,6 +381,24 @@ def _steady_md(steady: Data) -> list[str]:
     rows = [[steady["labels"][k], _fmt(r, "1", 1e3), _fmt(r, "64", 1e3)] for k, r in steady["rows"].items()]
     out += _table(["", "1 MB", "64 MB"], rows)
     return out + _errors(steady["rows"], steady["labels"])
+
+
+def _training_md(training: Data) -> list[str]:
+    out = [f"## 4b. Steady state: a DDP training loop ({training['n_ranks']} ranks)", "",
+           f"{training.get('model', '?')} per rank in DistributedDataParallel, SGD; {training.get('warmup', '?')} "
+           f"untimed steps, then {training.get('steps', '?')} steps each timed on its own (forward, backward "
+           "with DDP's gradient all_reduce, optimizer step). Per run: rank 0's median, 10th and 90th percentile "
+           "step time; each cell: the median (min–max) of that over the interleaved runs, in milliseconds.", ""]
+    torchrun = _median(training["rows"].get("torchrun"), "median")
+    rows = []
+    for key, r in training["rows"].items():
+        ours = _median(r, "median")
+        ratio = f"{ours / torchrun:.3f}x" if ours is not None and torchrun else ""
+        threads = "" if "error" in r else ", ".join(str(t) for t in r["threads"])
+        rows.append([training["labels"][key], _fmt(r, "median", 1e3), _fmt(r, "p10", 1e3), _fmt(r, "p90", 1e3),
+                     ratio, threads])
+    out += _table(["", "median step", "10th percentile", "90th percentile", "vs torchrun", "torch threads"], rows)
+    return out + _errors(training["rows"], training["labels"])
 
 
 def _footprint_md(fp: Data) -> list[str]:
@@ -348,6 +432,31 @@ def _scale_md(scale: Data) -> list[str]:
             f"over 1-8 ranks, {s(fits['wall']['all'])} over all; ranks ready {s(fits['ready']['up_to_8'])} over "
             f"1-8 ranks, {s(fits['ready']['all'])} over all.", ""]
     return out + _errors({"scale": row}, {"scale": scale["label"]})
+
+
+def _discovery_md(disc: Data) -> list[str]:
+    out = [f"## 7. Hydra's plugin discovery, with and without hydra-ddpw ({disc['reps']} interleaved pairs)", "",
+           "A fresh process per run (`apps/discovery.py`): after `import hydra`, `Plugins.instance()` (the scan "
+           "of every module under `hydra_plugins` that every Hydra app runs at start-up), then composing a "
+           "config that knows nothing of hydra-ddpw (`apps/conf_plain/plain.yaml`, Hydra's own config "
+           "included). Without hydra-ddpw: the scan is given a `hydra_plugins` package linking to every "
+           "installed plugin but hydra-ddpw's; with it: to every one (see `sections.discovery`). Milliseconds, "
+           "median (min–max).", ""]
+    rows = []
+    for key, r in disc["rows"].items():
+        if "error" in r:
+            rows.append([disc["labels"][key], "failed", "", "", "", ""])
+            continue
+        rows.append([disc["labels"][key], _fmt(r, "discovery_wall", 1e3, 1), _fmt(r, "discovery_cpu", 1e3, 1),
+                     _fmt(r, "compose_wall", 1e3, 1), _fmt(r, "compose_cpu", 1e3, 1),
+                     f"{r['modules_imported']}{' (ddpw_conf too)' if r['ddpw_conf_imported'] else ''}"])
+    paired = disc.get("paired") or {}
+    if paired:
+        rows.append(["more with hydra-ddpw (per pair)", *[Stats.from_dict(paired[m]).fmt(1e3, 1) for m in (
+            "discovery_wall", "discovery_cpu", "compose_wall", "compose_cpu")], ""])
+    out += _table(["plugins scanned", "discovery", "discovery, CPU", "compose", "compose, CPU",
+                   "modules the scan imported"], rows)
+    return out + _errors(disc["rows"], disc["labels"])
 
 
 # Plots -----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The six measurements of the suite. Each returns plain data (JSON-ready) that report.py renders.
+"""The measurements of the suite. Each returns plain data (JSON-ready) that report.py renders.
 
 Repetitions are interleaved (rep 1 of every command, then rep 2, ...) so that a slow spell of the
 machine spreads over all commands instead of landing on one; each command runs once unmeasured first,
@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-from suite.harness import CommandFailed, Run, Stats, run_command
+from suite.harness import CommandFailed, Run, Stats, python_argv, run_command
 from suite.tools import (
     FAILURE_TOOLS,
     FOOTPRINT_TOOLS,
@@ -85,6 +87,13 @@ def _stats(values: Iterable[float]) -> Data:
     return Stats.of(list(values)).to_dict()
 
 
+def _summary_rows(measured: dict[str, list[Any] | str], metrics: Sequence[str]) -> Data:
+    """Per case: the stats of each of `metrics` over its runs, or the reason it failed."""
+    return {key: {"error": values} if isinstance(values, str) else
+            {metric: _stats(v[metric] for v in values) for metric in metrics}
+            for key, values in measured.items()}
+
+
 # 1. Launch -------------------------------------------------------------------------------------------
 
 def launch(sizes: Sequence[int], reps: int, tools: Sequence[Tool] = LAUNCH_TOOLS) -> Data:
@@ -154,20 +163,45 @@ def _sweep_figures(argvs: list[list[str]], n_jobs: int, n_ranks: int) -> dict[st
         "first": done[0],
         "per_job": (total - done[0]) / (n_jobs - 1),
         "interval": statistics.median(sorted(done)[k] - sorted(done)[k - 1] for k in range(1, n_jobs)),
+        "task_work": statistics.median(_task_work(marks, f"job{k}") for k in range(1, n_jobs)),
     }
+
+
+def _task_work(marks: list[dict], tag: str) -> float:
+    """Seconds the ranks of job `tag` spent on the task's own work once their process group was up (the
+    last rank's end of work less the last rank's ready: what the task itself costs, not the launcher)."""
+    job = [m for m in marks if m["tag"] == tag]
+    return max(m["done"] for m in job) - max(m["ready"] for m in job)
 
 
 def packing(n_jobs: int, reps: int) -> Data:
     """hydra-ddpw sweeps of `n_jobs` one-rank jobs: a trivial task, a task that builds DDP, one that
-    trains, one after another and side by side on this machine's cores."""
+    trains, one after another and side by side on this machine's cores. And the same trivial and DDP
+    tasks each in a fresh single process without any launcher (`fresh`), to tell how much of what a DDP
+    job costs more than a trivial one is the task's own work."""
     cases: list[Case] = [(key, functools.partial(_packing_once, key, n_jobs)) for key in PACKING_CASES]
     measured = _measure(cases, reps, "packing", warm_up=False)
     rows: Data = {}
     for key, values in measured.items():
         rows[key] = {"error": values} if isinstance(values, str) else {
             metric: _stats(v[metric] for v in values) for metric in values[0]}
-    return {"n_jobs": n_jobs, "rows": rows, "labels": {key: label for key, (label, _) in PACKING_CASES.items()}}
+    fresh_cases: list[Case] = [(mode, functools.partial(_fresh_once, mode)) for mode in FRESH_MODES]
+    fresh = _summary_rows(_measure(fresh_cases, reps, "packing, fresh process"), ("wall", "task_work"))
+    return {"n_jobs": n_jobs, "rows": rows, "labels": {key: label for key, (label, _) in PACKING_CASES.items()},
+            "fresh": fresh, "fresh_labels": FRESH_MODES}
 
+
+FRESH_MODES = {
+    "trivial": "trivial task, fresh process",
+    "ddp": "task building DDP (one step), fresh process",
+}
+"""The tasks of the packing sweeps timed alone: `python plain_script.py MODE`, a world of one, no launcher."""
+
+
+def _fresh_once(mode: str) -> dict[str, float]:
+    run = run_command(python_argv("plain_script.py", mode))
+    _expect_ranks(run, 1)
+    return {"wall": run.wall_s, "task_work": _task_work(run.marks, "job0")}
 
 def _packing_once(case: str, n_jobs: int) -> dict[str, float]:
     return _sweep_figures([packing_argv(case, n_jobs)], n_jobs, 1)
@@ -222,6 +256,29 @@ def _steady_once(tool: Tool, n: int, settings: Data) -> dict[str, float]:
     return {mb: float(seconds) for mb, seconds in rank0["allreduce_s"].items()}
 
 
+def training(n_ranks: int, reps: int, tools: Sequence[Tool] = STEADY_TOOLS) -> Data:
+    """A DDP training loop in steady state (rank_work mode `loop`): per run, rank 0's median, 10th and
+    90th percentile step time; per tool, those over the interleaved runs, and the torch threads a rank had."""
+    settings: Data = {}
+    cases: list[Case] = [(t.key, functools.partial(_training_once, t, n_ranks, settings)) for t in tools]
+    measured = _measure(cases, reps, "training")
+    rows = _summary_rows(measured, ("median", "p10", "p90"))
+    for key, values in measured.items():
+        if not isinstance(values, str):
+            rows[key]["threads"] = sorted({v["threads"] for v in values})
+    return {"n_ranks": n_ranks, "rows": rows, "labels": {t.key: t.label for t in tools}, **settings}
+
+
+def _training_once(tool: Tool, n: int, settings: Data) -> dict[str, float]:
+    run = run_command(tool.argv(n, "loop"))
+    _expect_ranks(run, n)
+    rank0 = next(m for m in run.marks if m["rank"] == 0)
+    settings.update({key: rank0["loop"][key] for key in ("warmup", "steps", "model")})
+    steps = sorted(rank0["step_s"])
+    return {"median": statistics.median(steps), "p10": steps[len(steps) // 10],
+            "p90": steps[(9 * len(steps)) // 10], "threads": rank0["loop"]["threads"]}
+
+
 # 5. Controller footprint -----------------------------------------------------------------------------
 
 def footprint(n_ranks: int, reps: int, tools: Sequence[Tool] = FOOTPRINT_TOOLS) -> Data:
@@ -272,3 +329,74 @@ def slope(points: Sequence[tuple[int, float]]) -> float | None:
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     den = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
+
+
+# 7. Plugin discovery ---------------------------------------------------------------------------------
+
+DISCOVERY_FIGURES = ("discovery_wall", "discovery_cpu", "compose_wall", "compose_cpu")
+"""What apps/discovery.py measures, in seconds."""
+DISCOVERY_VARIANTS = {
+    "without": "every plugin of this environment but hydra-ddpw's",
+    "with": "every plugin of this environment, hydra-ddpw's too",
+}
+
+
+def discovery(reps: int) -> Data:
+    """Hydra's plugin discovery (and then composing a config) in an app that does not use hydra-ddpw,
+    with and without hydra-ddpw's plugin, in fresh processes, interleaved (`reps` pairs).
+
+    How "without" is made: the scan imports every module of the `hydra_plugins` package, which is a
+    namespace package spread over every installed plugin's folder. Each run is given a folder holding a
+    regular `hydra_plugins` package (which Python takes instead of the namespace's portions) whose
+    entries link to every entry of those portions (the first one of each name, as Python resolves them),
+    all of them, or all but `hydra_ddpw_launcher`. Everything else (the interpreter, the installed
+    packages, hydra-ddpw's own packages) is the same in both, so the difference is the plugin's."""
+    with tempfile.TemporaryDirectory(prefix="ddpw-bench-plugins-") as folder:
+        mirrors = {variant: _plugins_mirror(Path(folder) / variant, with_ddpw=variant == "with")
+                   for variant in DISCOVERY_VARIANTS}
+        cases: list[Case] = [(variant, functools.partial(_discovery_once, mirrors[variant]))
+                             for variant in DISCOVERY_VARIANTS]
+        measured = _measure(cases, reps, "discovery")
+    rows = _summary_rows(measured, DISCOVERY_FIGURES)
+    for key, values in measured.items():
+        if isinstance(values, str):
+            continue
+        rows[key]["modules_imported"] = max(v["modules_imported"] for v in values)
+        rows[key]["ddpw_plugin_scanned"] = all(v["ddpw_plugin_scanned"] for v in values)
+        rows[key]["ddpw_conf_imported"] = any(v["ddpw_conf_imported"] for v in values)
+        rows[key]["values"] = values
+    return {"reps": reps, "rows": rows, "labels": DISCOVERY_VARIANTS, "paired": _paired_extra(rows)}
+
+
+def _plugins_mirror(folder: Path, with_ddpw: bool) -> Path:
+    """`folder`, holding a regular `hydra_plugins` package that links to this environment's plugins."""
+    import hydra_plugins
+
+    entries: dict[str, Path] = {}
+    for portion in hydra_plugins.__path__:
+        if Path(portion).is_dir():
+            for entry in sorted(Path(portion).iterdir()):
+                if entry.name not in ("__init__.py", "__pycache__"):
+                    entries.setdefault(entry.name, entry)
+    package = folder / "hydra_plugins"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for name, target in entries.items():
+        if with_ddpw or name != "hydra_ddpw_launcher":
+            (package / name).symlink_to(target)
+    return folder
+
+
+def _discovery_once(mirror: Path) -> dict[str, Any]:
+    run = run_command(python_argv("discovery.py", str(mirror)))
+    if len(run.marks) != 1:
+        raise CommandFailed(f"discovery.py wrote no figures:\n{run.output_tail}")
+    return {key: value for key, value in run.marks[0].items() if key != "tag"}
+
+
+def _paired_extra(rows: Data) -> Data:
+    """Median and range, over the interleaved pairs, of what each figure takes more with hydra-ddpw."""
+    if any("error" in rows.get(v, {"error": ""}) for v in DISCOVERY_VARIANTS):
+        return {}
+    pairs = list(zip(rows["with"]["values"], rows["without"]["values"], strict=True))
+    return {metric: _stats(w[metric] - wo[metric] for w, wo in pairs) for metric in DISCOVERY_FIGURES}

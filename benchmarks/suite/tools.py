@@ -38,6 +38,11 @@ HYDRA_DDPW = Tool(
     lambda n, mode: python_argv("hydra_app.py", f"platform.n_procs_per_node={n}", f"mode={mode}"),
     note="`python hydra_app.py platform.n_procs_per_node=N`; the app imports torch at the top",
 )
+HYDRA_DDPW_MULTIRUN = Tool(
+    "hydra_ddpw_multirun", "hydra-ddpw multirun (Hydra app)",
+    lambda n, mode: python_argv("hydra_app.py", "-m", f"platform.n_procs_per_node={n}", f"mode={mode}"),
+    note="`python hydra_app.py -m platform.n_procs_per_node=N`: a one-job multirun; the Hydra process supervises",
+)
 HYDRA_DDPW_LAZY = Tool(
     "hydra_ddpw_lazy", "hydra-ddpw (Hydra app, torch imported in the task)",
     lambda n, mode: python_argv("hydra_app_lazy.py", f"platform.n_procs_per_node={n}", f"mode={mode}"),
@@ -92,7 +97,8 @@ LAUNCH_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, WRAPPER, TORCHRUN, 
                                 SUBMITIT, HYDRA_PLAIN)
 FAILURE_TOOLS: Sequence[Tool] = (HYDRA_DDPW, WRAPPER, TORCHRUN, MP_SPAWN)
 FOOTPRINT_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, HYDRA_DDPW_LAZY_MULTIRUN, WRAPPER, TORCHRUN, MP_SPAWN)
-STEADY_TOOLS: Sequence[Tool] = (HYDRA_DDPW, TORCHRUN)
+STEADY_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_MULTIRUN, WRAPPER, TORCHRUN)
+"""Steady state (all_reduce, training loop): every way hydra-ddpw starts ranks, and torchrun."""
 
 
 def sweep_argv(tool_key: str, n_jobs: int, n_ranks: int) -> list[list[str]]:

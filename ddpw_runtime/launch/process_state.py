@@ -25,8 +25,10 @@ class ProcessState:
     env: dict[str, str]
     cwd: str
     sys_path: list[str]
-    hydra_state: bytes
-    """Hydra's and OmegaConf's global state, cloudpickled (see `_compat.hydra_state`)."""
+    hydra_state: bytes | None
+    """Hydra's and OmegaConf's global state, cloudpickled (see `_compat.hydra_state`); None when the
+    launching process never loaded OmegaConf (a script using `Wrapper`): there is none to take on, and
+    neither side then pays for importing Hydra."""
 
     @staticmethod
     def capture() -> ProcessState:
@@ -35,7 +37,7 @@ class ProcessState:
             env=dict(os.environ),
             cwd=os.getcwd(),
             sys_path=list(sys.path),
-            hydra_state=cloudpickle.dumps(_compat.hydra_state()),
+            hydra_state=cloudpickle.dumps(_compat.hydra_state()) if "omegaconf" in sys.modules else None,
         )
 
     def enter(self, rank_env: Mapping[str, str]) -> None:
@@ -46,4 +48,5 @@ class ProcessState:
         os.environ.update(rank_env)
         os.chdir(self.cwd)
         sys.path[:] = self.sys_path
-        _compat.restore_hydra_state(cloudpickle.loads(self.hydra_state))
+        if self.hydra_state is not None:
+            _compat.restore_hydra_state(cloudpickle.loads(self.hydra_state))

@@ -68,10 +68,10 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
 
 def _torch_modules_imported(inherited: set[str]) -> tuple[str, ...]:
     """The torch modules loaded since this process started (forked with `inherited` loaded), which the
-    starter may hold for later ranks. None on a CUDA build of torch, where importing more in the
-    starter could touch CUDA before it forks ranks that need it."""
+    starter may hold for later ranks. None on a build of torch with GPU support (CUDA, ROCm), where
+    importing more in the starter could initialise the GPU runtime before it forks ranks that need it."""
     torch = sys.modules.get("torch")
-    if torch is None or torch.version.cuda is not None:
+    if torch is None or torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None:
         return ()
     return tuple(sorted(name for name in set(sys.modules) - inherited if name.startswith("torch.")))
 
@@ -123,6 +123,8 @@ def configure_logging(rank: int) -> None:
     when this rank runs a Hydra job. Ranks other than 0 leave out the job's file handlers, so the job
     log gets each line once; their records go to their own log file through the console handlers. Rank 0
     appends to the job's files (`mode: w` too), as the job's own process does meanwhile."""
+    if "hydra" not in sys.modules:  # no Hydra job: the launching process had no Hydra state to pass on
+        return
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import configure_log
     from omegaconf import DictConfig, OmegaConf

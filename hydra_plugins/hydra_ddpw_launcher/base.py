@@ -15,22 +15,24 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from ddpw_conf.launcher import LauncherOptions
-
-if TYPE_CHECKING:  # the runtime is imported when a launch starts, not when Hydra discovers plugins
+if TYPE_CHECKING:  # the options and the runtime are imported when a launcher is made, not when Hydra discovers plugins
+    from ddpw_conf.launcher import LauncherOptions
     from ddpw_runtime.hydra_jobs.prepare import PreparedJob
     from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
-Options = TypeVar("Options", bound=LauncherOptions)
+Options = TypeVar("Options", bound="LauncherOptions")
 
 
 class DdpwLauncher(Launcher, Generic[Options]):
-    """A Hydra launcher whose `hydra.launcher.*` options become an `options_type` instance."""
+    """A Hydra launcher whose `hydra.launcher.*` options become an `options_type()` instance."""
 
-    options_type: type[Options]
+    @staticmethod
+    def options_type() -> type[Options]:
+        """The class of this launcher's options."""
+        raise NotImplementedError
 
     def __init__(self, **options: Any) -> None:
-        self.options: Options = self.options_type.from_mapping(options)
+        self.options: Options = self.options_type().from_mapping(options)
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None

@@ -8,18 +8,23 @@ from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from ddpw_conf.launcher import LocalLauncherConf
 from hydra_plugins.hydra_ddpw_launcher.base import DdpwLauncher
 
-if TYPE_CHECKING:  # the runtime is imported when a launch starts, not when Hydra discovers plugins
+if TYPE_CHECKING:  # the options and the runtime are imported when a launcher is made, not when Hydra discovers plugins
+    from ddpw_conf.launcher import LocalLauncherConf
     from ddpw_runtime.hydra_jobs.prepare import PreparedJob
     from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
 
-class DdpwLocalLauncher(DdpwLauncher[LocalLauncherConf]):
+class DdpwLocalLauncher(DdpwLauncher["LocalLauncherConf"]):
     """Runs every job of a sweep as a distributed job on this machine (see `ddpw_runtime.hydra_jobs.local`)."""
 
-    options_type = LocalLauncherConf
+    @staticmethod
+    def options_type() -> type[LocalLauncherConf]:
+        """`LocalLauncherConf`."""
+        from ddpw_conf.launcher import LocalLauncherConf
+
+        return LocalLauncherConf
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep what `launch` needs; the sweep's checks and this launcher compose each job's config

@@ -7,18 +7,23 @@ from typing import TYPE_CHECKING
 from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 
-from ddpw_conf.launcher import SlurmLauncherConf
 from hydra_plugins.hydra_ddpw_launcher.base import DdpwLauncher
 
-if TYPE_CHECKING:  # the runtime is imported when a launch starts, not when Hydra discovers plugins
+if TYPE_CHECKING:  # the options and the runtime are imported when a launcher is made, not when Hydra discovers plugins
+    from ddpw_conf.launcher import SlurmLauncherConf
     from ddpw_runtime.hydra_jobs.prepare import PreparedJob
     from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
 
-class DdpwSlurmLauncher(DdpwLauncher[SlurmLauncherConf]):
+class DdpwSlurmLauncher(DdpwLauncher["SlurmLauncherConf"]):
     """Submits every job of a sweep to SLURM and waits for it (see `ddpw_runtime.slurm.submit`)."""
 
-    options_type = SlurmLauncherConf
+    @staticmethod
+    def options_type() -> type[SlurmLauncherConf]:
+        """`SlurmLauncherConf`."""
+        from ddpw_conf.launcher import SlurmLauncherConf
+
+        return SlurmLauncherConf
 
     def run_jobs(
         self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob],
