@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from ddpw_conf import Platform
 from ddpw_conf.launcher import LocalLauncherConf, SlurmLauncherConf
-from ddpw_conf.store import LAUNCHERS
+from ddpw_conf.store import LAUNCHERS, OPTIONS, OWN_PLATFORM
 from hydra_plugins.hydra_ddpw_launcher._options_source import LAUNCHER_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_selecting_a_ddpw_launcher_loads_its_options_then() -> None:
 
 
 def test_the_source_names_every_launcher_option_there_is() -> None:
-    assert LAUNCHER_OPTIONS == tuple(LAUNCHERS)
+    assert LAUNCHER_OPTIONS == OPTIONS
 
 
 @pytest.fixture
@@ -79,10 +79,12 @@ def conf_dir() -> Iterator[None]:
 @pytest.mark.usefixtures("conf_dir")
 @pytest.mark.parametrize("option", LAUNCHER_OPTIONS)
 def test_each_option_brings_a_typed_platform_and_its_launcher(option: str) -> None:
+    ending, key = OWN_PLATFORM
     cfg = compose(config_name="config", overrides=[f"hydra/launcher={option}"], return_hydra_config=True)
-    assert OmegaConf.get_type(cfg, "platform") is Platform
-    assert cfg.platform.device == LAUNCHERS[option][1].device
-    schema = SlurmLauncherConf if option == "ddpw_slurm" else LocalLauncherConf
+    node = key if option.endswith(ending) else "platform"  # the twin brings it where an app's own cannot be
+    assert OmegaConf.get_type(cfg, node) is Platform and cfg.hydra.launcher.platform_key == node
+    assert cfg[node].device == LAUNCHERS[option.removesuffix(ending)][1].device
+    schema = SlurmLauncherConf if option.startswith("ddpw_slurm") else LocalLauncherConf
     assert OmegaConf.get_type(cfg.hydra, "launcher") is schema
     assert "ddpw_plain_run" in cfg.hydra.callbacks
 

@@ -77,7 +77,7 @@ def test_one_node_two_ranks(slurm_env: dict[str, str], tmp_path: Path) -> None:
     assert job.relative_to(tmp_path).parts[0] == "multirun"  # where a multirun puts it
     ranks = seen(job)
     assert sorted(ranks) == [0, 1]
-    (submitted,) = manifest(job)
+    (submitted,) = manifest(job.parent)  # in the sweep dir
     for data in ranks.values():
         assert data["world_size"] == 2 and data["rank_sum"] == 1.0 and data["node_rank"] == 0
         assert data["output_dir"] == str(job)  # HydraConfig works in every rank
