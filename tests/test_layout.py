@@ -98,3 +98,11 @@ def test_a_handful_of_modules_at_the_top() -> None:
     assert {p.name for p in RUNTIME.iterdir() if p.is_dir() and not p.name.startswith("__")} == {
         "launch", "rank", "hydra_jobs", "slurm"
     }
+
+
+def test_the_schemas_never_import_the_runtime_nor_read_the_command_line() -> None:
+    """`ddpw_conf` is the bottom layer: the runtime and the plugin import it, never the other way round,
+    and importing it does nothing but define the schemas (no look at `sys.argv`)."""
+    for path in python_files(ROOT / "ddpw_conf"):
+        assert not any(i.startswith("ddpw_runtime") for i in imported(path)), f"{module_name(path)} imports the runtime"
+        assert "sys.argv" not in path.read_text(), f"{module_name(path)} reads the command line"
