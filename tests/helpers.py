@@ -22,6 +22,11 @@ def run_app(cwd: Path, *overrides: str, app: str = "app.py", timeout: float = 12
     )
 
 
+def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -c code` in a fresh interpreter, output captured as text."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+
+
 def job_dirs(root: Path) -> list[Path]:
     """Every Hydra job output dir (a folder holding `.hydra/`) under `root`, sorted."""
     return sorted(p.parent for p in root.rglob(".hydra"))

@@ -32,7 +32,7 @@ from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LOCAL_LAUNCHER, SLURM_LAUNCHER, LocalLauncherConf, SlurmLauncherConf, selected_options
 from ddpw_runtime import Wrapper
 from ddpw_runtime.launch.rendezvous import unprivileged_ports
-from tests.helpers import APPS, run_app
+from tests.helpers import APPS, run_app, run_python
 from tests.test_validation import BAD
 
 HYDRA_HINT = "Set the environment variable HYDRA_FULL_ERROR=1"
@@ -171,7 +171,7 @@ def test_checking_a_cpu_platform_imports_no_torch() -> None:
         "check(Platform(device='slurm', n_nodes=2, n_gpus_per_node=1, backend='mpi'), here=False)\n"
         "print('torch' in sys.modules)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False"]
 

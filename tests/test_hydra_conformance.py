@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 
 from ddpw_conf import Platform
 from hydra_plugins.hydra_ddpw_launcher.local_launcher import DdpwLocalLauncher
+from tests.helpers import run_python
 
 pytestmark = [
     # The suites' apps use Hydra's pre-1.2 default `hydra.job.chdir`; Hydra warns about it in `run_job`,
@@ -88,7 +89,7 @@ def test_plugin_import_does_not_import_torch() -> None:
         "Plugins.instance().discover(Launcher)\n"
         "assert 'torch' not in sys.modules, 'torch was imported by plugin discovery'\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_python(code)
     assert out.returncode == 0, out.stderr
 
 

@@ -130,9 +130,11 @@ class RunSupervisor:
         for sig in _SIGNALS:
             signal.signal(sig, self._on_signal)
         signal.pthread_sigmask(signal.SIG_SETMASK, self.signal_mask)
+        # The starter first, while this process has no thread but its own: it is then a fork of this one
+        # (torch loaded, in a CPU build), not a fresh interpreter that imports torch again.
+        starter_for(self.platform)
         threading.Thread(target=self._watch, name="ddpw-rank-0", daemon=True).start()
         try:
-            starter_for(self.platform)  # it imports torch (if not loaded) while rank 0's Hydra goes on
             first = self.events.get()
             if isinstance(first, JobStarting):
                 failure = self._job(first)
