@@ -44,7 +44,7 @@ from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.starter import Inbox, close_starters
 from ddpw_runtime.launch.starter_process import die_with_parent
-from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, OutsideRank, supervise
+from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, OutsideRank, supervise
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -113,6 +113,8 @@ class RunSupervisor:
         self.inbox: Inbox | None = None
         """Where rank 0's end goes while an attempt of the job runs."""
         self.result_file: Path | None = None
+        self.ranks: NodeRanks | None = None
+        """The ranks of the attempt that runs (what a second Ctrl-C or SIGTERM kills at once)."""
         self.task_ended = threading.Event()
         """Rank 0 reported its task's end (in this attempt)."""
         self.awaiting = threading.Event()
@@ -180,7 +182,7 @@ class RunSupervisor:
             terminal = console.terminal_of(0)
             stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
             outside = OutsideRank(0, self.pid, self.sees_ctrl_c)
-            ranks = local.ranks(local.plan.global_ranks, console, on_stop=stores.clear, outside=outside)
+            ranks = self.ranks = local.ranks(local.plan.global_ranks, console, on_stop=stores.clear, outside=outside)
             self.inbox = ranks.inbox
             if self.exited is not None:  # rank 0 died while the job was being prepared
                 ranks.inbox.put(RankExited(self.pid, self.exited))
@@ -193,7 +195,7 @@ class RunSupervisor:
                 self.interrupted = signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
                 raise
             finally:
-                self.inbox = None
+                self.inbox, self.ranks = None, None
             settle(job, _rank_zero_outcome(outcomes, ended_by_task=self.task_ended.is_set()))
 
     # ------------------------------------------------------------------ after the job
@@ -238,7 +240,11 @@ class RunSupervisor:
         self.received.append(signum)
         if signum == signal.SIGHUP:
             raise _Hangup()
-        if len(self.received) == 1:  # os.write: this may interrupt a write to sys.stderr
+        if len(self.received) > 1:  # at once, wherever this one lands (even inside the first one's handling)
+            if self.ranks is not None:
+                self.ranks.send(signal.SIGKILL)
+            _send(self.pid, signal.SIGKILL)
+        else:  # os.write: this may interrupt a write to sys.stderr
             what = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
             os.write(2, f"[ddpw] {what}: every rank gets it and {self.grace.interrupt_s:g} s to end; Ctrl-C again "
                         "ends them at once\n".encode())
