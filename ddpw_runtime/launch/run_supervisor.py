@@ -49,6 +49,12 @@ from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, Outsid
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+REPORT_S = 5.0
+"""When the job is stopped (another rank failed, the time limit), how long rank 0 gets beyond the others'
+grace to end its task through Hydra (the repo's own `on_job_end` callbacks run before it says it has)
+before it is killed."""
+
+
 class ThreadsBeforeTheRun(RuntimeError):
     """The program has threads other than its main one when a plain run would fork (they would not be in
     the process that goes on as rank 0)."""
@@ -181,7 +187,7 @@ class RunSupervisor:
             env = {**_rank_zero_environment(local), **local.payload.job_environment()}
             terminal = console.terminal_of(0)
             stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
-            outside = OutsideRank(0, self.pid, self.sees_ctrl_c)
+            outside = OutsideRank(0, self.pid, self.sees_ctrl_c, report_s=REPORT_S)
             ranks = self.ranks = local.ranks(local.plan.global_ranks, console, on_stop=stores.clear, outside=outside)
             self.inbox = ranks.inbox
             if self.exited is not None:  # rank 0 died while the job was being prepared

@@ -68,6 +68,9 @@ class OutsideRank:
     rank: int
     pid: int
     sees_ctrl_c: bool = False
+    report_s: float = 0.0
+    """Seconds it gets, beyond the others' grace, to end its task when the job is stopped: rank 0 of a
+    plain run then ends through Hydra (the user's callbacks run before it says its task ended)."""
 
 
 class NodeRanks:
@@ -106,6 +109,7 @@ class NodeRanks:
         self.ended_at: dict[int, float] = {}
         self.stopped: set[int] = set()
         """Ranks that were still running when the job was stopped."""
+        self._reported = False
         self.left_behind: set[int] = set()
         """Pids of ranks that did not exit after SIGKILL (stuck in the kernel); no longer waited for."""
         self.signals_sent: set[int] = set()
@@ -206,8 +210,9 @@ class NodeRanks:
                 self._begin_stop()
                 grace_end = time.monotonic() + self.grace.stop_s
             if time.monotonic() >= grace_end:
-                self.kill()
-                grace_end = float("inf")
+                reporting = self._reporting()
+                self.kill(spare=reporting)
+                grace_end = float("inf") if reporting is None else time.monotonic() + self._report_s()
             elif time.monotonic() >= limit_end:
                 timed_out, limit_end = True, float("inf")
                 self._begin_stop()
@@ -240,18 +245,33 @@ class NodeRanks:
             pass
         self.kill()
 
-    def kill(self) -> None:
-        """SIGKILL every running rank and wait until each has exited, at most `KILL_WAIT_S`."""
+    def _reporting(self) -> int | None:
+        """The outside rank's pid when it still runs and is given time to end its task once the others'
+        grace is over (`OutsideRank.report_s`; given once)."""
+        outside = self.outside
+        if outside is None or outside.report_s <= 0 or self._reported or outside.pid not in self.running():
+            return None
+        self._reported = True
+        return outside.pid
+
+    def _report_s(self) -> float:
+        return self.outside.report_s if self.outside is not None else 0.0
+
+    def kill(self, spare: int | None = None) -> None:
+        """SIGKILL every running rank (but `spare`) and wait until each has exited, at most `KILL_WAIT_S`."""
         self.stopped.update(self.pids[pid] for pid in self.running())
-        if self.outside is not None and self.outside.pid in self.running():
+        if self.outside is not None and self.outside.pid in self.running() and spare != self.outside.pid:
             sys.stderr.write(f"[ddpw] rank {self.outside.rank} (pid {self.outside.pid}, the program's task) did "
                              "not end in the time it was given; killed\n")
-        self.send(signal.SIGKILL)
+        self.signals_sent.add(signal.SIGKILL)
+        for pid in self.running():
+            if pid != spare:
+                send_to_group(pid, signal.SIGKILL, group=self.outside is None or pid != self.outside.pid)
         end = time.monotonic() + KILL_WAIT_S
-        while self.running():
+        while [pid for pid in self.running() if pid != spare]:
             event = self.inbox.next(max(0.0, end - time.monotonic()))
             if event is None and time.monotonic() >= end:
-                for pid in self.running():
+                for pid in [pid for pid in self.running() if pid != spare]:
                     log.error(
                         "rank %d (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a "
                         "hung GPU call); it is left behind", self.pids[pid], pid, KILL_WAIT_S,
