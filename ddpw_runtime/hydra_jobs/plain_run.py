@@ -24,6 +24,7 @@ exit see the job's. `--experimental-rerun` calls the task without any callback: 
 from __future__ import annotations
 
 import copy
+import faulthandler
 import os
 import pickle
 import signal
@@ -126,6 +127,7 @@ def _in_forks() -> None:
     without hydra-ddpw)."""
     if signal.getsignal(STOP_SIGNAL) is _on_stop:
         signal.signal(STOP_SIGNAL, signal.SIG_DFL)
+        faulthandler.unregister(signal.SIGUSR1)
 
 
 class RankZeroSide:
@@ -136,6 +138,9 @@ class RankZeroSide:
         self.task: TaskCall | None = None
         self.rank: RankInThisProcess | None = None
         signal.signal(STOP_SIGNAL, _on_stop)
+        # Where it was, when the supervisor asks (SIGUSR1: a stopped job's stack dumps), into fd 2: its log
+        # while it is rank 0. Registered for the whole run, so the request never finds it unregistered.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         os.register_at_fork(after_in_child=_in_forks)
 
     @staticmethod
@@ -160,20 +165,25 @@ class RankZeroSide:
 
     def _join(self) -> None:
         """Take on rank 0's part of this attempt, as the supervisor gives it; a job that cannot start ends
-        the run here, with its error."""
-        message, fds = self.channel.recv()
-        if isinstance(message, JobSettled):
-            _end_run(message, None)
-        assert isinstance(message, RankZero)
-        output = fds[0] if message.terminal else open_log(message.plan.log_file(0))
-        _stopped.clear()
-        self.rank = RankInThisProcess(message.plan, 0, message.env, output=output)
-        try:
-            self.rank.enter()
-        except BaseException as exc:  # rank 0 could not join (or was interrupted): the job's end says why
-            stopped = _stopped.is_set() or not isinstance(exc, Exception)
-            self.channel.send(TaskEnded(None if stopped else RankResult.failure(0, exc)))
-            _end_run(self._settled(), None if stopped else exc)
+        the run here, with its error (unless the supervisor starts it again: then join the next attempt)."""
+        while True:
+            message, fds = self.channel.recv()
+            if isinstance(message, JobSettled):
+                _end_run(message, None)
+            assert isinstance(message, RankZero)
+            output = fds[0] if message.terminal else open_log(message.plan.log_file(0))
+            _stopped.clear()
+            self.rank = RankInThisProcess(message.plan, 0, message.env, output=output)
+            try:
+                self.rank.enter()
+                return
+            except BaseException as exc:  # rank 0 could not join (or was interrupted): the job's end says why
+                stopped = _stopped.is_set() or not isinstance(exc, Exception)
+                self.rank = None
+                self.channel.send(TaskEnded(None if stopped else RankResult.failure(0, exc)))
+                settled = self._settled()
+                if not settled.restart:
+                    _end_run(settled, None if stopped else exc)
 
     def end(self, job_return: JobReturn) -> None:
         """Rank 0's task ended as `job_return`: leave the job, hear how it ended, start it again while the

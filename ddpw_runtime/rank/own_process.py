@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
-import signal
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -59,7 +58,6 @@ class RankInThisProcess:
             os.close(self.output)
             self.output = None
             faulthandler.enable()  # a crash leaves its Python stack in the rank's log, as in every rank
-            faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it was, on request
         try:
             import torch
 
@@ -89,7 +87,6 @@ class RankInThisProcess:
             sys.excepthook = self._saved_excepthook  # init_process_group installs a `[rank0]` one
         if self._saved_fds is not None:
             flush_output()
-            faulthandler.unregister(signal.SIGUSR1)
             if not self._faulthandler:
                 faulthandler.disable()
             for fd, saved in zip((1, 2), self._saved_fds, strict=True):
