@@ -15,7 +15,7 @@ from ddpw_conf import ConfigError, Platform
 from ddpw_runtime import Wrapper
 from ddpw_runtime.rank.libraries import mismatch
 from tests.helpers import job_dirs, run_app, run_ranks, seen
-from tests.library_checks import register_library_checks
+from tests.lightning_entry_points import register_library_checks
 
 LOCAL_RANK_FROM_ENV = 'local_rank="${oc.decode:${oc.env:LOCAL_RANK}}"'
 """The override that gives a repo written for torch.distributed.launch its `--local_rank` (docs/from-torchrun.md)."""
