@@ -351,12 +351,7 @@ def _attempts(job: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in (job / f"attempts_rank_{rank}.jsonl").read_text().splitlines()]
 
 
-_RESTART_FLAKE = pytest.mark.xfail(
-    strict=False, reason="known, intermittent (about 1 run in 8 here): a plain run's supervisor sometimes "
-    "finds rank 0's channel closed (BrokenPipeError) when it starts the second attempt; under investigation")
-
-
-@pytest.mark.parametrize("flags", [pytest.param((), marks=_RESTART_FLAKE), ("-m",)], ids=["plain", "multirun"])
+@pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain", "multirun"])
 def test_a_failed_job_starts_again_in_the_same_output_dir_until_restarts_run_out(tmp_path: Path, flags: tuple) -> None:
     proc = run_app(tmp_path, *flags, "behaviour=fail_first_attempt", "hydra.launcher.max_restarts=2")
     assert proc.returncode == 0, proc.stderr

@@ -307,8 +307,10 @@ def test_caller_rank_hanging_past_the_time_limit_is_stopped(tmp_path: Path, n_pr
 
 
 INTERRUPTED_THEN_AGAIN = """
-import os, signal, sys, threading, time
+import faulthandler, os, signal, sys, threading, time
 from ddpw_runtime import Platform, Wrapper
+
+faulthandler.dump_traceback_later(150, exit=True)  # a hang ends with every thread's stack (it takes ~5 s)
 
 def wait_forever():
     while True:
@@ -334,7 +336,7 @@ for after_s in (0.0, 0.01, 0.05, 0.2, 0.5, 1.5):
 def test_a_wrapper_interrupted_at_any_moment_runs_again(tmp_path: Path, where: str) -> None:
     (tmp_path / "again.py").write_text(INTERRUPTED_THEN_AGAIN)
     done = subprocess.run([sys.executable, "again.py", where], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
+                          timeout=200, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines.count("interrupted: KeyboardInterrupt") == 6, done.stdout

@@ -42,6 +42,7 @@ from ddpw_runtime.launch.engine import JobInput, LocalJob, NodeJob, settle, star
 from ddpw_runtime.launch.outcome import RankOutcome
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
+from ddpw_runtime.launch.signals import blocked
 from ddpw_runtime.launch.starter import Inbox, close_starters
 from ddpw_runtime.launch.starter_process import die_with_parent
 from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, OutsideRank, supervise
@@ -72,25 +73,24 @@ def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
         )
     ours, theirs = socket.socketpair()
     parent = os.getpid()
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # none is handled half-way through the fork
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        die_with_parent(signal.SIGKILL)
-        if os.getppid() != parent:  # the supervisor died before that took effect
-            os._exit(1)
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-        return Channel(theirs)
-    theirs.close()
-    code = 1
-    try:
-        code = RunSupervisor(Channel(ours), pid, platform, options, before).run()
-    except BaseException:  # noqa: BLE001 - the supervisor must end, and say why
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    with blocked(_SIGNALS) as before:  # none is handled half-way through the fork
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            die_with_parent(signal.SIGKILL)
+            if os.getppid() != parent:  # the supervisor died before that took effect
+                os._exit(1)
+            return Channel(theirs)
+        theirs.close()
+        code = 1
+        try:
+            code = RunSupervisor(Channel(ours), pid, platform, options, before).run()
+        except BaseException:  # noqa: BLE001 - the supervisor must end, and say why
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,20 @@ def send_to_group(pid: int, sig: int, group: bool = True) -> None:
 
 
 @contextmanager
+def blocked(signals: tuple[int, ...]) -> Iterator[set[int | signal.Signals]]:
+    """Block `signals` in this thread for the block (across a fork: a handler that raised inside
+    `os.fork()`'s at-fork hooks would be reported as unraisable and lost); yields the mask before it.
+    The mask is read before it is changed, so a handler that raises as it changes (a signal that came
+    just before) never leaves the signals blocked for good."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        yield before
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+@contextmanager
 def held(signals: tuple[int, ...] = STOPPING_SIGNALS) -> Iterator[None]:
     """Run the block whole: `signals` that arrive meanwhile (Ctrl-C, SIGTERM) reach their own handlers
     right after it. Python runs signal handlers in the main thread only, so this holds them there

@@ -42,13 +42,18 @@ from ddpw_runtime.launch.protocol import (
     StartJob,
     StartRank,
 )
-from ddpw_runtime.launch.signals import STOPPING_SIGNALS, held
+from ddpw_runtime.launch.signals import STOPPING_SIGNALS, blocked, held
 
 _ANSWER_WAIT_S = 30.0
 """The longest wait for the starter's answer (it stops a job's processes in 6 s at most)."""
 _CLOSE_WAIT_S = 5.0
 """How long closing a starter waits for it to exit (it kills its ranks first) before killing it, and
 then for it to vanish after SIGKILL."""
+
+_WAIT_SLICE_S = 1.0
+"""The longest single wait for a rank's exit: Python runs a signal's handler (Ctrl-C) in the main thread,
+but the kernel may hand the signal to another thread of this process, which does not end the main
+thread's wait; the handler then runs when the wait ends."""
 
 
 class StarterGone(RuntimeError):
@@ -83,10 +88,11 @@ class Inbox:
                     pass
 
     def next(self, timeout: float | None) -> RankExited | None:
-        """The next exit; None when `timeout` seconds (None: no limit) pass first or a wake-up comes
-        (the caller looks at what it was asked). Raises StarterGone when the starter died."""
+        """The next exit; None when `timeout` seconds (None: no limit) pass first, a wake-up comes (the
+        caller looks at what it was asked), or `_WAIT_SLICE_S` passed. Raises StarterGone when the
+        starter died."""
         if not self._items:
-            select.select([self._r], [], [], timeout)
+            select.select([self._r], [], [], _WAIT_SLICE_S if timeout is None else min(timeout, _WAIT_SLICE_S))
         try:
             while os.read(self._r, 4096):
                 pass
@@ -140,25 +146,20 @@ class RankStarter:
         if preload and _can_fork_controller():
             # A forked copy of this process has the user's imports (and torch, when loaded here) and
             # skips an interpreter's start-up; it imports torch itself if need be.
-            # Ctrl-C and SIGTERM are held back over the fork: a handler that raised inside `os.fork()`'s
-            # at-fork hooks would be reported as unraisable and lost. They come right after, in this
-            # process; the starter sets its own handlers before it lets them in.
-            before = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING_SIGNALS)
-            try:
+            # Ctrl-C and SIGTERM are held back over the fork; they come right after, in this process; the
+            # starter sets its own handlers before it lets them in.
+            with blocked(STOPPING_SIGNALS) as before:
                 with warnings.catch_warnings():  # Python 3.12+ warns about native threads; see above
                     warnings.simplefilter("ignore", DeprecationWarning)
                     pid = os.fork()
-            finally:
-                if os.getpid() == controller:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, before)
-            if pid == 0:
-                ours.close()
-                try:
-                    from ddpw_runtime.launch.starter_process import serve
+                if pid == 0:
+                    ours.close()
+                    try:
+                        from ddpw_runtime.launch.starter_process import serve
 
-                    serve(Channel(theirs), True, controller, before)
-                finally:
-                    os._exit(0)
+                        serve(Channel(theirs), True, controller, before)
+                    finally:
+                        os._exit(0)
         else:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "ddpw_runtime.launch.starter_process", str(theirs.fileno()),
