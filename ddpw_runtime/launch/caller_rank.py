@@ -80,13 +80,17 @@ class CallerRank:
         self._stoppable = {TaskCall.__call__.__code__, type(self.rank).enter.__code__}
 
     def __enter__(self) -> CallerRank:
-        self._store = self.local.host_store()
-        if threading.current_thread() is threading.main_thread():
-            for sig, handler in ((STOP_SIGNAL, self._on_stop_signal), (signal.SIGINT, self._on_interrupt),
-                                 (signal.SIGTERM, self._on_interrupt)):
-                self._saved_handlers[sig] = signal.signal(sig, handler)
-        self._console.__enter__()
-        self._thread.start()
+        try:
+            self._store = self.local.host_store()
+            if threading.current_thread() is threading.main_thread():
+                for sig, handler in ((STOP_SIGNAL, self._on_stop_signal), (signal.SIGINT, self._on_interrupt),
+                                     (signal.SIGTERM, self._on_interrupt)):
+                    self._saved_handlers[sig] = signal.signal(sig, handler)
+            self._console.__enter__()
+            self._thread.start()
+        except BaseException as exc:  # a Ctrl-C meanwhile: the caller's own handlers back, nothing left running
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -96,6 +100,8 @@ class CallerRank:
         if self._thread.is_alive():
             self._ranks.request_stop()
             self._thread.join()
+        elif self._thread.ident is None:  # never started (interrupted as it entered)
+            self._ranks.close()
         self._console.stop()
         self._store = None
         for sig, handler in self._saved_handlers.items():
@@ -149,7 +155,8 @@ class CallerRank:
                 self._ranks.request_interrupt(signal.SIGTERM)
             else:
                 self._ranks.request_stop()
-        self._thread.join()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
         if isinstance(self._others, list):
             note_failures([self._own_outcome(), *self._others])
 

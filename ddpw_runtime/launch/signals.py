@@ -62,11 +62,11 @@ def held(signals: tuple[int, ...] = STOPPING_SIGNALS) -> Iterator[None]:
         return
     arrived: list[int] = []
     previous = {}
-    for sig in signals:
-        handler = signal.getsignal(sig)
-        if handler is not None:
-            previous[sig] = signal.signal(sig, lambda signum, frame: arrived.append(signum))
     try:
+        for sig in signals:
+            handler = signal.getsignal(sig)
+            if handler is not None:
+                previous[sig] = signal.signal(sig, lambda signum, frame: arrived.append(signum))
         yield
     finally:
         for sig, handler in previous.items():
