@@ -329,6 +329,9 @@ for after_s in (0.0, 0.01, 0.05, 0.2, 0.5, 1.5):
     except KeyboardInterrupt as interrupted:
         print("interrupted:", type(interrupted).__name__, flush=True)
     print(runner.start(rank_and_value, after_s), flush=True)
+    # the process is as it was: its own Ctrl-C handler, nothing blocked
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, signal.getsignal(signal.SIGINT)
+    assert not signal.pthread_sigmask(signal.SIG_BLOCK, ()), signal.pthread_sigmask(signal.SIG_BLOCK, ())
 """
 
 
