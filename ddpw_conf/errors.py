@@ -86,3 +86,20 @@ def unknown_key(key: str, value: Any, known: Iterable[str], owner: str, noun: st
     ]
     guess = f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
     return ConfigError(key, value, f"{owner} has no such {noun}; {guess}its {noun}s are {', '.join(names)}")
+
+
+def is_int(value: Any) -> bool:
+    """Whether `value` is an integer (a bool is not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(key: str, value: Any, minimum: int, alternative: str = "") -> None:
+    """Raise `ConfigError` unless `value` is an integer >= `minimum`."""
+    if not is_int(value) or value < minimum:
+        raise ConfigError(key, value, f"use an integer >= {minimum}{alternative}")
+
+
+def check_bool(key: str, value: Any) -> None:
+    """Raise `ConfigError` unless `value` is true or false."""
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "use true or false")
