@@ -1,7 +1,5 @@
-"""The local engine: validate, plan, start the ranks of one node, supervise them, hand back results.
-
-Used by the Hydra launchers (a local job, a SLURM node), by a plain run's ranks around the user's own
-process, and by `Wrapper`. The controller process never imports torch here.
+"""The local engine: plan, start the ranks of one node, supervise them, hand back results (for the Hydra
+launchers, a SLURM node, a plain run's supervisor and `Wrapper`). Never imports torch at import time.
 """
 
 from __future__ import annotations
@@ -87,11 +85,6 @@ class JobInput:
     task: bytes
     state: ProcessState
 
-    @staticmethod
-    def here(task: TaskCall) -> JobInput:
-        """`task`, with this process's state now."""
-        return JobInput(task.pack(), ProcessState.capture())
-
 
 class LocalJob:
     """The ranks of one node of one job, ready to start: the rank starter, the rendezvous socket (bound
@@ -150,11 +143,6 @@ class LocalJob:
         """This node's ranks that the console shows (`platform.console_ranks`)."""
         return [rank for rank in self.plan.console_ranks if rank in self.plan.global_ranks]
 
-    def console_prefix(self, rank: int) -> str:
-        """What goes before each console line of `rank`: the job's prefix, and `[rank k]` when the
-        console shows more than one rank."""
-        return self.job.console_prefix + (f"[rank {rank}] " if len(self.console_ranks) > 1 else "")
-
     def console(self, skip: int | None = None) -> ConsoleRanks:
         """The console of this node's console ranks, but `skip` (a rank that runs in this process)."""
         files = {rank: self.plan.log_file(rank) for rank in self.console_ranks if rank != skip}
@@ -207,7 +195,7 @@ def run_ranks(task: TaskCall, job: NodeJob, caller_rank: bool = False) -> list[A
 
     if caller_rank:
         check_caller_rank(job.platform)
-    given = JobInput.here(task)
+    given = JobInput(task.pack(), ProcessState.capture())
     return with_restarts(job, lambda attempt: _run_once(task, given, attempt, caller_rank))
 
 

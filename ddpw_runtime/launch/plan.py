@@ -89,13 +89,6 @@ def free_port(addr: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def torch_device_type(platform: Platform) -> str:
-    """The torch device type a rank of `platform` computes on."""
-    if platform.uses_gpus:
-        return "cuda"
-    return "mps" if platform.device_kind is Device.MPS else "cpu"
-
-
 def plan_local(
     platform: Platform,
     log_dir: Path,
@@ -129,7 +122,7 @@ def plan_local(
         world_size=platform.world_size,
         ranks_per_node=platform.ranks_per_node,
         backend=platform.resolved_backend,
-        device=torch_device_type(platform),
+        device="cuda" if platform.uses_gpus else "mps" if platform.device_kind is Device.MPS else "cpu",
         master_addr=addr,
         master_port=port,
         init_method=init_method,

@@ -1,17 +1,7 @@
-"""The controller's handle on its rank starter: the helper process that starts the ranks of every job
-and reports their exits (the process itself is `starter_process.py`).
-
-With `spawn_method=forkserver` the starter holds torch imported and forks each rank from itself, so a
-sweep pays the torch import once, not once per rank per job. When the controller has imported a CPU
-build of torch already (a training script usually has), the starter is a fork of the controller, made
-while it has a single thread, so the ranks find torch and the user's imports loaded; otherwise (a CUDA
-build, where a forked copy of a process that touched CUDA cannot use it) it is a fresh interpreter
-that imports torch. With `spawn` it is a fresh interpreter that starts a fresh interpreter per rank.
-
-The two talk over a socket pair with the messages of `protocol.py`. Jobs that run side by side share
-one starter: a reader thread hands each answer to the thread that asked, and each exit to the `Inbox`
-of the job the rank belongs to.
-"""
+"""The controller's handle on its rank starter, the helper process that starts the ranks of every job and
+reports their exits (`starter_process.py`; docs/architecture.md, "Rank starter instead of `multiprocessing`").
+Jobs that run side by side share one starter: a reader thread hands each answer to the thread that asked,
+and each exit to the `Inbox` of the job the rank belongs to."""
 
 from __future__ import annotations
 
@@ -28,7 +18,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ddpw_runtime.launch.protocol import (
     Adopt,
@@ -238,25 +228,23 @@ class RankStarter:
         terminal: int | None = None,
     ) -> int:
         """Start one rank of `job`, whose exit will go to `inbox`, handing it `listen_fd` (the rendezvous
-        socket) and `terminal` (where its output goes instead of its log file) if given; returns its pid
-        (in milliseconds). Call it with Ctrl-C and SIGTERM held (`signals.held`), and note the pid before
-        letting them in: a rank must never run unbeknown to the controller."""
-        number = next(self._requests)
-        request = StartRank(number, job, payload_path, local_rank, exec_fresh=not self.preload,
-                            listen_fd=listen_fd is not None, terminal=terminal is not None)
-        with self._state_lock:
-            self._inbox_of_request[number] = inbox
-        answer = self._ask(number, request, [fd for fd in (listen_fd, terminal) if fd is not None],
-                           f"start rank {local_rank}")
-        assert isinstance(answer, RankStarted)
-        return answer.pid
+        socket) and `terminal` (where its output goes instead of its log file) if given; returns its pid.
+        Call it with Ctrl-C and SIGTERM held (`signals.held`), and note the pid before letting them in: a
+        rank must never run unbeknown to the controller."""
+        return self._start(inbox, lambda number: StartRank(
+            number, job, payload_path, local_rank, exec_fresh=not self.preload, listen_fd=listen_fd is not None,
+            terminal=terminal is not None), [fd for fd in (listen_fd, terminal) if fd is not None],
+            f"start rank {local_rank}")
 
     def start_job(self, inbox: Inbox, payload_path: str) -> int:
         """Start a job process (see `StartJob`), whose exit will go to `inbox`; its pid."""
+        return self._start(inbox, lambda number: StartJob(number, payload_path), [], "start a job process")
+
+    def _start(self, inbox: Inbox, request: Callable[[int], object], fds: list[int], what: str) -> int:
         number = next(self._requests)
         with self._state_lock:
             self._inbox_of_request[number] = inbox
-        answer = self._ask(number, StartJob(number, payload_path), [], "start a job process")
+        answer = self._ask(number, request(number), fds, what)
         assert isinstance(answer, RankStarted)
         return answer.pid
 

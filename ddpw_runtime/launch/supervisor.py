@@ -1,9 +1,5 @@
 """Starts the ranks of one node, waits for them, stops them all on the first failure, and tells how
-each ended (`RankOutcome`; `outcome.py` names the root cause).
-
-Every wait is bounded: a rank gets `stop_grace_s` after SIGTERM, then SIGKILL; a rank that has not
-exited `KILL_WAIT_S` after SIGKILL (stuck in the kernel, as on a hung GPU call) is reported by rank and
-pid and left behind rather than wedging the controller.
+each ended (`RankOutcome`). Every wait is bounded (docs/architecture.md, "One event source for supervision").
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
-from ddpw_runtime.launch.console import ConsoleRanks
+from ddpw_runtime.launch.console import ConsoleRanks, file_size
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import RankPayload
 from ddpw_runtime.launch.protocol import JobKey, RankExited
@@ -190,7 +186,7 @@ class NodeRanks:
         self.stopped.update(running)
         if running:
             logs = [self.payload.plan.log_file(rank) for rank in running]
-            before = [_size(log) for log in logs]
+            before = [file_size(log) for log in logs]
             self.send(signal.SIGUSR1, group=False)
             _wait_for_dumps(logs, before)
         self.send(signal.SIGTERM, stopping=True)
@@ -313,13 +309,6 @@ class NodeRanks:
         self.inbox.close()
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
 def _wait_for_dumps(logs: list[Path], before: list[int]) -> None:
     """Wait until every log in `logs` grew past its size `before` and has then been quiet for
     `_STACK_DUMP_QUIET_S` (faulthandler has written the stacks), at most `_STACK_DUMP_WAIT_S`."""
@@ -327,7 +316,7 @@ def _wait_for_dumps(logs: list[Path], before: list[int]) -> None:
     last, changed_at = before, start
     while time.monotonic() - start < _STACK_DUMP_WAIT_S:
         time.sleep(_STACK_DUMP_POLL_S)
-        sizes = [_size(log) for log in logs]
+        sizes = [file_size(log) for log in logs]
         now = time.monotonic()
         if sizes != last:
             last, changed_at = sizes, now
@@ -365,12 +354,9 @@ def supervise(ranks: NodeRanks, on_start: Callable[[int], None] | None = None) -
         try:
             ranks.start(on_start)
             timed_out = ranks.wait()
-        except KeyboardInterrupt:
-            ranks.interrupt(signal.SIGINT, ranks.grace.interrupt_s)
-            note_failures(ranks.outcomes())
-            raise
-        except Terminated:
-            ranks.interrupt(signal.SIGTERM, ranks.grace.interrupt_s)
+        except (KeyboardInterrupt, Terminated) as stop:
+            ranks.interrupt(signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM,
+                            ranks.grace.interrupt_s)
             note_failures(ranks.outcomes())
             raise
         except BaseException:
