@@ -25,7 +25,7 @@ from ddpw_runtime.launch.checks import gpus_available as gpus_available  # impor
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.devices import Share
 from ddpw_runtime.launch.outcome import RankOutcome, failure, note_failures
-from ddpw_runtime.launch.payload import RankPayload, TaskCall
+from ddpw_runtime.launch.payload import RankPayload, TaskCall, write_private
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.starter import RankStarter, get_starter
@@ -107,7 +107,7 @@ class LocalJob:
             )
             self.payload = RankPayload(self.plan, task.task, task.state, str(self.workdir))
             self.payload_path = self.workdir / "payload.pkl"
-            self.payload.write(self.payload_path)
+            write_private(self.payload_path, self.payload)
         except BaseException:
             self.close()
             raise
@@ -248,5 +248,4 @@ def _run_once(task: TaskCall, given: JobInput, job: NodeJob, caller_rank: bool) 
 def describe(platform: Platform, log_dir: Path) -> str:
     """The platform and launch plan as a dry run prints them (nothing is started)."""
     check(platform)
-    plan = plan_local(platform, Path(log_dir).resolve(), Path("<private dir>"), "<run id>", master_port=0)
-    return f"{plan.describe()}\n--- platform ---\n{platform.summary()}"
+    return plan_local(platform, Path(log_dir).resolve(), Path("<private dir>"), "<run id>", master_port=0).describe()

@@ -70,18 +70,19 @@ class RankPayload:
         short.)"""
         return {JOB_ENV: self.result_dir, "TMPDIR": self.result_dir}
 
-    def write(self, path: Path) -> None:
-        """Write this payload to `path` with mode 0600."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            pickle.dump(self, out, protocol=pickle.HIGHEST_PROTOCOL)
-
     @staticmethod
     def read(path: Path) -> RankPayload:
-        """Read a payload written by `write`."""
+        """Read a payload written by `write_private`."""
         with open(path, "rb") as src:
             payload: RankPayload = pickle.load(src)
         return payload
+
+
+def write_private(path: Path, obj: object) -> None:
+    """Pickle `obj` to a new file `path` that only the user can read."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        pickle.dump(obj, out, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:

@@ -60,7 +60,7 @@ class LaunchPlan:
         )
 
     def describe(self) -> str:
-        """A readable multi-line summary, as the dry run prints it."""
+        """A readable multi-line summary with the platform's, as the dry run prints it."""
         lines = [
             f"world size      : {self.world_size} ({self.platform.n_nodes} node(s) x {self.ranks_per_node} rank(s))",
             f"device          : {self.device}",
@@ -72,6 +72,8 @@ class LaunchPlan:
             f"groups          : {self._groups_shown}",
             f"console ranks   : {self.console_ranks or 'none'}",
             f"rank logs       : {self.log_file(0).parent}/rank_<rank>.log",
+            "--- platform ---",
+            self.platform.summary(),
         ]
         return "\n".join(lines)
 

@@ -32,6 +32,11 @@ def send_to_group(pid: int, sig: int, group: bool = True) -> None:
         pass
 
 
+def raise_terminated(signum: int, frame: FrameType | None) -> None:
+    """A SIGTERM handler: raise `Terminated`."""
+    raise Terminated()
+
+
 @contextmanager
 def held(signals: tuple[int, ...] = STOPPING_SIGNALS) -> Iterator[None]:
     """Run the block whole: `signals` that arrive meanwhile (Ctrl-C, SIGTERM) reach their own handlers

@@ -217,11 +217,7 @@ class RankStarter:
 
     def alive(self) -> bool:
         """Whether the starter process is still running."""
-        if not self._owned:
-            return self._gone is None
-        if self._process is not None:
-            return self._process.poll() is None
-        return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        return not self._reaped() if self._owned else self._gone is None
 
     def start(
         self, inbox: Inbox, job: JobKey, payload_path: str, local_rank: int, listen_fd: int | None = None,

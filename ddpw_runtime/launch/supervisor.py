@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.console import ConsoleRanks, file_size
@@ -22,7 +21,7 @@ from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import RankPayload
 from ddpw_runtime.launch.protocol import JobKey, RankExited
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.signals import held, send_to_group
+from ddpw_runtime.launch.signals import held, raise_terminated, send_to_group
 from ddpw_runtime.launch.stacks import where
 from ddpw_runtime.launch.starter import Inbox, RankStarter
 
@@ -333,11 +332,7 @@ def sigterm_raises() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
     finally:

@@ -105,5 +105,4 @@ def describe(platform: Platform, output_dir: Path) -> str:
     else:
         where = (f"{platform.master_addr or '<first node of the allocation>'}:"
                  f"{platform.master_port or f'<{PORT_BASE} + SLURM job id % {PORT_SPAN}>'}")
-    plan = replace(plan, init_method=f"tcp://{where}")
-    return f"{plan.describe()}\n--- platform ---\n{platform.summary()}"
+    return replace(plan, init_method=f"tcp://{where}", platform=platform).describe()
