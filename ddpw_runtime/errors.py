@@ -1,10 +1,5 @@
-"""The errors a user of hydra-ddpw may catch: a failed job (`RankFailure`), a job past its time limit
-(`JobTimedOut`), a SLURM job that ended without its result (`SlurmJobError`).
-
-They are `CompactError`s: Hydra prints their message alone, without the launcher's own frames (their
-messages carry everything worth showing: the failed rank's traceback, where each rank was), and importing
-them imports nothing of Hydra (`ddpw_conf.errors` says how).
-"""
+"""The errors a user of hydra-ddpw may catch. They are `CompactError`s: Hydra prints their message alone,
+which carries everything worth showing, and importing them imports nothing of Hydra."""
 
 from __future__ import annotations
 

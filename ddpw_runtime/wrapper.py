@@ -1,14 +1,6 @@
-"""`Wrapper` and `@wrapper`: the engine without Hydra, from a script, `python -c` or a notebook.
-
-    from ddpw_runtime import Platform, Wrapper, wrapper
-
-    values = Wrapper(Platform(n_procs_per_node=2)).start(train, lr=0.1)   # one value per rank
-
-Failures raise `RankFailure` in the caller: it names the rank that failed first (the root cause, not
-the peers that lost their connection afterwards), carries that rank's traceback in its message, and
-has the original exception as `__cause__` when it could be sent back. One exception type for every
-failure, including ranks that died without raising (a segfault, the OOM killer), which have no
-exception of their own to re-raise. No rank outlives the call.
+"""`Wrapper` and `@wrapper`: the engine without Hydra, from a script, `python -c` or a notebook
+(docs/without-hydra.md). A failure raises `RankFailure` in the caller, naming the rank that failed first;
+no rank outlives the call.
 """
 
 from __future__ import annotations
@@ -68,9 +60,8 @@ class Wrapper:
         interrupt_grace_s: float = 10.0,
         max_restarts: int = 0,
     ) -> None:
-        # The engine is imported here, not at the top: `ddpw_runtime` imports this module, and the
-        # starter and rank processes run as `python -m ddpw_runtime.<package>.<module>`, which must not
-        # find themselves imported already.
+        # Imported here: `ddpw_runtime` imports this module, and the starter and rank processes run as
+        # `python -m ddpw_runtime.<package>.<module>`, which must not find themselves imported already.
         from ddpw_runtime.launch.caller_rank import check_caller_rank
         from ddpw_runtime.launch.checks import check
 

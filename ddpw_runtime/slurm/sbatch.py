@@ -1,8 +1,5 @@
-"""The sbatch side of a SLURM job: submitit's parameters from a job's platform and the launcher
-options, the script they make, the rendezvous the nodes use, and the plan a dry run prints.
-
-Nothing here submits or imports torch; submitit is imported only to render the script.
-"""
+"""The sbatch side of a SLURM job: submitit's parameters from a job's platform and the launcher options,
+the script they make, the rendezvous the nodes use, and the plan a dry run prints. Submits nothing."""
 
 from __future__ import annotations
 
