@@ -276,14 +276,9 @@ class Platform:
             )
 
     def _validate_choices(self) -> None:
-        if self.spawn_method not in START_METHODS:
-            raise ConfigError(
-                "platform.spawn_method", self.spawn_method, f"choose one of {', '.join(START_METHODS)}"
-            )
-        if self.ipc_protocol not in IPC_PROTOCOLS:
-            raise ConfigError(
-                "platform.ipc_protocol", self.ipc_protocol, f"choose one of {', '.join(IPC_PROTOCOLS)}"
-            )
+        for key, choices in (("spawn_method", START_METHODS), ("ipc_protocol", IPC_PROTOCOLS)):
+            if getattr(self, key) not in choices:
+                raise ConfigError(f"platform.{key}", getattr(self, key), f"choose one of {', '.join(choices)}")
         if self.backend is not None and self.backend not in BACKENDS:
             raise ConfigError(
                 "platform.backend", self.backend,

@@ -163,7 +163,7 @@ class _Sweep:
     def _start_what_fits(self) -> None:
         """Start the waiting jobs, in order, while their devices are free (none after an error outside a
         task)."""
-        while not self._errors():
+        while not any(end.error is not None for end in self.ended.values()):
             ready = self.schedule.next()
             if ready is None:
                 return
@@ -227,7 +227,4 @@ class _Sweep:
             for job in self.pending:
                 self.summary.record(not_started(job.idx, job.overrides, job.output_dir))
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
-
-    def _errors(self) -> bool:
-        return any(end.error is not None for end in self.ended.values())
 

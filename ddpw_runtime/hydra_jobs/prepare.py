@@ -128,20 +128,22 @@ def output_dir_now(config: DictConfig, dir_keys: tuple[str, str | None]) -> Path
     `${now:...}` keeps what it resolved, is put back as it was)."""
     saved = copy.deepcopy(OmegaConf.get_cache(config))
     try:
-        with hydra_config_of(config):
-            return Path(*(str(OmegaConf.select(config, key)) for key in dir_keys if key is not None)).absolute()
+        return Path(*_dir_values(config, dir_keys)).absolute()
     finally:
         OmegaConf.set_cache(config, saved)
+
+
+def _dir_values(config: DictConfig, dir_keys: tuple[str, str | None]) -> list[str]:
+    with hydra_config_of(config):
+        return [str(OmegaConf.select(config, key)) for key in dir_keys if key is not None]
 
 
 def pin_output_dir(config: DictConfig, dir_keys: tuple[str, str | None]) -> Path:
     """Resolve the keys of a job's output dir (`dir_keys`, as `run_job` takes them) once, write them
     back as plain values, and return the job's output dir."""
-    keys = [key for key in dir_keys if key is not None]
-    with hydra_config_of(config):
-        values = [str(OmegaConf.select(config, key)) for key in keys]
+    values = _dir_values(config, dir_keys)
     with read_write(config.hydra), open_dict(config.hydra):
-        for key, value in zip(keys, values, strict=True):
+        for key, value in zip([key for key in dir_keys if key is not None], values, strict=True):
             OmegaConf.update(config, key, value, merge=False)
     return Path(*values).absolute()
 

@@ -64,14 +64,10 @@ class NodeJob:
 
 
 def starter_for(platform: Platform, torch_here: bool = False) -> RankStarter:
-    """The rank starter for `platform`'s start method, started now if it is not running yet. Asking for
-    it early (as the launchers do once the config is checked) has it import torch while this process
-    goes on.
-
-    `torch_here`: this process imports torch anyway (it is rank 0 of a plain run). With a torch build
-    without GPU support it imports torch first, so the starter is forked with torch loaded: one import
-    instead of two side by side, faster on a small machine. A CUDA build cannot be forked once loaded,
-    so then the starter is forked first and imports torch beside this process."""
+    """The rank starter for `platform`'s start method, started now if need be (the launchers ask early, so
+    it imports torch while this process goes on). `torch_here`: this process imports torch anyway (rank 0 of a
+    plain run); with a torch build without GPU support it imports torch first, so the starter is forked with
+    torch loaded (a CUDA build cannot be forked once loaded)."""
     if torch_here and "torch" not in sys.modules and _compat.torch_without_gpu_support():
         import torch  # noqa: F401  (see above)
     return get_starter(preload=platform.spawn_method == "forkserver")
@@ -87,10 +83,9 @@ class JobInput:
 
 
 class LocalJob:
-    """The ranks of one node of one job, ready to start: the rank starter, the rendezvous socket (bound
-    before any rank starts, on the node that hosts the store), the plan, the payload, a private folder
-    for the results. Use it as a context manager: leaving it closes the socket and removes the folder.
-    """
+    """The ranks of one node of one job, ready to start: the rank starter, the rendezvous socket (bound before
+    any rank starts, on the node that hosts the store), the plan, the payload and a private folder for the
+    results; leaving it as a context manager closes the socket and removes the folder."""
 
     def __init__(self, task: JobInput, job: NodeJob) -> None:
         platform = job.platform
@@ -184,13 +179,9 @@ def settle(job: NodeJob, outcomes: list[RankOutcome]) -> None:
 
 
 def run_ranks(task: TaskCall, job: NodeJob, caller_rank: bool = False) -> list[Any]:
-    """Run `task` on every rank of this node; the return values of this node's ranks in rank order.
-    Raises RankFailure (root cause first) when any rank fails and no restart is left; no rank outlives
-    the call; a failed run is started again while restarts are left (`with_restarts`).
-
-    With `caller_rank`, rank 0 runs in this process (see `caller_rank.py`; this imports torch here)
-    and its value is the object itself, not a copy.
-    """
+    """Run `task` on every rank of this node; their return values in rank order. Raises RankFailure (root
+    cause first) when a rank fails and no restart is left (`with_restarts`); no rank outlives the call. With
+    `caller_rank`, rank 0 runs in this process (`caller_rank.py`) and its value is the object itself."""
     from ddpw_runtime.launch.caller_rank import check_caller_rank
 
     if caller_rank:

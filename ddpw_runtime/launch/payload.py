@@ -63,11 +63,8 @@ class RankPayload:
         return Path(self.result_dir) / f"rank_{rank}.result"
 
     def job_environment(self) -> dict[str, str]:
-        """What every rank of the job has in its environment besides its own rank's variables: the job's
-        name (`JOB_ENV`), and the job's private folder as TMPDIR, so what temporary files and
-        `multiprocessing`'s folders a killed rank could not clean up go with the folder. (The folder
-        itself, not one inside it: Unix socket paths there, such as torch's DataLoader uses, must stay
-        short.)"""
+        """The job's variables for every rank: its name (`JOB_ENV`), and its private folder as TMPDIR, so what a
+        killed rank leaves there goes with the folder (the folder itself: Unix socket paths must stay short)."""
         return {JOB_ENV: self.result_dir, "TMPDIR": self.result_dir}
 
     @staticmethod

@@ -103,12 +103,9 @@ def plan_local(
     restart_count: int = 0,
     share: Share | None = None,
 ) -> LaunchPlan:
-    """The plan for node `node_rank` of a validated `platform`.
-
-    Single-node jobs rendezvous on loopback unless `platform.master_addr` says otherwise; the port is
-    `platform.master_port`, else `master_port`, else a free one. A `file` rendezvous uses a private file
-    in `rendezvous_dir`. With `share`, the ranks use only its GPUs and cores.
-    """
+    """The plan for node `node_rank` of a validated `platform`: rendezvous on `platform.master_addr`, else
+    `master_addr`, else loopback; port `platform.master_port`, else `master_port`, else a free one; a `file`
+    rendezvous in `rendezvous_dir`; with `share`, only its GPUs and cores."""
     addr = platform.master_addr or master_addr or LOOPBACK
     port = platform.master_port or master_port
     if port is None:

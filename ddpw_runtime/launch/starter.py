@@ -98,11 +98,8 @@ class Inbox:
 
 
 class RankStarter:
-    """A handle on a starter process (see the module docstring). Its methods may be called from several
-    threads (one per job that runs).
-
-    `attached_to`: a channel to a starter that another process owns (a job process talks to the starter
-    that forked it); otherwise a starter of this process's own is started, which `close` stops."""
+    """A handle on a starter process, callable from several threads (one per job that runs). `attached_to`: a
+    channel to a starter that another process owns (a job process's); else this process starts its own."""
 
     def __init__(self, preload: bool, attached_to: tuple[Channel, int] | None = None) -> None:
         self.preload = preload

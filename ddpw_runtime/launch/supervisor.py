@@ -69,12 +69,9 @@ class OutsideRank:
 
 
 class NodeRanks:
-    """The ranks of one node as they start, run and end: their pids, how each ended, how to stop them.
-
-    One thread supervises them (`supervise`); another may ask for them to be stopped
-    (`request_stop`, `request_interrupt`), which wakes the supervising thread. `outside`: a rank among
-    `ranks` that runs already, in a process this node did not start (see `OutsideRank`).
-    """
+    """The ranks of one node as they start, run and end: their pids, how each ended, how to stop them. One
+    thread supervises them (`supervise`); another may ask for them to be stopped (`request_stop`,
+    `request_interrupt`). `outside`: a rank among `ranks` that this node did not start (`OutsideRank`)."""
 
     def __init__(
         self,
@@ -340,10 +337,8 @@ def sigterm_raises() -> Iterator[None]:
 
 
 def supervise(ranks: NodeRanks, on_start: Callable[[int], None] | None = None) -> list[RankOutcome]:
-    """Start `ranks`, wait for them, and tell how each ended, in rank order. Raises JobTimedOut past
-    `platform.timeout_min` (every rank stopped). Ctrl-C or SIGTERM to this process (in the main thread)
-    is passed on to the ranks, which get `grace.interrupt_s` to finish before they are killed; then the
-    KeyboardInterrupt (or `Terminated`) propagates."""
+    """Start `ranks`, wait for them, and tell how each ended, in rank order; JobTimedOut past the time limit.
+    Ctrl-C or SIGTERM here (main thread) is passed on to the ranks, with `grace.interrupt_s`, then propagates."""
     plan = ranks.payload.plan
     with sigterm_raises():
         try:

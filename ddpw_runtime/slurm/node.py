@@ -28,7 +28,7 @@ from ddpw_runtime import _compat
 from ddpw_runtime.errors import SlurmJobError, Terminated
 from ddpw_runtime.hydra_jobs.task import JobTask
 from ddpw_runtime.launch.checks import check
-from ddpw_runtime.launch.engine import NodeJob
+from ddpw_runtime.launch.engine import NodeJob, starter_for
 from ddpw_runtime.launch.records import portable
 from ddpw_runtime.launch.supervisor import Grace
 from ddpw_runtime.rank.environment import RESTART_COUNT_ENV
@@ -225,14 +225,12 @@ def _start_rank_starter(platform: Platform) -> None:
     """Start this process's rank starter now, with SIGTERM and SIGUSR2 ignored (SLURM sends them to
     every process of the job; the starter must outlive them so that its ranks can save) and SIGCONT at
     its default (submitit's handler would log it in every rank)."""
-    from ddpw_runtime.launch.starter import get_starter
-
     dispositions = (
         (signal.SIGTERM, signal.SIG_IGN), (signal.SIGUSR2, signal.SIG_IGN), (signal.SIGCONT, signal.SIG_DFL)
     )
     saved = {sig: signal.signal(sig, disposition) for sig, disposition in dispositions}
     try:
-        get_starter(preload=platform.spawn_method == "forkserver")
+        starter_for(platform)
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
