@@ -1,18 +1,12 @@
-"""The error raised for a configuration that cannot run, and what every error of hydra-ddpw whose message
-says it all has in common (`CompactError`).
+"""`ConfigError`, and what every error of hydra-ddpw whose message says it all has in common (`CompactError`).
 
-How Hydra prints such an error as one line without importing Hydra here. Hydra reports the error of a
-run in `hydra._internal.utils.run_and_report`: the message alone when
-`isinstance(error, hydra.errors.CompactHydraException)`, else a traceback. `CompactHydraException` is
-a plain class (not an ABC: nothing can be registered as its virtual subclass), so it has to be a real
-base of the error's class. Importing it imports the whole `hydra` package (a third of a second), which
-a script that only uses `Wrapper` or the helpers in a rank would pay for nothing. So a `CompactError`
-is made as what the process can report: where Hydra is loaded (the only processes where Hydra reports
-errors), `CompactError(...)` gives an instance of a subclass that also derives from
-`CompactHydraException` (made once per class; same name, module and docstring), as `OSError(errno, ...)`
-gives a `FileNotFoundError`; elsewhere it gives the class itself. `except ConfigError:` and
-`isinstance` behave the same either way, and an error pickled in one process is made again, as what that
-process can report, in the other.
+Hydra prints an error's message alone when it is a `hydra.errors.CompactHydraException` (a plain class, so a
+real base is needed), and importing that imports all of Hydra, which a script that only uses `Wrapper` would
+pay for nothing. So `CompactError(...)` gives, where Hydra is loaded (the only processes where Hydra reports
+errors), an instance of a subclass that also derives from `CompactHydraException` (made once per class, same
+name, module and docstring), as `OSError(errno, ...)` gives a `FileNotFoundError`; elsewhere the class itself.
+`except` and `isinstance` behave the same either way, and a pickled error is made again as what the
+receiving process can report.
 """
 
 from __future__ import annotations

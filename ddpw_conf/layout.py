@@ -16,12 +16,8 @@ AXES = ("pipeline", "data", "tensor")
 
 @dataclass
 class Layout:
-    """Sizes of the parallel axes; their product is the world size.
-
-    `data` left unset (null) takes whatever `tensor` and `pipeline` leave: the default layout is
-    every rank data-parallel. `platform.layout.tensor=2` alone therefore gives tensor pairs and
-    world_size / 2 data-parallel replicas.
-    """
+    """Sizes of the parallel axes; their product is the world size. `data` left unset (null) takes whatever
+    `tensor` and `pipeline` leave (the default: every rank data-parallel)."""
 
     data: int | None = None
     tensor: int = 1

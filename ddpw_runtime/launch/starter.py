@@ -46,9 +46,8 @@ class StarterGone(RuntimeError):
 
 
 class Inbox:
-    """What one job's supervisor waits on: its ranks' exits, put there by the starter's reader thread,
-    and wake-ups from other threads (a stop request), both through one pipe so that one `select` sees
-    either."""
+    """What one job's supervisor waits on: its ranks' exits (from the starter's reader thread) and wake-ups
+    from other threads, through one pipe, so that one `select` sees either."""
 
     def __init__(self) -> None:
         self._r, self._w = os.pipe()
@@ -301,11 +300,9 @@ class RankStarter:
 
 
 def _can_fork_controller() -> bool:
-    """Whether this process can safely be forked into a starter: no Python thread but this one (forking
-    one can copy a held lock), and torch either not imported yet (the starter imports it, while this
-    process goes on) or a build without CUDA (with CUDA, merely counting GPUs makes torch refuse CUDA in
-    forked children, and that cannot be seen from here). Native worker pools (OpenBLAS, OpenMP) handle
-    fork themselves, as in every DataLoader worker."""
+    """Whether this process can be forked into a starter: no Python thread but this one (a fork can copy a
+    held lock), and torch not imported yet or a build without CUDA (with CUDA, counting GPUs makes torch refuse
+    CUDA in forked children, which cannot be seen from here)."""
     torch = sys.modules.get("torch")
     return threading.active_count() == 1 and (torch is None or torch.version.cuda is None)
 

@@ -54,11 +54,9 @@ library uses, where there are such signals). A process a rank starts itself gets
 
 @dataclass(frozen=True)
 class OutsideRank:
-    """A rank of this node that this node did not start: rank 0 of a plain run, which is the user's own
-    process. It is signalled alone (never its process group, which is the terminal's); asked to stop, it
-    gets `STOP_SIGNAL` first; `sees_ctrl_c`: the terminal's Ctrl-C reaches it directly (it is in the
-    terminal's foreground process group), so an interrupt is not passed on to it a second time. Its end
-    (its task's end, or its death) arrives in the node's `Inbox` like any rank's exit."""
+    """A rank of this node that this node did not start: rank 0 of a plain run, the user's own process. It is
+    signalled alone (its process group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`:
+    the terminal's Ctrl-C reaches it directly, so an interrupt is not passed on to it again."""
 
     rank: int
     pid: int
