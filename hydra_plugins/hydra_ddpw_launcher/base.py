@@ -1,37 +1,38 @@
 """What both ddpw launchers share: their options as a validated dataclass, and what `setup` keeps.
 
-The options and the runtime are imported when a launcher is made or launches: Hydra imports every module
-under `hydra_plugins` at each start-up, and those imports must stay cheap (no torch, no submitit).
+The runtime is imported inside `launch`: Hydra imports every module under `hydra_plugins` at each
+start-up, and those imports must stay cheap (no torch, no submitit).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the options and the runtime are imported when a launcher is made, not when Hydra discovers plugins
     from ddpw_conf.launcher import LauncherOptions
+    from ddpw_runtime.hydra_jobs.prepare import PreparedJob
     from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
+Options = TypeVar("Options", bound="LauncherOptions")
 
-class DdpwLauncher(Launcher):
-    """A Hydra launcher whose `hydra.launcher.*` options become an instance of `ddpw_conf.launcher`'s
-    `options_class`, and whose jobs run through `run_jobs` of the module `runtime`."""
 
-    options_class = ""
-    runtime = ""
+class DdpwLauncher(Launcher, Generic[Options]):
+    """A Hydra launcher whose `hydra.launcher.*` options become an `options_type()` instance."""
+
+    @staticmethod
+    def options_type() -> type[Options]:
+        """The class of this launcher's options."""
+        raise NotImplementedError
 
     def __init__(self, **options: Any) -> None:
-        from ddpw_conf import launcher
-
-        self.options: LauncherOptions = getattr(launcher, self.options_class).from_mapping(options)
+        self.options: Options = self.options_type().from_mapping(options)
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
@@ -48,7 +49,7 @@ class DdpwLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Check the options and prepare every job of the batch (nothing starts before all are checked),
-        then run them, each noted in the sweep's summary as it ends; one JobReturn per job, in order."""
+        then run them (`run_jobs`); one JobReturn per job, in order."""
         from ddpw_runtime.hydra_jobs.prepare import prepare_jobs
         from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
@@ -56,6 +57,12 @@ class DdpwLauncher(Launcher):
         jobs = prepare_jobs(self.hydra_context, self.config, job_overrides, initial_job_idx, self.options)
         if self.summary is None:  # one for the whole sweep, whose batches come one launch at a time
             self.summary = SweepSummary(Path(str(self.config.hydra.sweep.dir)))
-        run_jobs = importlib.import_module(self.runtime).run_jobs
-        returns: list[JobReturn] = run_jobs(self.hydra_context, self.task_function, jobs, self.options, self.summary)
-        return returns
+        return self.run_jobs(self.hydra_context, self.task_function, jobs, self.summary)
+
+    def run_jobs(
+        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob],
+        summary: SweepSummary,
+    ) -> list[JobReturn]:
+        """Run the prepared jobs (`ddpw_runtime.hydra_jobs.prepare.PreparedJob`), each noted in the
+        sweep's `summary` as it ends."""
+        raise NotImplementedError

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from hydra_plugins.hydra_ddpw_launcher.base import DdpwLauncher
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the options and the runtime are imported when a launcher is made, not when Hydra discovers plugins
     from ddpw_conf.launcher import LocalLauncherConf
+    from ddpw_runtime.hydra_jobs.prepare import PreparedJob
+    from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
 
-class DdpwLocalLauncher(DdpwLauncher):
+class DdpwLocalLauncher(DdpwLauncher["LocalLauncherConf"]):
     """Runs every job of a sweep as a distributed job on this machine (see `ddpw_runtime.hydra_jobs.local`)."""
 
-    options: LocalLauncherConf
-    options_class = "LocalLauncherConf"
-    runtime = "ddpw_runtime.hydra_jobs.local"
+    @staticmethod
+    def options_type() -> type[LocalLauncherConf]:
+        """`LocalLauncherConf`."""
+        from ddpw_conf.launcher import LocalLauncherConf
+
+        return LocalLauncherConf
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep what `launch` needs; the sweep's checks and this launcher compose each job's config
@@ -29,3 +35,12 @@ class DdpwLocalLauncher(DdpwLauncher):
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         compose_once(hydra_context)
         start_starter_early(config, self.options)
+
+    def run_jobs(
+        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob],
+        summary: SweepSummary,
+    ) -> list[JobReturn]:
+        """Run each job as a distributed job on this machine."""
+        from ddpw_runtime.hydra_jobs.local import run_jobs
+
+        return run_jobs(hydra_context, task_function, jobs, self.options, summary)
