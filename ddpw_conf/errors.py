@@ -1,18 +1,12 @@
-"""The error raised for a configuration that cannot run, and what every error of hydra-ddpw whose message
-says it all has in common (`CompactError`).
+"""`ConfigError`, and what every error of hydra-ddpw whose message says it all has in common (`CompactError`).
 
-How Hydra prints such an error as one line without importing Hydra here. Hydra reports the error of a
-run in `hydra._internal.utils.run_and_report`: the message alone when
-`isinstance(error, hydra.errors.CompactHydraException)`, else a traceback. `CompactHydraException` is
-a plain class (not an ABC: nothing can be registered as its virtual subclass), so it has to be a real
-base of the error's class. Importing it imports the whole `hydra` package (a third of a second), which
-a script that only uses `Wrapper` or the helpers in a rank would pay for nothing. So a `CompactError`
-is made as what the process can report: where Hydra is loaded (the only processes where Hydra reports
-errors), `CompactError(...)` gives an instance of a subclass that also derives from
-`CompactHydraException` (made once per class; same name, module and docstring), as `OSError(errno, ...)`
-gives a `FileNotFoundError`; elsewhere it gives the class itself. `except ConfigError:` and
-`isinstance` behave the same either way, and an error pickled in one process is made again, as what that
-process can report, in the other.
+Hydra prints an error's message alone when it is a `hydra.errors.CompactHydraException` (a plain class, so a
+real base is needed), and importing that imports all of Hydra, which a script that only uses `Wrapper` would
+pay for nothing. So `CompactError(...)` gives, where Hydra is loaded (the only processes where Hydra reports
+errors), an instance of a subclass that also derives from `CompactHydraException` (made once per class, same
+name, module and docstring), as `OSError(errno, ...)` gives a `FileNotFoundError`; elsewhere the class itself.
+`except` and `isinstance` behave the same either way, and a pickled error is made again as what the
+receiving process can report.
 """
 
 from __future__ import annotations
@@ -86,3 +80,20 @@ def unknown_key(key: str, value: Any, known: Iterable[str], owner: str, noun: st
     ]
     guess = f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
     return ConfigError(key, value, f"{owner} has no such {noun}; {guess}its {noun}s are {', '.join(names)}")
+
+
+def is_int(value: Any) -> bool:
+    """Whether `value` is an integer (a bool is not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(key: str, value: Any, minimum: int, alternative: str = "") -> None:
+    """Raise `ConfigError` unless `value` is an integer >= `minimum`."""
+    if not is_int(value) or value < minimum:
+        raise ConfigError(key, value, f"use an integer >= {minimum}{alternative}")
+
+
+def check_bool(key: str, value: Any) -> None:
+    """Raise `ConfigError` unless `value` is true or false."""
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "use true or false")

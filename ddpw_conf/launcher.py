@@ -1,9 +1,4 @@
-"""Options of the Hydra launchers (`hydra.launcher.*`), as structured configs.
-
-`LauncherOptions` holds what both launchers share and checks it; `LocalLauncherConf` and
-`SlurmLauncherConf` add their own options and checks. Every launcher calls `validate()` before anything
-starts.
-"""
+"""Options of the Hydra launchers (`hydra.launcher.*`), as structured configs, and their checks."""
 
 from __future__ import annotations
 
@@ -13,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from ddpw_conf.errors import ConfigError, unknown_key
+from ddpw_conf.errors import ConfigError, check_bool, check_int, unknown_key
 from ddpw_conf.platform import Device, Platform, platform_from_config
 
 _Options = TypeVar("_Options", bound="LauncherOptions")
@@ -89,11 +84,12 @@ class LauncherOptions:
     def validate(self, where: str = "hydra.launcher.") -> LauncherOptions:
         """Raise `ConfigError` for an option that cannot run (its key is `where` + the option's name);
         returns self."""
-        if not isinstance(self.dry_run, bool):
-            raise ConfigError(f"{where}dry_run", self.dry_run, "use true or false")
+        check_bool(f"{where}dry_run", self.dry_run)
         for key in ("interrupt_grace_s", "stop_grace_s"):
-            _seconds(f"{where}{key}", getattr(self, key))
-        _integer(f"{where}max_restarts", self.max_restarts, 0)
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{where}{key}", value, "use a number of seconds >= 0")
+        check_int(f"{where}max_restarts", self.max_restarts, 0)
         key = self.platform_key
         if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key) or key.split(".")[0] == "hydra":
             raise ConfigError(f"{where}platform_key", key, "name a node of the job's config, such as platform or "
@@ -115,7 +111,7 @@ class LocalLauncherConf(LauncherOptions):
         """Raise `ConfigError` for an option that cannot run; returns self."""
         super().validate()
         if self.max_parallel_jobs is not None:
-            _integer("hydra.launcher.max_parallel_jobs", self.max_parallel_jobs, 1, " or null (as many as fit)")
+            check_int("hydra.launcher.max_parallel_jobs", self.max_parallel_jobs, 1, " or null (as many as fit)")
         return self
 
     def validate_platform(self, platform: Platform) -> None:
@@ -152,12 +148,8 @@ _MANAGED_BY = {
 
 @dataclass
 class SlurmLauncherConf(LauncherOptions):
-    """Options of `hydra/launcher=ddpw_slurm`: each job runs on SLURM nodes, submitted with submitit.
-
-    The job's resources (nodes, ranks, GPUs, CPUs, memory, partition, time limit, name, extra sbatch
-    options) are in the job config's `platform` node; these options hold what is the same for every
-    job of a run. `max_restarts` requeues a job preempted or at its time limit.
-    """
+    """Options of `hydra/launcher=ddpw_slurm`: each job runs on SLURM nodes, submitted with submitit (its
+    resources are in the job config's `platform` node)."""
 
     _target_: str = SLURM_LAUNCHER
     interrupt_grace_s: float = 30.0
@@ -184,15 +176,14 @@ class SlurmLauncherConf(LauncherOptions):
 
     @property
     def runs_here(self) -> bool:
-        """Whether the ranks run on this machine: no, on SLURM nodes."""
+        """No: the ranks run on SLURM nodes."""
         return False
 
     def validate(self, where: str = "hydra.launcher.") -> SlurmLauncherConf:
         """Raise `ConfigError` for an option that cannot run or would add lines or options to the
         sbatch script; returns self."""
         super().validate()
-        if not isinstance(self.fire_and_forget, bool):
-            raise ConfigError("hydra.launcher.fire_and_forget", self.fire_and_forget, "use true or false")
+        check_bool("hydra.launcher.fire_and_forget", self.fire_and_forget)
         for key, pattern, example in (
             ("qos", _SLURM_WORD, "high"),
             ("account", _SLURM_WORD, "my_project"),
@@ -216,8 +207,8 @@ class SlurmLauncherConf(LauncherOptions):
                     f"hydra.launcher.setup[{index}]", line,
                     "each entry is one shell line; put each command in its own entry",
                 )
-        _integer("hydra.launcher.array_parallelism", self.array_parallelism, 1)
-        _integer("hydra.launcher.signal_delay_s", self.signal_delay_s, 1)
+        check_int("hydra.launcher.array_parallelism", self.array_parallelism, 1)
+        check_int("hydra.launcher.signal_delay_s", self.signal_delay_s, 1)
         if self.max_restarts and self.interrupt_grace_s >= self.signal_delay_s:
             raise ConfigError(
                 "hydra.launcher.interrupt_grace_s", self.interrupt_grace_s,
@@ -255,16 +246,6 @@ class SlurmLauncherConf(LauncherOptions):
                 f"SLURM's warning would come at once, before any work (platform.timeout_min={platform.timeout_min}), "
                 "and every run would be requeued; use fewer seconds than the time limit has",
             )
-
-
-def _seconds(key: str, value: Any) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-        raise ConfigError(key, value, "use a number of seconds >= 0")
-
-
-def _integer(key: str, value: Any, minimum: int, alternative: str = "") -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(key, value, f"use an integer >= {minimum}{alternative}")
 
 
 def selected_options(launcher: Mapping[str, Any] | None) -> LauncherOptions | None:

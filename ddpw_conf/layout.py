@@ -1,7 +1,6 @@
 """`Layout`: how the ranks of a job split into data-, tensor- and pipeline-parallel groups.
 
-Pure dataclass and validation; never imports torch. Each rank builds the groups with torch's
-`DeviceMesh` (see `ddpw_runtime.group`).
+Pure dataclass and validation; each rank builds the groups with torch's `DeviceMesh`.
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ddpw_conf.errors import ConfigError, unknown_key
+from ddpw_conf.errors import ConfigError, check_int, unknown_key
 
 AXES = ("pipeline", "data", "tensor")
 """The mesh axes, outermost first: tensor-parallel groups are runs of consecutive ranks (same node)."""
@@ -17,12 +16,8 @@ AXES = ("pipeline", "data", "tensor")
 
 @dataclass
 class Layout:
-    """Sizes of the parallel axes; their product is the world size.
-
-    `data` left unset (null) takes whatever `tensor` and `pipeline` leave: the default layout is
-    every rank data-parallel. `platform.layout.tensor=2` alone therefore gives tensor pairs and
-    world_size / 2 data-parallel replicas.
-    """
+    """Sizes of the parallel axes; their product is the world size. `data` left unset (null) takes whatever
+    `tensor` and `pipeline` leave (the default: every rank data-parallel)."""
 
     data: int | None = None
     tensor: int = 1
@@ -40,15 +35,14 @@ class Layout:
 
     def validate(self, world_size: int) -> None:
         """Raise `ConfigError` unless the sizes are positive integers whose product is `world_size`."""
-        for axis in ("tensor", "pipeline"):
-            _check_size(f"platform.layout.{axis}", getattr(self, axis))
-        if self.data is not None:
-            _check_size("platform.layout.data", self.data)
+        for axis in ("tensor", "pipeline", "data"):
+            if axis != "data" or self.data is not None:
+                check_int(f"platform.layout.{axis}", getattr(self, axis), 1)
         split = self.tensor * self.pipeline
         if world_size % split:
-            key, value = _largest_split(self)
+            axis = "tensor" if self.tensor >= self.pipeline else "pipeline"  # blame the larger
             raise ConfigError(
-                key, value,
+                f"platform.layout.{axis}", getattr(self, axis),
                 f"tensor ({self.tensor}) x pipeline ({self.pipeline}) = {split} must divide the world size "
                 f"{world_size}; choose sizes whose product divides {world_size}, or change the number of ranks",
             )
@@ -59,18 +53,6 @@ class Layout:
                 f"{self.data * split}, but the world has {world_size} rank(s); set data to "
                 f"{world_size // split}, or leave it unset (null) to use every rank tensor and pipeline leave",
             )
-
-
-def _largest_split(layout: Layout) -> tuple:
-    """The key to blame for a split that does not divide the world: the larger of tensor/pipeline."""
-    if layout.tensor >= layout.pipeline:
-        return "platform.layout.tensor", layout.tensor
-    return "platform.layout.pipeline", layout.pipeline
-
-
-def _check_size(key: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(key, value, "use an integer >= 1")
 
 
 def layout_from_config(node: Any) -> Layout:

@@ -1,8 +1,5 @@
-"""The `Platform` schema: where and how many ranks a job runs, and how they talk.
-
-Pure dataclasses and validation; never imports torch. Every check lives in `Platform.validate`, which
-the launcher and `Wrapper` call before any process starts.
-"""
+"""The `Platform` schema: where and how many ranks a job runs, and how they talk; every check of it.
+Never imports torch."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any
 
-from ddpw_conf.errors import ConfigError, unknown_key
+from ddpw_conf.errors import ConfigError, check_bool, check_int, is_int, unknown_key
 from ddpw_conf.layout import Layout, layout_from_config
 
 START_METHODS = ("forkserver", "spawn")
@@ -97,7 +94,6 @@ class Platform:
         if not isinstance(self.layout, Layout):
             self.layout = layout_from_config(self.layout)
 
-    # ----------------------------------------------------------------------------- derived values
     @property
     def device_kind(self) -> Device:
         """`device` as a `Device`."""
@@ -106,12 +102,10 @@ class Platform:
     @property
     def uses_gpus(self) -> bool:
         """Whether each rank is bound to a CUDA GPU."""
-        kind = self.device_kind
-        # `_is_int` first: this runs before `validate` (the engine asks it to count GPUs), so a bad
+        kind, gpus = self.device_kind, self.n_gpus_per_node
+        # `is_int` first: this runs before `validate` (the engine asks it to count GPUs), so a bad
         # count must reach `validate`'s ConfigError rather than fail here with a TypeError.
-        return kind is Device.GPU or (
-            kind is Device.SLURM and _is_int(self.n_gpus_per_node) and self.n_gpus_per_node > 0
-        )
+        return kind is Device.GPU or (kind is Device.SLURM and is_int(gpus) and gpus > 0)
 
     @property
     def ranks_per_node(self) -> int:
@@ -156,13 +150,9 @@ class Platform:
         """Print `summary()`."""
         print(self.summary())
 
-    # ----------------------------------------------------------------------------- validation
     def validate(self, gpus_available: int | None = None) -> Platform:
-        """Check every field; raise `ConfigError` naming the key, the value and the fix.
-
-        `gpus_available` is the number of CUDA GPUs on this node, when known (the caller asks torch;
-        this module never imports it). Returns self so calls can be chained.
-        """
+        """Check every field; raise `ConfigError` naming the key, the value and the fix. `gpus_available`:
+        the number of CUDA GPUs on this node, when known. Returns self."""
         self._validate_names()
         kind = self.device_kind
         self._validate_counts(kind)
@@ -226,10 +216,10 @@ class Platform:
             )
 
     def _validate_counts(self, kind: Device) -> None:
-        _positive("platform.n_nodes", self.n_nodes)
-        _at_least("platform.n_gpus_per_node", self.n_gpus_per_node, 0)
+        check_int("platform.n_nodes", self.n_nodes, 1)
+        check_int("platform.n_gpus_per_node", self.n_gpus_per_node, 0)
         if self.n_procs_per_node is not None:
-            _positive("platform.n_procs_per_node", self.n_procs_per_node)
+            check_int("platform.n_procs_per_node", self.n_procs_per_node, 1)
         if kind is Device.GPU and self.n_gpus_per_node < 1:
             raise ConfigError(
                 "platform.n_gpus_per_node", self.n_gpus_per_node,
@@ -247,14 +237,14 @@ class Platform:
                 "asked for; lower n_procs_per_node or raise n_gpus_per_node",
             )
         if self.n_cpus_per_node is not None:
-            _positive("platform.n_cpus_per_node", self.n_cpus_per_node)
+            check_int("platform.n_cpus_per_node", self.n_cpus_per_node, 1)
             if self.n_cpus_per_node % self.ranks_per_node:
                 raise ConfigError(
                     "platform.n_cpus_per_node", self.n_cpus_per_node,
                     f"must be a multiple of the {self.ranks_per_node} rank(s) per node so each rank "
                     "gets the same number of CPUs",
                 )
-        _at_least("platform.mem_per_node", self.mem_per_node, 0)
+        check_int("platform.mem_per_node", self.mem_per_node, 0)
         for key in ("timeout_min", "collective_timeout_min"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
@@ -286,14 +276,9 @@ class Platform:
             )
 
     def _validate_choices(self) -> None:
-        if self.spawn_method not in START_METHODS:
-            raise ConfigError(
-                "platform.spawn_method", self.spawn_method, f"choose one of {', '.join(START_METHODS)}"
-            )
-        if self.ipc_protocol not in IPC_PROTOCOLS:
-            raise ConfigError(
-                "platform.ipc_protocol", self.ipc_protocol, f"choose one of {', '.join(IPC_PROTOCOLS)}"
-            )
+        for key, choices in (("spawn_method", START_METHODS), ("ipc_protocol", IPC_PROTOCOLS)):
+            if getattr(self, key) not in choices:
+                raise ConfigError(f"platform.{key}", getattr(self, key), f"choose one of {', '.join(choices)}")
         if self.backend is not None and self.backend not in BACKENDS:
             raise ConfigError(
                 "platform.backend", self.backend,
@@ -308,7 +293,7 @@ class Platform:
             if ranks != "all":
                 raise ConfigError("platform.console_ranks", ranks, "use 'all' or a list of ranks such as [0]")
         else:
-            if not isinstance(ranks, (list, tuple)) or not all(_is_int(r) for r in ranks):
+            if not isinstance(ranks, (list, tuple)) or not all(is_int(r) for r in ranks):
                 raise ConfigError("platform.console_ranks", ranks, "use 'all' or a list of ranks such as [0, 1]")
             outside = [r for r in ranks if not 0 <= r < self.world_size]
             if outside:
@@ -319,7 +304,7 @@ class Platform:
 
     def _validate_network(self) -> None:
         if self.master_port is not None:
-            if not _is_int(self.master_port) or not 1 <= self.master_port <= 65535:
+            if not is_int(self.master_port) or not 1 <= self.master_port <= 65535:
                 raise ConfigError(
                     "platform.master_port", self.master_port,
                     "use a port in 1..65535, or leave it unset (null) to pick a free port per job",
@@ -351,7 +336,7 @@ class Platform:
                     f"platform.ipc_groups[{index}]", members, "each group is a non-empty list of ranks"
                 )
             for member in members:
-                if not _is_int(member):
+                if not is_int(member):
                     raise ConfigError(
                         f"platform.ipc_groups[{index}]", list(members),
                         f"rank {member!r} is not an integer; ranks are integers such as [0, 1]",
@@ -397,9 +382,7 @@ class Platform:
 
     def _validate_flags(self) -> None:
         for key in ("console_logs", "verbose"):
-            value = getattr(self, key)
-            if not isinstance(value, bool):
-                raise ConfigError(f"platform.{key}", value, "use true or false")
+            check_bool(f"platform.{key}", getattr(self, key))
 
     def _validate_slurm_parameters(self) -> None:
         params = self.slurm_additional_parameters
@@ -420,26 +403,10 @@ class Platform:
                 )
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _at_least(key: str, value: Any, minimum: int) -> None:
-    if not _is_int(value) or value < minimum:
-        raise ConfigError(key, value, f"use an integer >= {minimum}")
-
-
-def _positive(key: str, value: Any) -> None:
-    _at_least(key, value, 1)
-
-
 def platform_from_config(node: Any) -> Platform:
     """A `Platform` from a config node (a structured `platform` node, a mapping, or None for the
-    defaults); unknown keys, at any level, raise `ConfigError`.
-
-    A structured node is read as a plain mapping too: Hydra adds keys it does not know to it when
-    they are given with `+` (`+platform.n_proc_per_node=4`), and OmegaConf would turn them into stray
-    attributes of the `Platform` instead of refusing them."""
+    defaults); unknown keys, at any level, raise `ConfigError`. A structured node is read as a plain
+    mapping too (Hydra adds keys given with `+` to it: see docs/architecture.md, "Platform in the job config")."""
     from omegaconf import DictConfig, OmegaConf
 
     if node is None:

@@ -1,19 +1,7 @@
-"""The configs of the launcher options, as Hydra loads them.
-
-Each launcher option (`hydra/launcher=ddpw_cpu|ddpw_gpu|ddpw_mps|ddpw_slurm`, package `_global_`) brings
-everything a repo that knows nothing of hydra-ddpw needs: the launcher, the callback that makes a plain
-run start the ranks (`ddpw_runtime.hydra_jobs.plain_run`), and a default `platform` node (a whole
-`Platform`, that launcher's device), so `platform.n_gpus_per_node=4` needs no `+` and a repo's own
-`platform` presets are type-checked. An app whose config has a `platform` key of its own (Hydra refuses
-to merge it into a `Platform`) selects the twin option `ddpw_*_own_platform`, which brings the node as
-`ddpw_platform` and tells the launcher to read it there (`hydra.launcher.platform_key`). Nothing else is
-registered where apps that do not select a ddpw launcher would see it (no `platform` config group),
-except the empty `ddpw` node, which configs written for hydra-ddpw 0.1 list in their defaults.
-
-Hydra finds them through the plugin's config source (`hydra_plugins/hydra_ddpw_launcher/_options_source.py`),
-which makes an option's config only when an app loads it, so apps that never select a ddpw launcher
-pay nothing for them.
-"""
+"""The configs of the launcher options (`hydra/launcher=ddpw_*`, package `_global_`), made when an app
+loads one through the plugin's config source (`_options_source.py`); docs/architecture.md ("Hydra") says
+what each brings and why. The empty `ddpw` node is what configs written for hydra-ddpw 0.1 list in their
+defaults."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ one fails there first. Nothing here imports torch or submitit at import time.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -146,17 +146,7 @@ def torch_without_gpu_support() -> bool:
     if spec is None or not spec.submodule_search_locations:
         return False
     try:
-        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text())
-    except (OSError, SyntaxError, ValueError):
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except (OSError, ValueError):
         return False
-    values: dict[str, ast.expr | None] = {}
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            values[node.target.id] = node.value
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            values[node.targets[0].id] = node.value
-    return all(_is_none(values.get(name)) for name in ("cuda", "hip"))
-
-
-def _is_none(node: ast.expr | None) -> bool:
-    return isinstance(node, ast.Constant) and node.value is None
+    return all(re.search(rf"^{name}\s*(:[^=\n]*)?=\s*None\s*$", text, re.MULTILINE) for name in ("cuda", "hip"))

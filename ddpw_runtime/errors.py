@@ -1,10 +1,5 @@
-"""The errors a user of hydra-ddpw may catch: a failed job (`RankFailure`), a job past its time limit
-(`JobTimedOut`), a SLURM job that ended without its result (`SlurmJobError`).
-
-They are `CompactError`s: Hydra prints their message alone, without the launcher's own frames (their
-messages carry everything worth showing: the failed rank's traceback, where each rank was), and importing
-them imports nothing of Hydra (`ddpw_conf.errors` says how).
-"""
+"""The errors a user of hydra-ddpw may catch. They are `CompactError`s: Hydra prints their message alone,
+which carries everything worth showing, and importing them imports nothing of Hydra."""
 
 from __future__ import annotations
 
@@ -19,14 +14,10 @@ if TYPE_CHECKING:
 
 
 class RankFailure(CompactError, RuntimeError):
-    """A distributed job failed; describes the rank that failed first (the root cause).
-
-    `rank`, `node`, `exit_code`, `error_type`, `error_message`, `traceback_text` (its traceback, when
-    it raised), `log_tail` (the end of its log, or the crash report there, when it died without one)
-    and `log_file` say what happened. `outcomes` holds every rank's outcome (`RankOutcome`);
-    `results` and `exit_codes` are views of it. The original exception is `__cause__` when it could be
-    sent back.
-    """
+    """A distributed job failed; describes the rank that failed first (the root cause): `rank`, `node`,
+    `exit_code`, `error_type`, `error_message`, `traceback_text`, `log_tail` (the end of its log when it died
+    without a traceback) and `log_file`. `outcomes`: every rank's `RankOutcome` (`results` and `exit_codes` are
+    views of it). The original exception is `__cause__` when it could be sent back."""
 
     def __init__(
         self,

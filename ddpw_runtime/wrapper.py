@@ -1,14 +1,6 @@
-"""`Wrapper` and `@wrapper`: the engine without Hydra, from a script, `python -c` or a notebook.
-
-    from ddpw_runtime import Platform, Wrapper, wrapper
-
-    values = Wrapper(Platform(n_procs_per_node=2)).start(train, lr=0.1)   # one value per rank
-
-Failures raise `RankFailure` in the caller: it names the rank that failed first (the root cause, not
-the peers that lost their connection afterwards), carries that rank's traceback in its message, and
-has the original exception as `__cause__` when it could be sent back. One exception type for every
-failure, including ranks that died without raising (a segfault, the OOM killer), which have no
-exception of their own to re-raise. No rank outlives the call.
+"""`Wrapper` and `@wrapper`: the engine without Hydra, from a script, `python -c` or a notebook
+(docs/without-hydra.md). A failure raises `RankFailure` in the caller, naming the rank that failed first;
+no rank outlives the call.
 """
 
 from __future__ import annotations
@@ -31,30 +23,17 @@ LOG_ROOT = Path("ddpw_logs")
 
 
 class Wrapper:
-    """Runs a function as a distributed job on `platform`, every rank calling it with the same arguments.
+    """Runs a function as a distributed job on `platform`, every rank calling it with the same arguments
+    (docs/without-hydra.md). The platform is validated here, so a bad configuration fails before anything starts.
 
     `log_dir`: where each rank's output goes (`rank_<k>.log`); by default a new folder per call,
-    `./ddpw_logs/<date>_<time>/`, also kept in `last_log_dir`. The ranks in `platform.console_ranks`
-    (rank 0 by default) are echoed to the caller's stdout as well.
-
-    `caller_rank`: the calling process itself is rank 0, so what rank 0 builds (a trained model) stays
-    in the caller's memory: rank 0 gets the caller's own argument objects (the other ranks get copies)
-    and its return value is the object itself, not a copy. Its output goes
-    straight to the caller's stdout (no `rank_0.log`). The process group is torn down after the call
-    (also after a failure), so the next call works; this imports torch in the caller.
-
-    `task_context`: a zero-argument callable returning a context manager (a function decorated with
-    `contextlib.contextmanager`, `functools.partial(torch.autocast, "cuda")`, ...), entered around the
-    task on every rank after the rank is set up, so it may call `ddpw_runtime.rank()` or `device()`.
-
-    `stop_grace_s`: after a failure, how long the other ranks get between SIGTERM and SIGKILL;
-    `interrupt_grace_s`: after Ctrl-C or SIGTERM, how long the ranks get to finish before they are killed.
-
-    `max_restarts`: a failed call is started again on every rank, up to this many times (as torchrun's
-    `--max-restarts`), with the same `run_id()` and log folder; `restart_count()` says which restart a
-    rank is in. A time limit or an interruption is not restarted.
-
-    The platform is validated here, so a bad configuration fails before anything starts.
+    `./ddpw_logs/<date>_<time>/`, also kept in `last_log_dir`. `caller_rank`: the calling process itself is
+    rank 0 (its output goes to the caller's stdout, its arguments and return value are the caller's objects;
+    this imports torch in the caller). `task_context`: a zero-argument callable returning a context manager,
+    entered around the task on every rank once the rank is set up. `stop_grace_s`: after a failure, how long
+    the other ranks get between SIGTERM and SIGKILL; `interrupt_grace_s`: the same after Ctrl-C or SIGTERM.
+    `max_restarts`: a failed call is started again on every rank up to this many times (as torchrun's
+    `--max-restarts`), with the same `run_id()` and log folder; a time limit or an interruption is not.
     """
 
     def __init__(
@@ -68,9 +47,8 @@ class Wrapper:
         interrupt_grace_s: float = 10.0,
         max_restarts: int = 0,
     ) -> None:
-        # The engine is imported here, not at the top: `ddpw_runtime` imports this module, and the
-        # starter and rank processes run as `python -m ddpw_runtime.<package>.<module>`, which must not
-        # find themselves imported already.
+        # Imported here: `ddpw_runtime` imports this module, and the starter and rank processes run as
+        # `python -m ddpw_runtime.<package>.<module>`, which must not find themselves imported already.
         from ddpw_runtime.launch.caller_rank import check_caller_rank
         from ddpw_runtime.launch.checks import check
 
@@ -92,14 +70,9 @@ class Wrapper:
         """The log folder of the latest `start`."""
 
     def start(self, target: Callable[..., _R], *args: Any, **kwargs: Any) -> list[_R]:
-        """Run `target(*args, **kwargs)` on every rank; every rank's return value, indexed by global rank.
-
-        `target` and the arguments travel to the ranks with cloudpickle: functions defined in
-        `__main__`, `python -c` or a notebook cell go by value. A value that cannot be pickled comes
-        back as its repr() text (rank 0's with `caller_rank` comes back as is). Raises `RankFailure`
-        (see the module docstring) when any rank fails, and calls `platform.upon_finish` once after
-        a successful run.
-        """
+        """Run `target(*args, **kwargs)` on every rank (they travel with cloudpickle); every rank's return value,
+        indexed by global rank (a value that cannot be pickled comes back as its repr()). Raises `RankFailure`
+        when any rank fails; calls `platform.upon_finish` once after a successful run."""
         from ddpw_runtime.launch.engine import NodeJob, run_ranks
         from ddpw_runtime.launch.payload import TaskCall
         from ddpw_runtime.launch.supervisor import Grace
@@ -113,14 +86,8 @@ class Wrapper:
 
 
 def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]], Callable[..., list[_R]]]:
-    """Decorator: calling the decorated function runs it on every rank of `platform` and returns every
-    rank's value (a list indexed by global rank). `options` are those of `Wrapper`.
-
-        @wrapper(Platform(n_procs_per_node=2))
-        def train(lr): ...
-
-        values = train(0.1)
-    """
+    """Decorator: calling the decorated function runs it on every rank of `platform` (with `Wrapper`'s
+    `options`) and returns every rank's value, by global rank."""
 
     def decorate(fn: Callable[..., _R]) -> Callable[..., list[_R]]:
         runner = Wrapper(platform, **options)

@@ -1,11 +1,7 @@
-"""Each job's config composed once, not twice.
-
-Before launching a batch, Hydra's sweepers compose every job's config to check it can be composed
-(`Sweeper.validate_batch_is_legal`), then throw it away; the launcher composes it again. Composing is
-tens of milliseconds a job, a good part of what a short run costs on top of its ranks. `ComposedOnce`
-stands in for the sweep's config loader and keeps what the check composed, so the launcher takes it
-instead of composing again. Configs composed by a check that no launch uses are dropped at the end of
-each launch.
+"""Each job's config composed once, not twice: Hydra's sweepers compose every job's config to check the
+batch (`Sweeper.validate_batch_is_legal`) and throw it away, then the launcher composes it again (tens of
+milliseconds a job). `ComposedOnce` stands in for the sweep's config loader and keeps what the check
+composed for the launcher; what no launch took is dropped at the end of each launch.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""A job process: one Hydra job of a local multirun, in a process of its own.
-
-Hydra's `run_job` sets process-wide state for its job (working dir, environment, `HydraConfig`, the job's
-logging, what callbacks keep). Each job of a sweep therefore runs in a process of its own, as Hydra's
-joblib launcher runs them: jobs side by side share nothing, and every line of every job log is kept
-whatever its handlers do. The rank starter forks it (`StartJob`), so it has torch loaded like the ranks it
-asks the same starter for, over a channel of its own, and the sweep still imports torch once.
-
-It takes on the launching process's state (environment, working dir, import path, Hydra's state), runs
-Hydra's `run_job` with a `JobTask` (which starts and supervises the job's ranks), and writes how the job
-ended (`JobEnd`) for the launching process. No task code runs here: only Hydra, the callbacks and the
-supervision of the ranks, so Ctrl-C (passed on by the launching process) and the time limit are handled
-here as in any controller.
+"""A job process: one Hydra job of a local multirun, in a process of its own forked by the rank starter
+(`StartJob`; docs/architecture.md, "Multirun: a job process per job"). It takes on the launching process's
+state, runs Hydra's `run_job` with a `JobTask` (which starts and supervises the job's ranks), and writes
+how the job ended (`JobEnd`) for the launching process. No task code runs here.
 """
 
 from __future__ import annotations
@@ -30,6 +21,7 @@ from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel
 from ddpw_runtime.launch.records import portable
+from ddpw_runtime.launch.signals import raise_terminated
 from ddpw_runtime.launch.starter import RankStarter, close_starters, use_starter
 
 RESULT = "job.result"
@@ -47,7 +39,6 @@ class JobPayload:
     idx: int
     dir_keys: tuple[str, str | None]
     node_job: NodeJob
-    announce: bool = True
 
 
 @dataclass
@@ -66,7 +57,7 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
 
     from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, JobTask
 
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     use_starter(RankStarter(preload, attached_to=(channel, starter_pid)))
     result = Path(payload_path).parent / RESULT
     try:
@@ -75,7 +66,7 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
             payload: JobPayload = pickle.load(src)
         payload.state.enter({})
         hydra_context, task_function, config = cloudpickle.loads(payload.hydra_job)
-        task = JobTask(task_function, payload.node_job, payload.idx, announce=payload.announce)
+        task = JobTask(task_function, payload.node_job, payload.idx)
         key, subkey = payload.dir_keys
         ret = run_job(hydra_context=hydra_context, task_function=task, config=config, job_dir_key=key,
                       job_subdir_key=subkey)
@@ -93,7 +84,3 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
         close_starters()
     write_atomically(result, cloudpickle.dumps(end))
     return 0
-
-
-def _terminated(signum: int, frame: Any) -> None:
-    raise Terminated()

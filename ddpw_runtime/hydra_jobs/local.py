@@ -1,18 +1,13 @@
-"""The local launcher's jobs: one Hydra job = one distributed job on this machine, each in a job process
-of its own (`job_process.py`), so jobs side by side share no process state.
-
-The jobs come prepared (composed, checked: `prepare.py`). They start in job order as soon as their devices
-are free (`launch/devices.py`: GPUs or cores of their own, or the whole machine, one after another); no job
-overtakes one that waits, so results and summaries come in the order a sequential sweep gives them. A
-failed job does not stop the others; an error outside a task (a callback's) stops new jobs from starting
-and is raised once the running ones ended. Ctrl-C or SIGTERM is passed on to every running job (each gives
-its ranks the grace), the jobs that never started are noted as such, and the program exits 130 or 143.
+"""The local launcher's jobs: one Hydra job = one distributed job on this machine, each in a job process of
+its own (`job_process.py`), started in job order as their devices free up (docs/architecture.md, "Jobs
+side by side"). A failed job does not stop the others; an error outside a task (a callback's) stops new
+jobs from starting and is raised once the running ones ended. Ctrl-C or SIGTERM is passed on to every
+running job, the jobs that never started are noted as such, and the program exits 130 or 143.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import shutil
 import signal
@@ -38,6 +33,7 @@ from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
 from ddpw_runtime.launch import signals
 from ddpw_runtime.launch.devices import Devices, Need, Share, cpu_cores, visible_gpus
 from ddpw_runtime.launch.engine import NodeJob, describe, gpus_available, starter_for
+from ddpw_runtime.launch.payload import write_private
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.starter import Inbox
 from ddpw_runtime.launch.supervisor import Grace
@@ -167,7 +163,7 @@ class _Sweep:
     def _start_what_fits(self) -> None:
         """Start the waiting jobs, in order, while their devices are free (none after an error outside a
         task)."""
-        while not self._errors():
+        while not any(end.error is not None for end in self.ended.values()):
             ready = self.schedule.next()
             if ready is None:
                 return
@@ -182,9 +178,7 @@ class _Sweep:
         folder = Path(tempfile.mkdtemp(prefix="ddpw-job-"))
         payload = JobPayload(ProcessState.capture(), cloudpickle.dumps((self.hydra_context, self.task_function,
                                                                         job.config)), job.idx, job.dir_keys, node_job)
-        fd = os.open(folder / "payload.pkl", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            pickle.dump(payload, out, protocol=pickle.HIGHEST_PROTOCOL)
+        write_private(folder / "payload.pkl", payload)
         log.info(f"#{job.idx} : {job.shown}")
         with signals.held():  # Ctrl-C or SIGTERM comes once the job is known here, so that it is stopped too
             pid = starter_for(job.platform).start_job(self.inbox, str(folder / "payload.pkl"))
@@ -219,13 +213,13 @@ class _Sweep:
         """Ctrl-C or SIGTERM: pass it on to every running job and wait until each has ended (a second
         Ctrl-C has their ranks killed at once); one line per job; raise what ends the program."""
         for pid in self.running:
-            _send(pid, signum)
+            signals.send_to_group(pid, signum, group=False)
         while self.running:
             try:
                 self._wait_one()
             except (KeyboardInterrupt, Terminated):
                 for pid in self.running:
-                    _send(pid, signum)
+                    signals.send_to_group(pid, signum, group=False)
         for idx, end in sorted(self.ended.items()):
             if end.stopped_by is not None:
                 sys.stderr.write(stopped_line(idx, end.stopped_by) + "\n")
@@ -233,14 +227,4 @@ class _Sweep:
             for job in self.pending:
                 self.summary.record(not_started(job.idx, job.overrides, job.output_dir))
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
-
-    def _errors(self) -> bool:
-        return any(end.error is not None for end in self.ended.values())
-
-
-def _send(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 

@@ -1,13 +1,6 @@
-"""Preparing the jobs of a launch, the same for every ddpw launcher: each job's config composed once,
-its id and number, its `platform` read and checked (every job before the first starts), and its
-output dir and `${now:...}` values pinned, so every rank, every node and every restart of the job
-sees the same ones.
-
-Pinned when the job starts, as Hydra's basic launcher resolves them when it runs the job: each job of a
-sweep has its own time (a run dir named with `${now:...}` is each job's own). The local launcher pins
-each job as it starts it (`PreparedJob.pin`); jobs submitted to SLURM together are pinned when prepared.
-Values the sweep's own config resolved already (the sweep dir's `${now:...}`) stay the sweep's, as Hydra
-copies them into every job's config."""
+"""Preparing the jobs of a launch, the same for every ddpw launcher: each job's config composed once, its id
+and number, its `platform` read and checked (every job before the first starts), and its output dir and
+`${now:...}` values pinned when it starts (docs/architecture.md, "Pinned per job, when it starts")."""
 
 from __future__ import annotations
 
@@ -73,30 +66,18 @@ def job_check(options: LauncherOptions) -> Callable[[Platform], None]:
     return check_job
 
 
-def prepare_launch(
-    hydra_context: HydraContext,
-    config: DictConfig,
-    job_overrides: Sequence[Sequence[str]],
-    initial_job_idx: int,
-    options: LauncherOptions,
-) -> list[PreparedJob]:
-    """What every ddpw launcher does first: check its options, then prepare every job of the batch (jobs
-    that run here are pinned as each starts, jobs submitted elsewhere now)."""
-    options.validate()
-    return prepare_jobs(hydra_context, config, job_overrides, initial_job_idx, options, pin=not options.runs_here)
-
-
 def prepare_jobs(
     hydra_context: HydraContext,
     config: DictConfig,
     job_overrides: Sequence[Sequence[str]],
     initial_job_idx: int,
     options: LauncherOptions,
-    pin: bool = True,
 ) -> list[PreparedJob]:
-    """Every job of a launch, composed (once, see `compose_once`), numbered, its platform read and
-    checked with `options` (a `ConfigError` if it cannot run), pinned now with `pin` (else by whoever
-    starts it)."""
+    """What every ddpw launcher does first: check its options, then every job of the batch, composed
+    (once, see `compose_once`), numbered, its platform read and checked (a `ConfigError` if it cannot run);
+    jobs submitted elsewhere are pinned now, jobs that run here as each starts."""
+    options.validate()
+    pin = not options.runs_here
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     jobs = []
@@ -147,20 +128,22 @@ def output_dir_now(config: DictConfig, dir_keys: tuple[str, str | None]) -> Path
     `${now:...}` keeps what it resolved, is put back as it was)."""
     saved = copy.deepcopy(OmegaConf.get_cache(config))
     try:
-        with hydra_config_of(config):
-            return Path(*(str(OmegaConf.select(config, key)) for key in dir_keys if key is not None)).absolute()
+        return Path(*_dir_values(config, dir_keys)).absolute()
     finally:
         OmegaConf.set_cache(config, saved)
+
+
+def _dir_values(config: DictConfig, dir_keys: tuple[str, str | None]) -> list[str]:
+    with hydra_config_of(config):
+        return [str(OmegaConf.select(config, key)) for key in dir_keys if key is not None]
 
 
 def pin_output_dir(config: DictConfig, dir_keys: tuple[str, str | None]) -> Path:
     """Resolve the keys of a job's output dir (`dir_keys`, as `run_job` takes them) once, write them
     back as plain values, and return the job's output dir."""
-    keys = [key for key in dir_keys if key is not None]
-    with hydra_config_of(config):
-        values = [str(OmegaConf.select(config, key)) for key in keys]
+    values = _dir_values(config, dir_keys)
     with read_write(config.hydra), open_dict(config.hydra):
-        for key, value in zip(keys, values, strict=True):
+        for key, value in zip([key for key in dir_keys if key is not None], values, strict=True):
             OmegaConf.update(config, key, value, merge=False)
     return Path(*values).absolute()
 

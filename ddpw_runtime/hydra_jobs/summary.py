@@ -122,19 +122,24 @@ def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: s
     status and exit code."""
     style = _Style(colour)
     head = f"{_head(style, job, 'FAILED', 'red', 'bold')} after {duration_s:.1f} s: "
+    lines = [head + one_line(error)]
     if isinstance(error, RankFailure):
-        lines = [head + f"rank {error.rank} failed: {error.cause}"]
         by_status: dict[str, list[int]] = {}
         for rank, status in rank_statuses(error).items():
             by_status.setdefault(status, []).append(rank)
         for status, ranks in sorted(by_status.items(), key=lambda item: item[1][0]):
             label = ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
             lines.append(f"  {label}: {style(status, _STATUS_COLOURS.get(status.split()[0], 'yellow'))}")
-    else:
-        message = str(error).splitlines() or [""]
-        lines = [head + type(error).__name__ + (f": {message[0]}" if message[0] else "")]
     lines.append(f"  logs: {log_dir}/rank_<k>.log")
     return "\n".join(lines)
+
+
+def one_line(error: BaseException) -> str:
+    """Why a job failed, in one line: the root cause of a `RankFailure`, else `Type: first line`."""
+    if isinstance(error, RankFailure):
+        return f"rank {error.rank} failed: {error.cause}"
+    message = str(error).splitlines()
+    return type(error).__name__ + (f": {message[0]}" if message and message[0] else "")
 
 
 def stopped_line(job: int, signum: int) -> str:

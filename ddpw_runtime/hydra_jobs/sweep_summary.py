@@ -28,8 +28,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ddpw_runtime import _compat
-from ddpw_runtime.errors import RankFailure
-from ddpw_runtime.hydra_jobs.summary import PREFIX, shown_path
+from ddpw_runtime.hydra_jobs.summary import PREFIX, one_line, shown_path
 from ddpw_runtime.launch.payload import write_atomically
 
 FILE_NAME = "sweep_summary.json"
@@ -79,12 +78,7 @@ def _as_json(value: Any) -> Any:
 
 
 def _one_line(error: Any) -> str:
-    if isinstance(error, RankFailure):
-        return f"rank {error.rank} failed: {error.cause}"
-    if isinstance(error, BaseException):
-        message = str(error).splitlines()
-        return type(error).__name__ + (f": {message[0]}" if message else "")
-    return repr(error)
+    return one_line(error) if isinstance(error, BaseException) else repr(error)
 
 
 class SweepSummary:

@@ -49,14 +49,10 @@ def append_to_job_files() -> None:
 
 
 class JobTask:
-    """What `run_job` calls: runs the user's task on every rank of this node (`job`, its log dir being
-    the job's output dir) and returns rank 0's value; every rank's value is kept in `values`.
-
-    It carries the user's function's name, module and docstring (and `__wrapped__`), so callbacks that
-    look at `on_job_start(task_function=...)` see the user's task. `announce`: print the job's start
-    line and end summary (the node whose console the user watches). `around_ranks`: a context entered
-    while the ranks run (the SLURM node's preemption handling).
-    """
+    """What `run_job` calls: runs the user's task on every rank of this node (`job`, in the job's output dir)
+    and returns rank 0's value; every rank's value is kept in `values`. It carries the user's function's name
+    and `__wrapped__`, so callbacks see the user's task. `announce`: print the job's start line and summary;
+    `around_ranks`: a context entered while the ranks run (the SLURM node's preemption handling)."""
 
     def __init__(
         self,

@@ -1,17 +1,7 @@
-"""`Wrapper(caller_rank=True)`: rank 0 runs in the calling process (a script or a notebook), so what it
-builds (a trained model) stays in the caller's memory; ranks 1..N-1 are processes of their own, which a
-thread of the caller supervises. (A plain Hydra run has its own supervisor process instead, see
-`run_supervisor.py`: the caller of a `Wrapper` is the user's interpreter, which cannot be forked away.)
-
-Rank 0 takes on the rank with `rank/own_process.py` and gives the process back afterwards: the process
-group is gone, the caller's environment, signal handlers and thread count are as they were, and the next
-call can start.
-
-When another rank fails, or the job reaches its time limit, rank 0 is stopped too: `RankStopped` is
-raised in the caller's main thread by `STOP_SIGNAL` (so a blocking call returns), while its task or its
-joining is on the stack, and again every `grace.stop_s` until the task has returned. Ctrl-C and SIGTERM
-to the caller reach every rank: the caller's task gets KeyboardInterrupt (or `Terminated`), the other
-ranks the signal and `grace.interrupt_s` to finish.
+"""`Wrapper(caller_rank=True)`: rank 0 runs in the calling process (`rank/own_process.py`), so what it builds
+stays in the caller's memory; a thread of the caller supervises the other ranks (docs/architecture.md,
+"`Wrapper(caller_rank=True)`"). Ctrl-C and SIGTERM to the caller reach every rank: the caller's task gets
+KeyboardInterrupt (or `Terminated`), the other ranks the signal and `grace.interrupt_s` to finish.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Whether a platform can run on this machine and this torch, before anything starts.
-
-`Platform.validate` checks what holds anywhere; this adds what depends on where the ranks run: the
-GPUs, CPU cores and MPS device here, the backends this torch was built with, whether this program may
-listen on a fixed rendezvous port, and whether `upon_finish` imports. torch is imported only for the
-platforms that need it (GPUs, MPS, an explicit mpi or nccl backend), never for the CPU/gloo default.
+"""Whether a platform can run on this machine and this torch, before anything starts: beyond
+`Platform.validate`, the GPUs, cores and MPS device here, the backends torch was built with, a fixed
+rendezvous port, and whether `upon_finish` imports. torch is imported only for the platforms that need
+it (GPUs, MPS, an explicit mpi or nccl backend), never for the CPU/gloo default.
 """
 
 from __future__ import annotations
@@ -99,13 +97,11 @@ def resolve_callable(key: str, path: str) -> Callable[..., Any]:
         raise ConfigError(key, path, f"cannot import it ({exc}); give 'package.module:function'") from exc
     except (Exception, SystemExit) as exc:  # the module's own code failed: say how, in one line
         raise ConfigError(
-            key, path, f"importing {module_name} raised {type(exc).__name__}: {_first_line(exc)}; fix that "
+            key, path, f"importing {module_name} raised {type(exc).__name__}: "
+            f"{(str(exc).strip().splitlines() or [''])[0]}; fix that "
             "module, or give another 'package.module:function'",
         ) from exc
     if not callable(fn):
         raise ConfigError(key, path, "this names something that is not callable")
     return fn
 
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0]

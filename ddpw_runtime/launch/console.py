@@ -1,15 +1,7 @@
-"""What the console shows of a job's ranks (`platform.console_ranks`), and how each of those ranks'
-output also lands whole in its log file.
-
-- When the console is not a terminal (a pipe, a file, a notebook), a console rank writes straight to
-  its log file, and `ConsoleEcho` follows the file onto the console.
-- When it is a terminal, a console rank writes into a pseudo-terminal of its own, so `isatty()` is
-  true in it and progress bars and colours look as they would on the terminal itself; `TerminalCopy`
-  copies everything it writes to the terminal and to its log file.
-
-Either way, `freeze()` stops the console at once (after what it holds now): what stopped ranks write
-afterwards (the errors of ranks that lost a peer, stack dumps, messages of their signal handlers) stays
-in their logs only.
+"""What the console shows of a job's ranks (`platform.console_ranks`), each rank's output also landing whole
+in its log file: a terminal of its own per rank copied to the console terminal (`TerminalCopy`), or its log
+followed onto a console that is not a terminal (`ConsoleEcho`). `freeze()` stops the console at once: what
+stopped ranks write afterwards stays in their logs (docs/architecture.md, "Console").
 """
 
 from __future__ import annotations
@@ -92,7 +84,7 @@ class ConsoleEcho:
     def __init__(self, files: dict[int, Path], console: Console, prefixes: dict[int, str] | None = None) -> None:
         self.files = files
         self._lines = {rank: _Lines(console, (prefixes or {}).get(rank, "")) for rank in files}
-        self._offsets = {rank: _size(path) for rank, path in files.items()}
+        self._offsets = {rank: file_size(path) for rank, path in files.items()}  # earlier runs are not repeated
         self._lock = threading.Lock()
         self._frozen = False
         self._stopping = threading.Event()
@@ -107,7 +99,7 @@ class ConsoleEcho:
         """Copy what the files hold now, then stop copying."""
         with self._lock:
             if not self._frozen:
-                self._copy_all({rank: _size(path) for rank, path in self.files.items()})
+                self._copy_all({rank: file_size(path) for rank, path in self.files.items()})
 
     def stop(self) -> None:
         """Copy what is left (unless frozen) and stop following."""
@@ -234,7 +226,10 @@ class ConsoleRanks:
         else:
             prefixes = {rank: _prefix(job_prefix, rank, ranked) for rank in log_files}
             self.echo = ConsoleEcho(log_files, console, prefixes)
-        self._sys_flush()
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
 
     def terminal_of(self, rank: int) -> int | None:
         """The descriptor that rank `rank` writes its output to, when it gets a terminal."""
@@ -274,16 +269,9 @@ class ConsoleRanks:
             os.close(self._own_fd)
             self._own_fd = None
 
-    @staticmethod
-    def _sys_flush() -> None:
-        try:
-            sys.stdout.flush()
-        except (OSError, ValueError):
-            pass
 
-
-def _size(path: Path) -> int:
-    """Current size of `path` (0 when absent): echo starts there, so earlier runs are not repeated."""
+def file_size(path: Path) -> int:
+    """Current size of `path` (0 when absent)."""
     try:
         return path.stat().st_size
     except FileNotFoundError:

@@ -1,8 +1,5 @@
 """This machine's devices, shared out among jobs that run side by side: each job gets GPUs and CPU
-cores of its own (`Share`), or the whole machine when it does not say how much it needs.
-
-Data and bookkeeping only (no torch at import); counting GPUs imports torch, and only for GPU jobs.
-"""
+cores of its own (`Share`), or the whole machine when it does not say how much it needs. No torch."""
 
 from __future__ import annotations
 
@@ -74,10 +71,6 @@ class Devices:
         self._free_cpus = list(cpus)
         self._jobs = 0
         self._whole_taken = False
-
-    def fits(self, need: Need) -> bool:
-        """Whether a job that needs `need` could ever run here (with nothing else running)."""
-        return need.gpus <= len(self.gpus) and need.cpus <= len(self.cpus)
 
     def take(self, need: Need) -> Share | None:
         """Devices for a job that needs `need`, or None while they are not free."""

@@ -1,7 +1,5 @@
-"""The local engine: validate, plan, start the ranks of one node, supervise them, hand back results.
-
-Used by the Hydra launchers (a local job, a SLURM node), by a plain run's ranks around the user's own
-process, and by `Wrapper`. The controller process never imports torch here.
+"""The local engine: plan, start the ranks of one node, supervise them, hand back results (for the Hydra
+launchers, a SLURM node, a plain run's supervisor and `Wrapper`). Never imports torch at import time.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from ddpw_runtime.launch.checks import gpus_available as gpus_available  # impor
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.devices import Share
 from ddpw_runtime.launch.outcome import RankOutcome, failure, note_failures
-from ddpw_runtime.launch.payload import RankPayload, TaskCall
+from ddpw_runtime.launch.payload import RankPayload, TaskCall, write_private
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.starter import RankStarter, get_starter
@@ -66,14 +64,10 @@ class NodeJob:
 
 
 def starter_for(platform: Platform, torch_here: bool = False) -> RankStarter:
-    """The rank starter for `platform`'s start method, started now if it is not running yet. Asking for
-    it early (as the launchers do once the config is checked) has it import torch while this process
-    goes on.
-
-    `torch_here`: this process imports torch anyway (it is rank 0 of a plain run). With a torch build
-    without GPU support it imports torch first, so the starter is forked with torch loaded: one import
-    instead of two side by side, faster on a small machine. A CUDA build cannot be forked once loaded,
-    so then the starter is forked first and imports torch beside this process."""
+    """The rank starter for `platform`'s start method, started now if need be (the launchers ask early, so
+    it imports torch while this process goes on). `torch_here`: this process imports torch anyway (rank 0 of a
+    plain run); with a torch build without GPU support it imports torch first, so the starter is forked with
+    torch loaded (a CUDA build cannot be forked once loaded)."""
     if torch_here and "torch" not in sys.modules and _compat.torch_without_gpu_support():
         import torch  # noqa: F401  (see above)
     return get_starter(preload=platform.spawn_method == "forkserver")
@@ -87,17 +81,11 @@ class JobInput:
     task: bytes
     state: ProcessState
 
-    @staticmethod
-    def here(task: TaskCall) -> JobInput:
-        """`task`, with this process's state now."""
-        return JobInput(task.pack(), ProcessState.capture())
-
 
 class LocalJob:
-    """The ranks of one node of one job, ready to start: the rank starter, the rendezvous socket (bound
-    before any rank starts, on the node that hosts the store), the plan, the payload, a private folder
-    for the results. Use it as a context manager: leaving it closes the socket and removes the folder.
-    """
+    """The ranks of one node of one job, ready to start: the rank starter, the rendezvous socket (bound before
+    any rank starts, on the node that hosts the store), the plan, the payload and a private folder for the
+    results; leaving it as a context manager closes the socket and removes the folder."""
 
     def __init__(self, task: JobInput, job: NodeJob) -> None:
         platform = job.platform
@@ -114,7 +102,7 @@ class LocalJob:
             )
             self.payload = RankPayload(self.plan, task.task, task.state, str(self.workdir))
             self.payload_path = self.workdir / "payload.pkl"
-            self.payload.write(self.payload_path)
+            write_private(self.payload_path, self.payload)
         except BaseException:
             self.close()
             raise
@@ -149,11 +137,6 @@ class LocalJob:
     def console_ranks(self) -> list[int]:
         """This node's ranks that the console shows (`platform.console_ranks`)."""
         return [rank for rank in self.plan.console_ranks if rank in self.plan.global_ranks]
-
-    def console_prefix(self, rank: int) -> str:
-        """What goes before each console line of `rank`: the job's prefix, and `[rank k]` when the
-        console shows more than one rank."""
-        return self.job.console_prefix + (f"[rank {rank}] " if len(self.console_ranks) > 1 else "")
 
     def console(self, skip: int | None = None) -> ConsoleRanks:
         """The console of this node's console ranks, but `skip` (a rank that runs in this process)."""
@@ -196,18 +179,14 @@ def settle(job: NodeJob, outcomes: list[RankOutcome]) -> None:
 
 
 def run_ranks(task: TaskCall, job: NodeJob, caller_rank: bool = False) -> list[Any]:
-    """Run `task` on every rank of this node; the return values of this node's ranks in rank order.
-    Raises RankFailure (root cause first) when any rank fails and no restart is left; no rank outlives
-    the call; a failed run is started again while restarts are left (`with_restarts`).
-
-    With `caller_rank`, rank 0 runs in this process (see `caller_rank.py`; this imports torch here)
-    and its value is the object itself, not a copy.
-    """
+    """Run `task` on every rank of this node; their return values in rank order. Raises RankFailure (root
+    cause first) when a rank fails and no restart is left (`with_restarts`); no rank outlives the call. With
+    `caller_rank`, rank 0 runs in this process (`caller_rank.py`) and its value is the object itself."""
     from ddpw_runtime.launch.caller_rank import check_caller_rank
 
     if caller_rank:
         check_caller_rank(job.platform)
-    given = JobInput.here(task)
+    given = JobInput(task.pack(), ProcessState.capture())
     return with_restarts(job, lambda attempt: _run_once(task, given, attempt, caller_rank))
 
 
@@ -260,5 +239,4 @@ def _run_once(task: TaskCall, given: JobInput, job: NodeJob, caller_rank: bool) 
 def describe(platform: Platform, log_dir: Path) -> str:
     """The platform and launch plan as a dry run prints them (nothing is started)."""
     check(platform)
-    plan = plan_local(platform, Path(log_dir).resolve(), Path("<private dir>"), "<run id>", master_port=0)
-    return f"{plan.describe()}\n--- platform ---\n{platform.summary()}"
+    return plan_local(platform, Path(log_dir).resolve(), Path("<private dir>"), "<run id>", master_port=0).describe()

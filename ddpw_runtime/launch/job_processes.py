@@ -47,14 +47,13 @@ def _own_cgroup() -> Path | None:
 
 
 class JobProcesses:
-    """The processes of one job (`key`) on this node (see the module docstring). `cgroup`: try to give
-    the job a cgroup (the rank starter does; a caller's own process must not join one). `spared`: pids
-    never counted as the job's (the launching process, whose environment names the job while its own
-    rank runs)."""
+    """The processes of one job (`key`) on this node (see the module docstring), made in the rank starter.
+    `spared`: pids never counted as the job's (the launching process, whose environment names the job
+    while its own rank runs)."""
 
-    def __init__(self, key: str, cgroup: bool = True, spared: frozenset[int] = frozenset()) -> None:
+    def __init__(self, key: str, spared: frozenset[int] = frozenset()) -> None:
         self.key = key
-        self.cgroup = self._make_cgroup() if cgroup else None
+        self.cgroup = self._make_cgroup()
         self.spared = spared | {os.getpid()}
 
     def _make_cgroup(self) -> Path | None:
@@ -67,10 +66,6 @@ class JobProcesses:
         except OSError:
             return None
         return path
-
-    def join(self) -> None:
-        """Put the calling process (a rank that has just been forked) into the job's cgroup."""
-        self.adopt(0)
 
     def adopt(self, pid: int) -> None:
         """Put process `pid` (0: the calling one) into the job's cgroup, so what it starts from now on is

@@ -1,11 +1,5 @@
-"""How every rank of a job ended (`RankOutcome`), and the one rule that names the root cause of a
-failed job, whichever process or node the ranks ran in.
-
-The rule: among the ranks that failed, prefer those that failed on their own (not ranks the launcher
-stopped, unless they raised or died of a signal the launcher did not send); among those, prefer
-failures that do not merely say a peer went away (gloo's "Connection closed by peer", store
-timeouts); among those, the earliest.
-"""
+"""How every rank of a job ended (`RankOutcome`), and the one rule that names the root cause of a failed
+job, whichever process or node the ranks ran in (docs/architecture.md, "The root cause, once")."""
 
 from __future__ import annotations
 
@@ -66,7 +60,8 @@ class RankOutcome:
 
 
 def root_cause(outcomes: Iterable[RankOutcome]) -> RankOutcome | None:
-    """The rank whose failure explains the job's (see the module docstring); None when none failed."""
+    """The rank whose failure explains the job's: among the failed ranks, those that failed on their own,
+    then those whose failure does not merely say a peer went away, then the earliest; None when none failed."""
     failed = [o for o in outcomes if o.failed]
     if not failed:
         return None

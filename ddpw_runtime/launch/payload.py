@@ -63,25 +63,23 @@ class RankPayload:
         return Path(self.result_dir) / f"rank_{rank}.result"
 
     def job_environment(self) -> dict[str, str]:
-        """What every rank of the job has in its environment besides its own rank's variables: the job's
-        name (`JOB_ENV`), and the job's private folder as TMPDIR, so what temporary files and
-        `multiprocessing`'s folders a killed rank could not clean up go with the folder. (The folder
-        itself, not one inside it: Unix socket paths there, such as torch's DataLoader uses, must stay
-        short.)"""
+        """The job's variables for every rank: its name (`JOB_ENV`), and its private folder as TMPDIR, so what a
+        killed rank leaves there goes with the folder (the folder itself: Unix socket paths must stay short)."""
         return {JOB_ENV: self.result_dir, "TMPDIR": self.result_dir}
-
-    def write(self, path: Path) -> None:
-        """Write this payload to `path` with mode 0600."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            pickle.dump(self, out, protocol=pickle.HIGHEST_PROTOCOL)
 
     @staticmethod
     def read(path: Path) -> RankPayload:
-        """Read a payload written by `write`."""
+        """Read a payload written by `write_private`."""
         with open(path, "rb") as src:
             payload: RankPayload = pickle.load(src)
         return payload
+
+
+def write_private(path: Path, obj: object) -> None:
+    """Pickle `obj` to a new file `path` that only the user can read."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        pickle.dump(obj, out, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:

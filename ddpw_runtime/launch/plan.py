@@ -60,7 +60,7 @@ class LaunchPlan:
         )
 
     def describe(self) -> str:
-        """A readable multi-line summary, as the dry run prints it."""
+        """A readable multi-line summary with the platform's, as the dry run prints it."""
         lines = [
             f"world size      : {self.world_size} ({self.platform.n_nodes} node(s) x {self.ranks_per_node} rank(s))",
             f"device          : {self.device}",
@@ -72,6 +72,8 @@ class LaunchPlan:
             f"groups          : {self._groups_shown}",
             f"console ranks   : {self.console_ranks or 'none'}",
             f"rank logs       : {self.log_file(0).parent}/rank_<rank>.log",
+            "--- platform ---",
+            self.platform.summary(),
         ]
         return "\n".join(lines)
 
@@ -89,13 +91,6 @@ def free_port(addr: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def torch_device_type(platform: Platform) -> str:
-    """The torch device type a rank of `platform` computes on."""
-    if platform.uses_gpus:
-        return "cuda"
-    return "mps" if platform.device_kind is Device.MPS else "cpu"
-
-
 def plan_local(
     platform: Platform,
     log_dir: Path,
@@ -108,12 +103,9 @@ def plan_local(
     restart_count: int = 0,
     share: Share | None = None,
 ) -> LaunchPlan:
-    """The plan for node `node_rank` of a validated `platform`.
-
-    Single-node jobs rendezvous on loopback unless `platform.master_addr` says otherwise; the port is
-    `platform.master_port`, else `master_port`, else a free one. A `file` rendezvous uses a private file
-    in `rendezvous_dir`. With `share`, the ranks use only its GPUs and cores.
-    """
+    """The plan for node `node_rank` of a validated `platform`: rendezvous on `platform.master_addr`, else
+    `master_addr`, else loopback; port `platform.master_port`, else `master_port`, else a free one; a `file`
+    rendezvous in `rendezvous_dir`; with `share`, only its GPUs and cores."""
     addr = platform.master_addr or master_addr or LOOPBACK
     port = platform.master_port or master_port
     if port is None:
@@ -129,7 +121,7 @@ def plan_local(
         world_size=platform.world_size,
         ranks_per_node=platform.ranks_per_node,
         backend=platform.resolved_backend,
-        device=torch_device_type(platform),
+        device="cuda" if platform.uses_gpus else "mps" if platform.device_kind is Device.MPS else "cpu",
         master_addr=addr,
         master_port=port,
         init_method=init_method,

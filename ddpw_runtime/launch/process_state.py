@@ -1,10 +1,6 @@
-"""The state of the launching process that every rank takes on: environment, working directory, import
-path, and Hydra's and OmegaConf's global state (HydraConfig, the config store, registered resolvers), so
-a rank sees the job as the launching process does (`HydraConfig.get()`, `${hydra:...}`, custom
-resolvers registered in a script or a notebook).
-
-Data only (no torch): the controller captures it, each rank enters it.
-"""
+"""The state of the launching process that every rank takes on (environment, working directory, import
+path, Hydra's and OmegaConf's global state), so a rank sees the job as the launching process does. Data only
+(no torch)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""The typed messages processes of a job exchange, and the channel they travel on.
-
-Two conversations, each over a Unix socket pair (`Channel`, pickled messages that may carry file
-descriptors):
-
-- a controller and its rank starter (`starter.py`, `starter_process.py`): `StartRank` (and `StartJob`,
-  for a multirun's job processes, each of which then talks to the starter on a channel of its own) is
-  answered by `RankStarted`, `EndJob` by `JobEnded`; `RankExited` comes when a rank (or a job process)
-  ends; `Preload` and `Adopt` have no answer;
-- a plain run's supervisor (the program's own process, `run_supervisor.py`) and the user's process that is
-  rank 0 (`hydra_jobs/plain_run.py`): `JobStarting` is answered by `RankZero` (this attempt's plan, with
-  the rendezvous socket and the rank's terminal attached), `TaskEnded` by `JobSettled`; `RunEnded` comes
-  last.
-
-Data only (no torch): every process of a job imports it.
+"""The typed messages processes of a job exchange over a Unix socket pair (`Channel`): a controller and its
+rank starter (`StartRank`/`StartJob` answered by `RankStarted`, `EndJob` by `JobEnded`, then `RankExited`;
+`Preload` and `Adopt` unanswered), and a plain run's supervisor and rank 0 (`JobStarting` answered by
+`RankZero`, `TaskEnded` by `JobSettled`, `RunEnded` last). Data only (no torch).
 """
 
 from __future__ import annotations
@@ -72,7 +61,6 @@ class Channel:
         self.sock.close()
 
 
-# ----------------------------------------------------------------------------- controller <-> rank starter
 @dataclass(frozen=True)
 class JobKey:
     """A job as the rank starter knows it: its private folder, where its payload and results are."""
@@ -155,7 +143,6 @@ class RankExited:
     exit_code: int
 
 
-# ----------------------------------------------------------------------------- plain run: supervisor <-> rank 0
 @dataclass(frozen=True)
 class JobStarting:
     """From rank 0's process: the job's task is about to run there. `task` is the task (a packed `TaskCall`)

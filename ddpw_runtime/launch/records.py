@@ -1,10 +1,6 @@
 """What a rank sends back to its controller: `RankResult`, with its value or its exception as a
-`RaisedError`. Data only (no torch): rank processes import it too.
-
-Anything a rank sends back must be rebuilt in another process. A value or an exception that cannot
-be (an unpicklable value, an exception with an odd constructor, a class the receiving process cannot
-import) travels as text instead; `portable_pickle` is the one place that decides.
-"""
+`RaisedError`; what cannot be rebuilt in another process travels as text (`portable_pickle` decides).
+Data only (no torch)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""Signals: to ranks (each rank leads its own process group, so a signal to the group reaches what the
-rank started too); Ctrl-C and SIGTERM held back in the controller while it must not be interrupted; and
-the handlers of a multirun's controller.
+"""Signals: to ranks (each leads its own process group, which reaches what it started too); Ctrl-C and
+SIGTERM held back while the controller must not be interrupted; and the handlers of a multirun's controller.
 
-From the moment hydra-ddpw takes over a multirun (the launcher's `setup`), Ctrl-C raises `Interrupted` (a
-KeyboardInterrupt; uncaught, the program exits 130 without a traceback) and SIGTERM raises `Terminated`
-(exit 143); a second SIGTERM is ignored, as the program is already stopping. While jobs run, the
-launcher passes the signal on to them and says which were stopped; outside them (Hydra composing, between
-jobs) the handler says so itself. Before hydra-ddpw takes over, the program is any Hydra app, and Ctrl-C
-ends it as it ends any. (A plain run's supervisor, a job process, a rank and a SLURM node each set their
-own: see those modules.)"""
+From the launcher's `setup` on, Ctrl-C raises `Interrupted` (exit 130 without a traceback) and SIGTERM
+`Terminated` (exit 143; a second SIGTERM is ignored). While jobs run, the launcher passes the signal on to
+them and says which were stopped; outside them the handler says so itself."""
 
 from __future__ import annotations
 
@@ -35,6 +30,11 @@ def send_to_group(pid: int, sig: int, group: bool = True) -> None:
             os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def raise_terminated(signum: int, frame: FrameType | None) -> None:
+    """A SIGTERM handler: raise `Terminated`."""
+    raise Terminated()
 
 
 @contextmanager

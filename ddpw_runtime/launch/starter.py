@@ -1,17 +1,7 @@
-"""The controller's handle on its rank starter: the helper process that starts the ranks of every job
-and reports their exits (the process itself is `starter_process.py`).
-
-With `spawn_method=forkserver` the starter holds torch imported and forks each rank from itself, so a
-sweep pays the torch import once, not once per rank per job. When the controller has imported a CPU
-build of torch already (a training script usually has), the starter is a fork of the controller, made
-while it has a single thread, so the ranks find torch and the user's imports loaded; otherwise (a CUDA
-build, where a forked copy of a process that touched CUDA cannot use it) it is a fresh interpreter
-that imports torch. With `spawn` it is a fresh interpreter that starts a fresh interpreter per rank.
-
-The two talk over a socket pair with the messages of `protocol.py`. Jobs that run side by side share
-one starter: a reader thread hands each answer to the thread that asked, and each exit to the `Inbox`
-of the job the rank belongs to.
-"""
+"""The controller's handle on its rank starter, the helper process that starts the ranks of every job and
+reports their exits (`starter_process.py`; docs/architecture.md, "Rank starter instead of `multiprocessing`").
+Jobs that run side by side share one starter: a reader thread hands each answer to the thread that asked,
+and each exit to the `Inbox` of the job the rank belongs to."""
 
 from __future__ import annotations
 
@@ -28,7 +18,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ddpw_runtime.launch.protocol import (
     Adopt,
@@ -61,9 +51,8 @@ class StarterGone(RuntimeError):
 
 
 class Inbox:
-    """What one job's supervisor waits on: its ranks' exits, put there by the starter's reader thread,
-    and wake-ups from other threads (a stop request), both through one pipe so that one `select` sees
-    either."""
+    """What one job's supervisor waits on: its ranks' exits (from the starter's reader thread) and wake-ups
+    from other threads, through one pipe, so that one `select` sees either."""
 
     def __init__(self) -> None:
         self._r, self._w = os.pipe()
@@ -114,11 +103,8 @@ class Inbox:
 
 
 class RankStarter:
-    """A handle on a starter process (see the module docstring). Its methods may be called from several
-    threads (one per job that runs).
-
-    `attached_to`: a channel to a starter that another process owns (a job process talks to the starter
-    that forked it); otherwise a starter of this process's own is started, which `close` stops."""
+    """A handle on a starter process, callable from several threads (one per job that runs). `attached_to`: a
+    channel to a starter that another process owns (a job process's); else this process starts its own."""
 
     def __init__(self, preload: bool, attached_to: tuple[Channel, int] | None = None) -> None:
         self.preload = preload
@@ -228,36 +214,30 @@ class RankStarter:
 
     def alive(self) -> bool:
         """Whether the starter process is still running."""
-        if not self._owned:
-            return self._gone is None
-        if self._process is not None:
-            return self._process.poll() is None
-        return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        return not self._reaped() if self._owned else self._gone is None
 
     def start(
         self, inbox: Inbox, job: JobKey, payload_path: str, local_rank: int, listen_fd: int | None = None,
         terminal: int | None = None,
     ) -> int:
         """Start one rank of `job`, whose exit will go to `inbox`, handing it `listen_fd` (the rendezvous
-        socket) and `terminal` (where its output goes instead of its log file) if given; returns its pid
-        (in milliseconds). Call it with Ctrl-C and SIGTERM held (`signals.held`), and note the pid before
-        letting them in: a rank must never run unbeknown to the controller."""
-        number = next(self._requests)
-        request = StartRank(number, job, payload_path, local_rank, exec_fresh=not self.preload,
-                            listen_fd=listen_fd is not None, terminal=terminal is not None)
-        with self._state_lock:
-            self._inbox_of_request[number] = inbox
-        answer = self._ask(number, request, [fd for fd in (listen_fd, terminal) if fd is not None],
-                           f"start rank {local_rank}")
-        assert isinstance(answer, RankStarted)
-        return answer.pid
+        socket) and `terminal` (where its output goes instead of its log file) if given; returns its pid.
+        Call it with Ctrl-C and SIGTERM held (`signals.held`), and note the pid before letting them in: a
+        rank must never run unbeknown to the controller."""
+        return self._start(inbox, lambda number: StartRank(
+            number, job, payload_path, local_rank, exec_fresh=not self.preload, listen_fd=listen_fd is not None,
+            terminal=terminal is not None), [fd for fd in (listen_fd, terminal) if fd is not None],
+            f"start rank {local_rank}")
 
     def start_job(self, inbox: Inbox, payload_path: str) -> int:
         """Start a job process (see `StartJob`), whose exit will go to `inbox`; its pid."""
+        return self._start(inbox, lambda number: StartJob(number, payload_path), [], "start a job process")
+
+    def _start(self, inbox: Inbox, request: Callable[[int], object], fds: list[int], what: str) -> int:
         number = next(self._requests)
         with self._state_lock:
             self._inbox_of_request[number] = inbox
-        answer = self._ask(number, StartJob(number, payload_path), [], "start a job process")
+        answer = self._ask(number, request(number), fds, what)
         assert isinstance(answer, RankStarted)
         return answer.pid
 
@@ -321,11 +301,9 @@ class RankStarter:
 
 
 def _can_fork_controller() -> bool:
-    """Whether this process can safely be forked into a starter: no Python thread but this one (forking
-    one can copy a held lock), and torch either not imported yet (the starter imports it, while this
-    process goes on) or a build without CUDA (with CUDA, merely counting GPUs makes torch refuse CUDA in
-    forked children, and that cannot be seen from here). Native worker pools (OpenBLAS, OpenMP) handle
-    fork themselves, as in every DataLoader worker."""
+    """Whether this process can be forked into a starter: no Python thread but this one (a fork can copy a
+    held lock), and torch not imported yet or a build without CUDA (with CUDA, counting GPUs makes torch refuse
+    CUDA in forked children, which cannot be seen from here)."""
     torch = sys.modules.get("torch")
     return threading.active_count() == 1 and (torch is None or torch.version.cuda is None)
 

@@ -1,13 +1,10 @@
-"""The rank starter process (see `starter.py` for the controller's handle and the messages).
+"""The rank starter process (`starter.py` is the controller's handle on it): forks (or, with `spawn`, execs)
+each rank and each job process, and reports every exit. Every process of a job is tracked
+(`job_processes.py`), so when the job ends (`EndJob`) whatever its ranks started is stopped too.
 
-It forks each rank (or, with `spawn`, execs a fresh interpreter for it) and reports every exit. Every
-rank leads its own process group, and every process of a job is tracked (`job_processes.py`), so when
-the job ends (`EndJob`) whatever its ranks started is stopped too, processes in new sessions included.
-
-When the controller goes away (even by SIGKILL), the starter gets SIGHUP (PR_SET_PDEATHSIG), or sees
-its socket close: it stops every job's processes, removes their private folders and exits; each rank
-gets SIGKILL if the starter dies first (PR_SET_PDEATHSIG). A SIGHUP to the terminal's process group
-(a closed terminal) ends the controller too, and so reaches the same clean-up.
+When the controller goes away (even by SIGKILL) the starter gets SIGHUP (PR_SET_PDEATHSIG) or sees its
+socket close: it stops every job's processes, removes their private folders and exits; each rank gets
+SIGKILL if the starter dies first.
 
 Run as `python -m ddpw_runtime.launch.starter_process FD PRELOAD CONTROLLER_PID`, or called in a fork of
 the controller.
@@ -89,10 +86,10 @@ class _Server:
             warm_up()
         # Ctrl-C is the controller's to handle: a handler that does nothing (not SIG_IGN, which would drop
         # a Ctrl-C sent to a child in the moment between its fork and its own handler; see `_fork`).
-        signal.signal(signal.SIGINT, _not_mine)
-        signal.signal(signal.SIGHUP, self._controller_gone)
+        signal.signal(signal.SIGINT, lambda *_: None)
+        signal.signal(signal.SIGHUP, self.end)
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:  # (ignored on a SLURM node: see slurm/node.py)
-            signal.signal(signal.SIGTERM, self._controller_gone)
+            signal.signal(signal.SIGTERM, self.end)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
@@ -154,9 +151,7 @@ class _Server:
         for key, (job, owner) in list(self.jobs.items()):
             if owner is channel:
                 del self.jobs[key]
-                job.stop()
-                job.close()
-                shutil.rmtree(key.folder, ignore_errors=True)
+                _stop_job(key, job)
 
     def _in_child(self) -> None:
         """In a process just forked from the starter: its own session, dead with the starter, none of the
@@ -202,7 +197,7 @@ class _Server:
         code = 1
         try:
             self._in_child()
-            job.join()
+            job.adopt(0)
             # Ctrl-C is held (`_fork`) until the rank's output goes to its log (`run_rank` lets it through),
             # so a rank stopped while it starts reports it like any rank, not on the controller's terminal.
             signal.signal(signal.SIGINT, signal.SIG_DFL if request.exec_fresh else signal.default_int_handler)
@@ -244,28 +239,23 @@ class _Server:
                 pass
 
     def _end_job(self, key: JobKey, release: tuple[int, ...], channel: Channel) -> None:
-        found = self.jobs.pop(key, None)
-        job = found[0] if found is not None else None
+        job, _ = self.jobs.pop(key, (None, None))
+        left: list[int] = []
         if job is not None:
             for pid in release:
                 job.release(pid)
-        left = job.stop() if job is not None else []
-        if job is not None:
+            left = job.stop()
             job.close()
         channel.send(protocol.JobEnded(key, tuple(left)))
 
-    def _controller_gone(self, signum: int, frame: Any) -> NoReturn:
-        self.end()
-
-    def end(self) -> NoReturn:
-        """The controller is gone: stop every job's processes, remove their private folders, exit."""
+    def end(self, *signal_args: Any) -> NoReturn:
+        """The controller is gone: stop every job's processes, remove their private folders, exit (also
+        the handler of SIGHUP and SIGTERM)."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         for pid in list(self.ranks):
             send_to_group(pid, signal.SIGKILL)
         for key, (job, _) in self.jobs.items():
-            job.stop()
-            job.close()
-            shutil.rmtree(key.folder, ignore_errors=True)
+            _stop_job(key, job)
         for pid in _children():  # left behind by ranks, and not found as any job's (see `serve`)
             send_to_group(pid, signal.SIGKILL, group=False)
         for folder in self.job_folders.values():
@@ -273,8 +263,10 @@ class _Server:
         os._exit(0)
 
 
-def _not_mine(signum: int, frame: Any) -> None:
-    """Ctrl-C in the starter: the controller's to handle."""
+def _stop_job(key: JobKey, job: JobProcesses) -> None:
+    job.stop()
+    job.close()
+    shutil.rmtree(key.folder, ignore_errors=True)
 
 
 def _fork() -> int:

@@ -1,9 +1,5 @@
 """Starts the ranks of one node, waits for them, stops them all on the first failure, and tells how
-each ended (`RankOutcome`; `outcome.py` names the root cause).
-
-Every wait is bounded: a rank gets `stop_grace_s` after SIGTERM, then SIGKILL; a rank that has not
-exited `KILL_WAIT_S` after SIGKILL (stuck in the kernel, as on a hung GPU call) is reported by rank and
-pid and left behind rather than wedging the controller.
+each ended (`RankOutcome`). Every wait is bounded (docs/architecture.md, "One event source for supervision").
 """
 
 from __future__ import annotations
@@ -18,15 +14,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
-from ddpw_runtime.launch.console import ConsoleRanks
+from ddpw_runtime.launch.console import ConsoleRanks, file_size
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import RankPayload
 from ddpw_runtime.launch.protocol import JobKey, RankExited
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.signals import held, send_to_group
+from ddpw_runtime.launch.signals import held, raise_terminated, send_to_group
 from ddpw_runtime.launch.stacks import where
 from ddpw_runtime.launch.starter import Inbox, RankStarter
 
@@ -59,11 +54,9 @@ library uses, where there are such signals). A process a rank starts itself gets
 
 @dataclass(frozen=True)
 class OutsideRank:
-    """A rank of this node that this node did not start: rank 0 of a plain run, which is the user's own
-    process. It is signalled alone (never its process group, which is the terminal's); asked to stop, it
-    gets `STOP_SIGNAL` first; `sees_ctrl_c`: the terminal's Ctrl-C reaches it directly (it is in the
-    terminal's foreground process group), so an interrupt is not passed on to it a second time. Its end
-    (its task's end, or its death) arrives in the node's `Inbox` like any rank's exit."""
+    """A rank of this node that this node did not start: rank 0 of a plain run, the user's own process. It is
+    signalled alone (its process group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`:
+    the terminal's Ctrl-C reaches it directly, so an interrupt is not passed on to it again."""
 
     rank: int
     pid: int
@@ -74,12 +67,9 @@ class OutsideRank:
 
 
 class NodeRanks:
-    """The ranks of one node as they start, run and end: their pids, how each ended, how to stop them.
-
-    One thread supervises them (`supervise`); another may ask for them to be stopped
-    (`request_stop`, `request_interrupt`), which wakes the supervising thread. `outside`: a rank among
-    `ranks` that runs already, in a process this node did not start (see `OutsideRank`).
-    """
+    """The ranks of one node as they start, run and end: their pids, how each ended, how to stop them. One
+    thread supervises them (`supervise`); another may ask for them to be stopped (`request_stop`,
+    `request_interrupt`). `outside`: a rank among `ranks` that this node did not start (`OutsideRank`)."""
 
     def __init__(
         self,
@@ -190,7 +180,7 @@ class NodeRanks:
         self.stopped.update(running)
         if running:
             logs = [self.payload.plan.log_file(rank) for rank in running]
-            before = [_size(log) for log in logs]
+            before = [file_size(log) for log in logs]
             self.send(signal.SIGUSR1, group=False)
             _wait_for_dumps(logs, before)
         self.send(signal.SIGTERM, stopping=True)
@@ -313,13 +303,6 @@ class NodeRanks:
         self.inbox.close()
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
 def _wait_for_dumps(logs: list[Path], before: list[int]) -> None:
     """Wait until every log in `logs` grew past its size `before` and has then been quiet for
     `_STACK_DUMP_QUIET_S` (faulthandler has written the stacks), at most `_STACK_DUMP_WAIT_S`."""
@@ -327,7 +310,7 @@ def _wait_for_dumps(logs: list[Path], before: list[int]) -> None:
     last, changed_at = before, start
     while time.monotonic() - start < _STACK_DUMP_WAIT_S:
         time.sleep(_STACK_DUMP_POLL_S)
-        sizes = [_size(log) for log in logs]
+        sizes = [file_size(log) for log in logs]
         now = time.monotonic()
         if sizes != last:
             last, changed_at = sizes, now
@@ -344,11 +327,7 @@ def sigterm_raises() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
     finally:
@@ -356,21 +335,16 @@ def sigterm_raises() -> Iterator[None]:
 
 
 def supervise(ranks: NodeRanks, on_start: Callable[[int], None] | None = None) -> list[RankOutcome]:
-    """Start `ranks`, wait for them, and tell how each ended, in rank order. Raises JobTimedOut past
-    `platform.timeout_min` (every rank stopped). Ctrl-C or SIGTERM to this process (in the main thread)
-    is passed on to the ranks, which get `grace.interrupt_s` to finish before they are killed; then the
-    KeyboardInterrupt (or `Terminated`) propagates."""
+    """Start `ranks`, wait for them, and tell how each ended, in rank order; JobTimedOut past the time limit.
+    Ctrl-C or SIGTERM here (main thread) is passed on to the ranks, with `grace.interrupt_s`, then propagates."""
     plan = ranks.payload.plan
     with sigterm_raises():
         try:
             ranks.start(on_start)
             timed_out = ranks.wait()
-        except KeyboardInterrupt:
-            ranks.interrupt(signal.SIGINT, ranks.grace.interrupt_s)
-            note_failures(ranks.outcomes())
-            raise
-        except Terminated:
-            ranks.interrupt(signal.SIGTERM, ranks.grace.interrupt_s)
+        except (KeyboardInterrupt, Terminated) as stop:
+            ranks.interrupt(signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM,
+                            ranks.grace.interrupt_s)
             note_failures(ranks.outcomes())
             raise
         except BaseException:

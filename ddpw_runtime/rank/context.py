@@ -33,7 +33,6 @@ _R = TypeVar("_R")
 _state: _RankState | None = None
 
 
-
 def enter(
     plan: LaunchPlan,
     rank: int,

@@ -52,8 +52,8 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
         known_modules = set(sys.modules)
         value = task()
         result = RankResult.success(rank, value, known_modules)
-    except SystemExit as exc:
-        result = _exit_result(rank, exc)
+    except SystemExit as exc:  # `sys.exit()` in a task: success for status 0 or None
+        result = RankResult.success(rank, None) if exc.code in (0, None) else RankResult.failure(rank, exc)
     except BaseException as exc:  # every failure goes back to the controller
         result = RankResult.failure(rank, from_task(exc))
     result.imported = _torch_modules_imported(inherited)
@@ -74,13 +74,6 @@ def _torch_modules_imported(inherited: set[str]) -> tuple[str, ...]:
     if torch is None or torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None:
         return ()
     return tuple(sorted(name for name in set(sys.modules) - inherited if name.startswith("torch.")))
-
-
-def _exit_result(rank: int, exc: SystemExit) -> RankResult:
-    """`sys.exit()` in a task: success for status 0 or None, else a failure naming the status."""
-    if exc.code in (0, None):
-        return RankResult.success(rank, None)
-    return RankResult.failure(rank, exc)
 
 
 def _redirect_output(log_file: Path, terminal: int | None) -> None:

@@ -1,17 +1,8 @@
 """The environment of a rank: the variables torchrun sets (so libraries inside the task see a launched
-job), and what training libraries need beyond them.
-
-- Hugging Face accelerate counts CPU processes as one distributed job only when its launcher says so
-  (`accelerate launch --cpu` sets `ACCELERATE_USE_CPU`); without it, `Accelerator()` on a machine with no
-  GPU runs each rank as a separate single process.
-- Lightning takes `Trainer` defaults from `PL_TRAINER_*` variables: `PL_TRAINER_DEVICES` and
-  `PL_TRAINER_NUM_NODES` follow the platform, so a `Trainer()` that does not set them joins every rank.
-- Lightning reads the rank from the environment once, when it is imported (`rank_zero_only.rank`). A
-  rank forked from a controller that had imported Lightning would keep the controller's value, 0, so
-  `@rank_zero_only` code would run on every rank until a Trainer sets the rank.
-
-Data only (no torch at import): the controller computes the variables of a rank that runs in its own
-process with it.
+job), and what training libraries need beyond them: `ACCELERATE_USE_CPU` on CPU (else `Accelerator()` runs
+each rank alone), `PL_TRAINER_DEVICES`/`PL_TRAINER_NUM_NODES` (a `Trainer()` that does not set them joins
+every rank), and Lightning's `rank_zero_only.rank`, which Lightning reads once at import (a rank forked
+from a controller that imported Lightning would keep its 0). No torch at import.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
-"""Training libraries that would run each rank as a job of its own: a Lightning `Trainer` or a `Fabric`
-left at one device (many templates' default) in a job of several ranks trains once per rank, every rank
-alone, racing the others for the same checkpoints. Nothing else shows it: the ranks may still exchange
-something (torchmetrics syncs its metrics over the world group).
-
-Both libraries add the callbacks that entry points give them to every `Trainer` and `Fabric`
-(`pyproject.toml` registers the factories below); in a hydra-ddpw rank the callback compares the world the
-library will train in with the launched one and stops the task, on every rank, with an error that names
-the library's own setting, and the key of the job's config that holds it when there is one:
-
-- Lightning: at the Trainer's `setup` hook, before it trains.
-- Fabric: at `fabric.setup(model, optimizer)` (its `on_after_setup` hook), before it trains; a Fabric
-  that sets up its model and optimizers apart (`setup_module`, `setup_optimizers`) is stopped after its
-  first optimizer step, the first hook Fabric calls then.
-
-Outside a hydra-ddpw rank the factories return no callback.
+"""The Lightning and Fabric callbacks (entry points in `pyproject.toml`) that stop a `Trainer` or `Fabric`
+left at fewer devices than the launched ranks, where every rank would train alone: Lightning at the
+Trainer's `setup`, Fabric at `on_after_setup` (or, for a model set up apart from its optimizer, its first
+`on_after_optimizer_step`). Outside a hydra-ddpw rank the factories return no callback
+(docs/architecture.md, "A library left at one device").
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -34,20 +24,12 @@ def in_rank() -> bool:
 
 def lightning_callbacks() -> list[Any]:
     """Entry point `lightning.pytorch.callbacks_factory`: the check, in a hydra-ddpw rank."""
-    if not in_rank():
-        return []
-    from lightning.pytorch import Callback
-
-    return [_trainer_check(Callback)()]
+    return [_trainer_check(importlib.import_module("lightning.pytorch").Callback)()] if in_rank() else []
 
 
 def pytorch_lightning_callbacks() -> list[Any]:
     """Entry point `pytorch_lightning.callbacks_factory`: the same check for the `pytorch_lightning` package."""
-    if not in_rank():
-        return []
-    from pytorch_lightning import Callback
-
-    return [_trainer_check(Callback)()]
+    return [_trainer_check(importlib.import_module("pytorch_lightning").Callback)()] if in_rank() else []
 
 
 def fabric_callbacks() -> list[Any]:
@@ -60,7 +42,7 @@ def _trainer_check(base: type) -> type:
     """A Lightning callback (a subclass of that package's `Callback`) that checks the Trainer at `setup`."""
 
     class TrainerCheck(base):
-        """Stops a Trainer that would not train in the launched world (see the module docstring)."""
+        """Stops a Trainer that would not train in the launched world."""
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             check("Trainer", int(trainer.world_size), int(trainer.num_devices), int(trainer.num_nodes))

@@ -1,10 +1,7 @@
-"""A rank in a process that was not started as one: rank 0 of a plain run (the user's own process) and
-rank 0 of `Wrapper(caller_rank=True)` (the caller). For the length of its task the process takes on the
-rank's variables, its output goes to the rank's log (or its terminal), and it joins the process group;
-afterwards the process is as it was (environment, output, thread count, excepthook, temporary folder),
-so the program goes on, or the next job can start.
-
-Shared with every rank process (`entry.py`): the same variables, the same set-up and teardown.
+"""A rank in a process that was not started as one: rank 0 of a plain run (the user's own process) and of
+`Wrapper(caller_rank=True)` (the caller). For the length of its task the process takes on the rank's
+variables, output and process group (the same set-up and teardown as every rank); afterwards it is as it
+was (environment, output, thread count, excepthook, temporary folder).
 """
 
 from __future__ import annotations
@@ -23,12 +20,9 @@ from ddpw_runtime.launch.records import RankResult
 
 
 class RankInThisProcess:
-    """This process as `rank` of `plan`'s job (see the module docstring).
-
-    `env`: the variables it takes on (torchrun's and the job's). `listen_fd`: the rendezvous socket, when
-    this rank hosts the store. `output`: where fds 1 and 2 go while it is a rank (a terminal of its own,
-    or its log file); None: they stay where they are (a caller whose output the caller's stdout shows).
-    """
+    """This process as `rank` of `plan`'s job. `env`: the variables it takes on (torchrun's and the job's).
+    `listen_fd`: the rendezvous socket, when this rank hosts the store. `output`: where fds 1 and 2 go while
+    it is a rank (a terminal of its own, or its log file); None: they stay where they are."""
 
     def __init__(self, plan: LaunchPlan, rank: int, env: Mapping[str, str], listen_fd: int | None = None,
                  output: int | None = None) -> None:

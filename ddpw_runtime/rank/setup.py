@@ -25,11 +25,9 @@ _held_store: Any = None
 
 
 def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | None = None) -> None:
-    """Make this process `rank` of `plan`'s job: threads, device, process group, ipc groups, layout
-    mesh, `context`, and every RNG seeded. Undo with `teardown_rank`. With `listen_fd`, this rank
-    hosts the job's TCPStore on that already-bound socket. Without a group to make
-    (`platform.ipc_groups=null`), the task makes it itself through `env://`: every rank is a client of
-    the store (`TORCHELASTIC_USE_AGENT_STORE`, as under torchrun)."""
+    """Make this process `rank` of `plan`'s job: threads, device, process group, ipc groups, layout mesh,
+    `context`, seeds (undo with `teardown_rank`). With `listen_fd`, this rank hosts the job's TCPStore on that
+    bound socket. Without a group to make (`ipc_groups=null`) the task makes it through `env://`."""
     global _held_store
     torch.set_num_threads(plan.threads_per_rank)
     device = torch.device(plan.device)

@@ -1,22 +1,8 @@
-"""`init_process_group()` called by a task whose rank is in its job's process group already: a script
-written for torchrun, which makes the group itself.
-
-torch refuses a second default group ("trying to initialize the default process group twice!"). While a
-rank is in its job (from `setup_rank` to `teardown_rank`), `torch.distributed.init_process_group` is the
-function below instead:
-
-- a call that asks for the group the rank is in (no arguments, or the job's backend, rank, world size
-  and collective timeout, through `env://` or the job's own `tcp://` address, no store of its own)
-  returns at once: the task uses that group, as it would use the one it made under torchrun;
-- any other call is refused with a `ConfigError` naming the platform setting that makes the two agree,
-  or `platform.ipc_groups=null`, with which hydra-ddpw makes no group and the task's own call makes it;
-- with no group (`ipc_groups=null`, or the task destroyed the group) the call is torch's own, and
-  `env://` finds everything it needs in the rank's environment.
-
-Only the attribute of the two modules that export the function is replaced, so a task that bound the
-function to a name of its own before its rank started (`from torch.distributed import
-init_process_group` in the script of a plain run) calls torch's own; `ipc_groups=null` is the way for
-it (see docs/from-torchrun.md).
+"""`init_process_group()` called by a task whose rank is in its job's process group already (a script written
+for torchrun). While a rank is in its job, `torch.distributed.init_process_group` is `answer_task_init`'s:
+a call that asks for the group the rank is in returns and the task uses that group; any other call is a
+`ConfigError` naming the platform key that makes the two agree, or `platform.ipc_groups=null`; with no
+group the call is torch's own (docs/architecture.md, "A torchrun script's own `init_process_group()`").
 """
 
 from __future__ import annotations

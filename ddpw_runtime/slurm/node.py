@@ -1,21 +1,10 @@
-"""What runs on each node of a SLURM job: the node's controller, one submitit task per node.
+"""What runs on each node of a SLURM job: the node's controller (`SlurmNode`, one submitit task per node),
+which starts its ranks with the local engine and returns a `NodeOutcome`; node 0's runs Hydra's `run_job`.
 
-The controller of node k starts node k's ranks with the same engine as a local run (`run_ranks`):
-global rank = k * ranks_per_node + local rank, rendezvous on the first node of the allocation. Node 0's
-controller runs Hydra's `run_job` (output dir, `.hydra/`, job log, callbacks: once per job); the others
-enter the same job config, so `HydraConfig` works in their ranks too. Every controller returns a
-`NodeOutcome`, so the submitting side sees each node's result and can name the root cause.
-
-Signals. SLURM signals every process of the job, ranks included. The rank starter ignores SIGTERM and
-SIGUSR2 (so it outlives them and the ranks can save); ranks reset SIGTERM to its default and keep
-ignoring SIGUSR2.
-- SIGTERM (cancel, time limit, a failed peer node): the controller passes it on to its ranks, gives them
-  `interrupt_grace_s`, and exits without a result.
-- SIGUSR2 (SLURM's warning before the time limit, or a preemption) while a restart is left: the ranks get
-  SIGTERM and `interrupt_grace_s` to save; node 0 then requeues the job through submitit (`checkpoint()`),
-  the other nodes wait for SLURM to stop them. Without a restart left the warning is ignored.
-A node whose own ranks failed first sends SIGTERM to the job's other nodes, so they stop at once instead
-of waiting for peers that are gone.
+Signals (docs/slurm.md, "Signals"): SIGTERM (cancel, time limit, a failed peer node) is passed on to the
+ranks, which get `interrupt_grace_s`; SIGUSR2 (SLURM's warning, or a preemption) while a restart is left
+gives the ranks SIGTERM to save, then node 0 requeues the job and the other nodes wait to be stopped. A node
+whose own ranks failed first sends SIGTERM to the job's other nodes.
 """
 
 from __future__ import annotations
@@ -39,7 +28,7 @@ from ddpw_runtime import _compat
 from ddpw_runtime.errors import SlurmJobError, Terminated
 from ddpw_runtime.hydra_jobs.task import JobTask
 from ddpw_runtime.launch.checks import check
-from ddpw_runtime.launch.engine import NodeJob
+from ddpw_runtime.launch.engine import NodeJob, starter_for
 from ddpw_runtime.launch.records import portable
 from ddpw_runtime.launch.supervisor import Grace
 from ddpw_runtime.rank.environment import RESTART_COUNT_ENV
@@ -60,14 +49,10 @@ class Preempted(Terminated):
 
 @dataclass
 class SlurmNode:
-    """The callable submitit runs as the task of every node (see the module docstring). Picklable, and
-    resubmitted unchanged when the job is requeued, so a restart has the same config and output dir.
-
-    `job` is the cloudpickle of (hydra_context, task_function, job config) and is read only after Hydra's
-    state (`hydra_state`) is restored, with the submitting program's import path (`sys_path`) added, so
-    modules next to the user's script import on the nodes too. `platform` is the job's, with the CPUs
-    it asks SLURM for filled in.
-    """
+    """The callable submitit runs as the task of every node, resubmitted unchanged when the job is requeued.
+    `job` (the cloudpickle of hydra_context, task_function, job config) is read only after Hydra's state
+    is restored, with the submitting program's import path (`sys_path`) added. `platform` is the job's, with
+    the CPUs it asks SLURM for filled in."""
 
     job: bytes
     idx: int
@@ -240,14 +225,12 @@ def _start_rank_starter(platform: Platform) -> None:
     """Start this process's rank starter now, with SIGTERM and SIGUSR2 ignored (SLURM sends them to
     every process of the job; the starter must outlive them so that its ranks can save) and SIGCONT at
     its default (submitit's handler would log it in every rank)."""
-    from ddpw_runtime.launch.starter import get_starter
-
     dispositions = (
         (signal.SIGTERM, signal.SIG_IGN), (signal.SIGUSR2, signal.SIG_IGN), (signal.SIGCONT, signal.SIG_DFL)
     )
     saved = {sig: signal.signal(sig, disposition) for sig, disposition in dispositions}
     try:
-        get_starter(preload=platform.spawn_method == "forkserver")
+        starter_for(platform)
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)

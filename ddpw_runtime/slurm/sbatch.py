@@ -1,8 +1,5 @@
-"""The sbatch side of a SLURM job: submitit's parameters from a job's platform and the launcher
-options, the script they make, the rendezvous the nodes use, and the plan a dry run prints.
-
-Nothing here submits or imports torch; submitit is imported only to render the script.
-"""
+"""The sbatch side of a SLURM job: submitit's parameters from a job's platform and the launcher options,
+the script they make, the rendezvous the nodes use, and the plan a dry run prints. Submits nothing."""
 
 from __future__ import annotations
 
@@ -105,5 +102,4 @@ def describe(platform: Platform, output_dir: Path) -> str:
     else:
         where = (f"{platform.master_addr or '<first node of the allocation>'}:"
                  f"{platform.master_port or f'<{PORT_BASE} + SLURM job id % {PORT_SPAN}>'}")
-    plan = replace(plan, init_method=f"tcp://{where}")
-    return f"{plan.describe()}\n--- platform ---\n{platform.summary()}"
+    return replace(plan, init_method=f"tcp://{where}", platform=platform).describe()

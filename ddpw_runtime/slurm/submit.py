@@ -1,11 +1,6 @@
-"""Hydra side of the SLURM launcher: prepare and check every job, submit, wait, report.
-
-Every job is prepared (composed once, its `platform` and the launcher options checked) before anything
-is submitted. Jobs with the same sbatch parameters go out as one job array, the others as separate
-submissions. Each node of a job runs `SlurmNode` (see `node.py`). The submitting process waits for
-every job (polling sacct and the nodes' result files), then turns each job's node outcomes into one
-JobReturn. A manifest of the submitted jobs (`ddpw_slurm_jobs.json`) is always written;
-`fire_and_forget` returns right after it.
+"""Hydra side of the SLURM launcher: submit the prepared jobs (equal sbatch parameters as one job array),
+wait (polling sacct and the nodes' result files), and turn each job's node outcomes into one JobReturn. A
+manifest of the submitted jobs (`ddpw_slurm_jobs.json`) is always written; `fire_and_forget` returns then.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Where Hydra finds hydra-ddpw's launcher options: a config source (`ddpw://`, appended to every app's
-search path) that makes an option's config when an app loads it, not when Hydra discovers plugins.
-
-Hydra imports every module under `hydra_plugins` at each start-up of every app, whether it selects a ddpw
-launcher or not. Storing the options in Hydra's ConfigStore there would turn four structured configs (a
-whole `Platform` each) into config nodes, and import `ddpw_conf`, at every start-up: tens of milliseconds
-that apps which never select a ddpw launcher would pay. Here Hydra learns only the options' names; the
-config of an option (`ddpw_conf.store.option_config`: the same structured config, so `platform.*` values
-and a repo's own `platform` presets are type-checked as before) is made the first time it is loaded.
+search path) that makes an option's config (`ddpw_conf.store.option_config`) when an app loads it, not when
+Hydra discovers plugins, so apps that never select a ddpw launcher do not pay for it.
 
 The module's name starts with `_`, so Hydra's plugin scan never executes it again (`config.py` hands its
 classes to the scan): Hydra keeps the config source's class in its state, which is pickled for every

@@ -50,11 +50,11 @@ class DdpwLauncher(Launcher, Generic[Options]):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Check the options and prepare every job of the batch (nothing starts before all are checked),
         then run them (`run_jobs`); one JobReturn per job, in order."""
-        from ddpw_runtime.hydra_jobs.prepare import prepare_launch
+        from ddpw_runtime.hydra_jobs.prepare import prepare_jobs
         from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        jobs = prepare_launch(self.hydra_context, self.config, job_overrides, initial_job_idx, self.options)
+        jobs = prepare_jobs(self.hydra_context, self.config, job_overrides, initial_job_idx, self.options)
         if self.summary is None:  # one for the whole sweep, whose batches come one launch at a time
             self.summary = SweepSummary(Path(str(self.config.hydra.sweep.dir)))
         return self.run_jobs(self.hydra_context, self.task_function, jobs, self.summary)
