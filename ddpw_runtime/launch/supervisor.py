@@ -327,11 +327,13 @@ def sigterm_raises() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
+    previous = signal.getsignal(signal.SIGTERM)
+    try:  # installed inside: a SIGTERM that comes as it is installed does not leave it there
+        signal.signal(signal.SIGTERM, raise_terminated)
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:  # (None: set outside Python, and left as is)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def supervise(ranks: NodeRanks, on_start: Callable[[int], None] | None = None) -> list[RankOutcome]:
