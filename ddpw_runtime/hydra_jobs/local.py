@@ -220,11 +220,10 @@ class _Sweep:
             except (KeyboardInterrupt, Terminated):
                 for pid in self.running:
                     signals.send_to_group(pid, signum, group=False)
-        for idx, end in sorted(self.ended.items()):
-            if end.stopped_by is not None:
-                sys.stderr.write(stopped_line(idx, end.stopped_by) + "\n")
+        lines = [stopped_line(idx, end.stopped_by) + "\n" for idx, end in sorted(self.ended.items()) if end.stopped_by]
+        sys.stderr.write("".join(lines) or signals.nothing_running(signum))  # (it may come as a job is started)
         if self.summary is not None:
-            for job in self.pending:
+            for job in [job for job in self.jobs if job.idx not in self.ended]:
                 self.summary.record(not_started(job.idx, job.overrides, job.output_dir))
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
 

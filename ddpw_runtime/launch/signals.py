@@ -99,7 +99,7 @@ def jobs_running() -> Iterator[None]:
 
 def _on_interrupt(signum: int, frame: FrameType | None) -> None:
     if not _state["jobs running"]:
-        sys.stderr.write("Interrupted: no rank was running.\n")
+        sys.stderr.write(nothing_running(signal.SIGINT))
     raise Interrupted()
 
 
@@ -108,5 +108,10 @@ def _on_terminate(signum: int, frame: FrameType | None) -> None:
         return
     _state["terminating"] = True
     if not _state["jobs running"]:
-        sys.stderr.write("Terminated (SIGTERM): no rank was running.\n")
+        sys.stderr.write(nothing_running(signal.SIGTERM))
     raise Terminated()
+
+
+def nothing_running(signum: int) -> str:
+    """The line that says Ctrl-C (SIGINT) or SIGTERM came while no rank was running."""
+    return f"{'Interrupted' if signum == signal.SIGINT else 'Terminated (SIGTERM)'}: no rank was running.\n"
