@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -17,7 +16,6 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ddpw_conf import Platform
-from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.launch import rendezvous
 from ddpw_runtime.launch.checks import check, resolve_callable
@@ -63,13 +61,9 @@ class NodeJob:
     """The GPUs and CPU cores of its own, when jobs run side by side."""
 
 
-def starter_for(platform: Platform, torch_here: bool = False) -> RankStarter:
+def starter_for(platform: Platform) -> RankStarter:
     """The rank starter for `platform`'s start method, started now if need be (the launchers ask early, so
-    it imports torch while this process goes on). `torch_here`: this process imports torch anyway (rank 0 of a
-    plain run); with a torch build without GPU support it imports torch first, so the starter is forked with
-    torch loaded (a CUDA build cannot be forked once loaded)."""
-    if torch_here and "torch" not in sys.modules and _compat.torch_without_gpu_support():
-        import torch  # noqa: F401  (see above)
+    it imports torch while this process goes on)."""
     return get_starter(preload=platform.spawn_method == "forkserver")
 
 
