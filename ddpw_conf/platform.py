@@ -160,7 +160,8 @@ class Platform:
         self._validate_network()
         self._validate_groups()
         self._validate_slurm_parameters()
-        self._validate_flags()
+        for key in ("console_logs", "verbose"):
+            check_bool(f"platform.{key}", getattr(self, key))
         self.layout.validate(self.world_size)
         if self.resolved_backend == "nccl" and not self.uses_gpus:
             raise ConfigError(
@@ -379,10 +380,6 @@ class Platform:
                 "platform.ipc_groups", None, "a platform.layout with tensor or pipeline above 1 needs the "
                 "process group that hydra-ddpw makes: use ipc_groups=[] (or leave the layout unset)",
             )
-
-    def _validate_flags(self) -> None:
-        for key in ("console_logs", "verbose"):
-            check_bool(f"platform.{key}", getattr(self, key))
 
     def _validate_slurm_parameters(self) -> None:
         params = self.slurm_additional_parameters

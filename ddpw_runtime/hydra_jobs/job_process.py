@@ -21,7 +21,7 @@ from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel
 from ddpw_runtime.launch.records import portable
-from ddpw_runtime.launch.signals import raise_terminated
+from ddpw_runtime.launch.signals import raise_terminated, signal_of
 from ddpw_runtime.launch.starter import RankStarter, close_starters, use_starter
 
 RESULT = "job.result"
@@ -74,10 +74,8 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
         if error is not None:  # it must reach the launching process, whatever its class
             ret.return_value = portable(error)
         end = JobEnd(job_return=DdpwJobReturn.of(ret, task.values))
-    except KeyboardInterrupt:
-        end = JobEnd(stopped_by=signal.SIGINT)
-    except Terminated:
-        end = JobEnd(stopped_by=signal.SIGTERM)
+    except (KeyboardInterrupt, Terminated) as stop:
+        end = JobEnd(stopped_by=signal_of(stop))
     except BaseException as error:  # noqa: BLE001 - the sweep decides what an error outside the task does
         end = JobEnd(error=portable(error))
     finally:

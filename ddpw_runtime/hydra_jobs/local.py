@@ -152,7 +152,7 @@ class _Sweep:
                         break
                     self._wait_one()
         except (KeyboardInterrupt, Terminated) as stop:
-            self._stop_all(signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+            self._stop_all(signals.signal_of(stop))
         finally:
             self.inbox.close()
         errors = [end.error for _, end in sorted(self.ended.items()) if end.error is not None]

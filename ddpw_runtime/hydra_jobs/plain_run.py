@@ -1,24 +1,8 @@
-"""A plain run (no `-m`) with a ddpw launcher is Hydra's own run mode, with the user's process as rank 0.
-
-Hydra uses a launcher only in multirun, and a launcher option cannot change the mode. So the launcher
-options install this callback instead, and Hydra runs the job as in any plain run: output in
-`hydra.run.dir`, `.hydra/` and the job log there, `on_run_*` and `on_job_*` with the user's task
-function, Hydra's errors; rank 0 keeps the terminal (progress bars, colours and `pdb` work).
-
-- `on_run_start`: every check of the platform and the launcher options, before anything starts; then
-  the program forks (`launch/run_supervisor.py`): its own process becomes the job's supervisor, and the
-  run goes on in the fork, which is rank 0.
-- `on_job_start`: rank 0 tells the supervisor the job is starting (the task the other ranks run, its
-  process state), which starts the other ranks and answers with rank 0's part; this process takes it on
-  (its variables, output to its log too, the process group).
-- `on_job_end`: rank 0 leaves the group and tells the supervisor how its task ended; the supervisor
-  answers how the job ended: when another rank's failure is the job's, the job's return says so, and
-  Hydra reports it. A failed job is started again here while restarts are left.
-- `on_run_end`: the supervisor hears which non-daemon threads, if any, keep the program running.
-
-Limits (Hydra through its public API): callbacks listed after this one in `hydra.callbacks` (a repo's own
-callbacks) get `on_job_end` before it, so they see rank 0's own return; `on_run_end` and the program's
-exit see the job's. `--experimental-rerun` calls the task without any callback: it runs in one process.
+"""A plain run (no `-m`) with a ddpw launcher: Hydra's own run mode, with the user's process as rank 0. The
+launcher options install `PlainRun`, a callback: `on_run_start` checks and forks the job's supervisor
+(`launch/run_supervisor.py`), `on_job_start` joins the job, `on_job_end` leaves it (and starts it again while
+restarts are left), `on_run_end` names the threads that keep the program running (docs/architecture.md,
+"A plain run is Hydra's own run mode", for the rest and the limits).
 """
 
 from __future__ import annotations
@@ -50,7 +34,7 @@ from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.supervisor import STOP_SIGNAL
+from ddpw_runtime.launch.supervisor import STOP_SIGNAL, STOPPED, on_stack
 from ddpw_runtime.rank.own_process import RankInThisProcess, open_log
 
 
@@ -112,14 +96,9 @@ _stopped = threading.Event()
 
 def _on_stop(signum: int, frame: FrameType | None) -> None:
     """`STOP_SIGNAL` from the supervisor: another rank failed or the time limit passed."""
-    while frame is not None:
-        if frame.f_code in _stoppable:
-            _stopped.set()
-            raise RankStopped(
-                "another rank failed or the job reached its time limit; this rank was stopped (the job's "
-                "error names the cause)"
-            )
-        frame = frame.f_back
+    if on_stack(frame, _stoppable):
+        _stopped.set()
+        raise RankStopped(STOPPED)
 
 
 def _in_forks() -> None:

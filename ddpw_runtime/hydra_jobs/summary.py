@@ -101,22 +101,6 @@ def _head(style: _Style, job: int, what: str, *colours: str) -> str:
     return f"{style(PREFIX, 'dim')} {style(f'job #{job}', 'bold')} {style(what, *colours)}"
 
 
-def start_line(job: int, world_size: int, device: str, output_dir: str, colour: bool = False) -> str:
-    """The line printed when a job's ranks start."""
-    ranks = f"{world_size} rank" + ("s" if world_size != 1 else "")
-    return f"{_head(_Style(colour), job, 'started')}: {ranks} on {device}, output dir {output_dir}"
-
-
-def completed_summary(job: int, world_size: int, duration_s: float, log_dir: str, colour: bool = False) -> str:
-    """The line printed when every rank of a job returned (each exited 0)."""
-    style = _Style(colour)
-    ranks = ("ranks " if world_size > 1 else "rank ") + rank_ranges(list(range(world_size)))
-    return (
-        f"{_head(style, job, 'COMPLETED', 'green', 'bold')} in {duration_s:.1f} s: "
-        f"{ranks} {style('ok', 'green')}; logs {log_dir}/rank_<k>.log"
-    )
-
-
 def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: str, colour: bool = False) -> str:
     """The lines printed when a job failed: the cause in one line and, for a `RankFailure`, each rank's
     status and exit code."""
@@ -161,11 +145,16 @@ class JobConsole:
 
     def started(self) -> None:
         """Print the start line."""
-        self._print(start_line(self.job, self.world_size, self.device, self.output_dir, self.colour))
+        ranks = f"{self.world_size} rank" + ("s" if self.world_size != 1 else "")
+        self._print(f"{_head(_Style(self.colour), self.job, 'started')}: {ranks} on {self.device}, output dir "
+                    f"{self.output_dir}")
 
     def completed(self, duration_s: float) -> None:
-        """Print the summary of a job whose every rank returned."""
-        self._print(completed_summary(self.job, self.world_size, duration_s, self.output_dir, self.colour))
+        """Print the summary of a job whose every rank returned (each exited 0)."""
+        style = _Style(self.colour)
+        ranks = ("ranks " if self.world_size > 1 else "rank ") + rank_ranges(list(range(self.world_size)))
+        self._print(f"{_head(style, self.job, 'COMPLETED', 'green', 'bold')} in {duration_s:.1f} s: {ranks} "
+                    f"{style('ok', 'green')}; logs {self.output_dir}/rank_<k>.log")
 
     def failed(self, error: BaseException, duration_s: float) -> None:
         """Print the summary of a failed job."""

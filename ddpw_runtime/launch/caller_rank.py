@@ -20,7 +20,7 @@ from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.stacks import where_in
-from ddpw_runtime.launch.supervisor import STOP_SIGNAL, supervise
+from ddpw_runtime.launch.supervisor import STOP_SIGNAL, STOPPED, on_stack, supervise
 
 
 def check_caller_rank(platform: Platform) -> None:
@@ -188,11 +188,8 @@ class CallerRank:
 
     # ------------------------------------------------------------------ signal handlers (main thread)
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.stopped and not self._task_over.is_set() and _on_stack(frame, self._stoppable):
-            raise RankStopped(
-                "another rank failed or the job reached its time limit; this rank was stopped (the job's "
-                "error names the cause)"
-            )
+        if self.stopped and not self._task_over.is_set() and on_stack(frame, self._stoppable):
+            raise RankStopped(STOPPED)
 
     def _on_interrupt(self, signum: int, frame: FrameType | None) -> None:
         again = self.interrupted is not None
@@ -200,12 +197,3 @@ class CallerRank:
         self._ranks.request_interrupt(signum)  # again: the ranks are killed at once
         if not again:
             raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
-
-
-def _on_stack(frame: FrameType | None, codes: set[Any]) -> bool:
-    while frame is not None:
-        if frame.f_code in codes:
-            return True
-        frame = frame.f_back
-    return False
-

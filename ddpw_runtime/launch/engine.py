@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -17,7 +16,6 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ddpw_conf import Platform
-from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.launch import rendezvous
 from ddpw_runtime.launch.checks import check, resolve_callable
@@ -63,13 +61,9 @@ class NodeJob:
     """The GPUs and CPU cores of its own, when jobs run side by side."""
 
 
-def starter_for(platform: Platform, torch_here: bool = False) -> RankStarter:
+def starter_for(platform: Platform) -> RankStarter:
     """The rank starter for `platform`'s start method, started now if need be (the launchers ask early, so
-    it imports torch while this process goes on). `torch_here`: this process imports torch anyway (rank 0 of a
-    plain run); with a torch build without GPU support it imports torch first, so the starter is forked with
-    torch loaded (a CUDA build cannot be forked once loaded)."""
-    if torch_here and "torch" not in sys.modules and _compat.torch_without_gpu_support():
-        import torch  # noqa: F401  (see above)
+    it imports torch while this process goes on)."""
     return get_starter(preload=platform.spawn_method == "forkserver")
 
 
@@ -133,26 +127,18 @@ class LocalJob:
         """The bound rendezvous socket's descriptor, on the node that hosts the store."""
         return self.listener.fileno() if self.listener is not None else None
 
-    @property
-    def console_ranks(self) -> list[int]:
-        """This node's ranks that the console shows (`platform.console_ranks`)."""
-        return [rank for rank in self.plan.console_ranks if rank in self.plan.global_ranks]
-
     def console(self, skip: int | None = None) -> ConsoleRanks:
-        """The console of this node's console ranks, but `skip` (a rank that runs in this process)."""
-        files = {rank: self.plan.log_file(rank) for rank in self.console_ranks if rank != skip}
-        return ConsoleRanks(files, self.job.console_prefix, ranked=len(self.console_ranks) > 1)
+        """The console of this node's console ranks (`platform.console_ranks`), but `skip` (a rank that runs
+        in this process)."""
+        shown = [rank for rank in self.plan.console_ranks if rank in self.plan.global_ranks]
+        files = {rank: self.plan.log_file(rank) for rank in shown if rank != skip}
+        return ConsoleRanks(files, self.job.console_prefix, ranked=len(shown) > 1)
 
     def ranks(self, ranks: list[int], console: ConsoleRanks, on_stop: Callable[[], None] = lambda: None,
               outside: OutsideRank | None = None) -> NodeRanks:
         """`ranks` of this node, to start as processes of their own but `outside` (see `supervise`)."""
         return NodeRanks(self.starter, self.payload, self.payload_path, self.job.grace, ranks, console,
                          self.listen_fd, on_stop, outside)
-
-    def run(self) -> list[RankOutcome]:
-        """Start every rank of this node as a process of its own and wait for them (see `supervise`)."""
-        with self.console() as console:
-            return supervise(self.ranks(self.plan.global_ranks, console))
 
     def close(self) -> None:
         """Close the rendezvous socket and remove the private folder."""
@@ -221,7 +207,8 @@ def _run_once(task: TaskCall, given: JobInput, job: NodeJob, caller_rank: bool) 
 
     with LocalJob(given, job) as local:
         if not caller_rank:
-            outcomes = local.run()
+            with local.console() as console:
+                outcomes = supervise(local.ranks(local.plan.global_ranks, console))
             settle(job, outcomes)
             return [o.result.value() for o in outcomes if o.result is not None]
         with CallerRank(local) as rank_zero:

@@ -1,22 +1,7 @@
-"""A plain run's supervisor: the program's own process, once it has handed Hydra's run to rank 0.
-
-When a plain run with a ddpw launcher starts (`hydra_jobs/plain_run.py`, at `on_run_start`), the program
-forks. The child goes on with Hydra's run as rank 0 (the user's process: terminal, pdb, callbacks, output
-dir, all Hydra's own). The parent, whose pid is the one the shell, a scheduler or `kill` knows, becomes
-the job's supervisor and never returns to Hydra: it starts and supervises the other ranks and watches
-rank 0 like any rank, so nothing the task does to its own process (ignoring or catching signals, leaving
-threads, holding the GIL, forking, dying) keeps the job from ending as documented:
-
-- Ctrl-C or SIGTERM: passed on to every rank (rank 0 gets the terminal's Ctrl-C by itself, as without
-  hydra-ddpw), `interrupt_grace_s` to finish, then SIGKILL; a second one kills at once; exit 130 or 143.
-- Another rank fails, or the time limit passes: rank 0 is asked to stop (`STOP_SIGNAL`: `RankStopped`
-  in its task, so Hydra reports the job there), and killed after `stop_grace_s` if it does not.
-- The supervisor is killed: rank 0 dies with it (`PR_SET_PDEATHSIG`), the rank starter stops the rest.
-- Rank 0's task left a non-daemon thread running: the job ends all the same (the other ranks are gone),
-  and, as Python keeps such a program running, so does this one, naming the thread.
-
-The program exits with rank 0's exit code, or 130/143 after Ctrl-C/SIGTERM, or 1 when rank 0 had to be
-killed (the supervisor then shows the job's error itself).
+"""A plain run's supervisor: the program's own process, once it has handed Hydra's run to rank 0 (a fork
+of it). It starts and supervises the other ranks and watches rank 0 like any rank (docs/architecture.md,
+"A plain run is Hydra's own run mode"). The program exits with rank 0's exit code, or 130/143 after
+Ctrl-C/SIGTERM, or 1 when rank 0 had to be killed (the supervisor then shows the job's error itself).
 """
 
 from __future__ import annotations
@@ -39,10 +24,9 @@ from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.errors import RankFailure, Terminated
 from ddpw_runtime.launch.engine import JobInput, LocalJob, NodeJob, settle, starter_for, with_restarts
-from ddpw_runtime.launch.outcome import RankOutcome
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
-from ddpw_runtime.launch.signals import blocked
+from ddpw_runtime.launch.signals import blocked, send_to_group, signal_of
 from ddpw_runtime.launch.starter import Inbox, close_starters
 from ddpw_runtime.launch.starter_process import die_with_parent
 from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, OutsideRank, supervise
@@ -62,8 +46,8 @@ class ThreadsBeforeTheRun(RuntimeError):
 
 
 def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
-    """Fork the program (see the module docstring). In the child, which goes on as the user's process,
-    return its channel to the supervisor; in the parent, supervise the job and exit, never returning."""
+    """Fork the program. In the child, which goes on as rank 0, return its channel to the supervisor; in
+    the parent, supervise the job and exit, never returning."""
     others = [thread.name for thread in threading.enumerate() if thread is not threading.current_thread()]
     if others:
         raise ThreadsBeforeTheRun(
@@ -105,7 +89,7 @@ class _Hangup(BaseException):
 
 
 class RunSupervisor:
-    """The supervisor of one plain run (see the module docstring): `channel` to rank 0's process `pid`."""
+    """The supervisor of one plain run: `channel` to rank 0's process `pid`."""
 
     def __init__(self, channel: Channel, pid: int, platform: Platform, options: LauncherOptions,
                  signal_mask: set[int | signal.Signals]) -> None:
@@ -149,7 +133,7 @@ class RunSupervisor:
                 return self._after_job(failure)
             return _exit_code(first.code) if isinstance(first, _RankZeroExited) else self._end_of_run()
         except (KeyboardInterrupt, Terminated) as stop:
-            return self._interrupt_rank_zero(signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM)
+            return self._interrupt_rank_zero(signal_of(stop))
         except _Hangup:
             self._kill_rank_zero()
             return 128 + signal.SIGHUP
@@ -182,9 +166,11 @@ class RunSupervisor:
             self.task_ended.clear()
             self._answer(JobSettled(None, restart=True))
             self.awaiting.set()  # rank 0 waits for the next `RankZero` now
+        from ddpw_runtime.rank.environment import rank_environment
+
         with LocalJob(given, job) as local, local.console() as console:
             self.result_file = local.payload.result_file(0)
-            env = {**_rank_zero_environment(local), **local.payload.job_environment()}
+            env = {**rank_environment(local.plan, 0, 0), **local.payload.job_environment()}
             terminal = console.terminal_of(0)
             stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
             outside = OutsideRank(0, self.pid, self.sees_ctrl_c, report_s=REPORT_S)
@@ -198,18 +184,20 @@ class RunSupervisor:
             try:
                 outcomes = supervise(ranks)
             except (KeyboardInterrupt, Terminated) as stop:
-                self.interrupted = signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
+                self.interrupted = signal_of(stop)
                 raise
             finally:
                 self.inbox, self.ranks = None, None
-            settle(job, _rank_zero_outcome(outcomes, ended_by_task=self.task_ended.is_set()))
+            if self.task_ended.is_set():  # rank 0's process goes on: its exit code is not its task's
+                outcomes[0].exit_code = None
+            settle(job, outcomes)
 
     # ------------------------------------------------------------------ after the job
     def _after_job(self, failure: BaseException | None) -> int:
         """Tell rank 0 how the job ended (when it waits to hear it), then wait for its process to end."""
-        if self.awaiting.is_set() and self.exited is None:
-            error = None if _own_error_of_rank_zero(failure) else failure
-            self._answer(JobSettled(_pickled(error)))
+        if self.awaiting.is_set() and self.exited is None:  # rank 0's Hydra run shows its own error itself
+            own = isinstance(failure, RankFailure) and failure.rank == 0 and bool(failure.traceback_text)
+            self._answer(JobSettled(None if own else _pickled(failure)))
             return self._end_of_run()
         if failure is not None:  # rank 0 cannot say it (it died or was killed): say it here
             sys.stderr.write(f"Error executing job: {failure}\n")
@@ -237,7 +225,7 @@ class RunSupervisor:
                         f"non-daemon thread(s) running: {', '.join(event.threads)} (as Python waits for them)\n"
                     )
         except (KeyboardInterrupt, Terminated) as stop:
-            return self._interrupt_rank_zero(signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM)
+            return self._interrupt_rank_zero(signal_of(stop))
         return _exit_code(self.exited)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> NoReturn:
@@ -249,7 +237,7 @@ class RunSupervisor:
         if len(self.received) > 1:  # at once, wherever this one lands (even inside the first one's handling)
             if self.ranks is not None:
                 self.ranks.send(signal.SIGKILL)
-            _send(self.pid, signal.SIGKILL)
+            send_to_group(self.pid, signal.SIGKILL, group=False)
         else:  # os.write: this may interrupt a write to sys.stderr
             what = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
             os.write(2, f"[ddpw] {what}: every rank gets it and {self.grace.interrupt_s:g} s to end; Ctrl-C again "
@@ -267,32 +255,32 @@ class RunSupervisor:
         if self.awaiting.is_set() and self.exited is None:  # it waits in hydra-ddpw's code: it ends there
             self._answer(JobSettled(None, stopped=self.interrupted or sig))
         elif self.interrupted is None and not (sig == signal.SIGINT and self.sees_ctrl_c):
-            _send(self.pid, sig)
-        end = time.monotonic() + (self.grace.interrupt_s if len(self.received) < 2 else 0.0)
-        while self.exited is None:
-            try:
-                event = self.events.get(timeout=max(0.0, end - time.monotonic()))
-            except queue.Empty:
+            send_to_group(self.pid, sig, group=False)
+        try:
+            if not self._exited_within(self.grace.interrupt_s if len(self.received) < 2 else 0.0):
                 sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}, the program's task) did not end in the time "
                                  "it was given; killed\n")
-                break
-            except (KeyboardInterrupt, Terminated):  # asked again: at once
-                break
-            del event
+        except (KeyboardInterrupt, Terminated):  # asked again: at once
+            pass
         self._kill_rank_zero()
         return 128 + (self.interrupted or sig)
 
     def _kill_rank_zero(self) -> None:
         """SIGKILL rank 0's process (what it started is the job's, stopped with it) and reap it, bounded."""
-        _send(self.pid, signal.SIGKILL)
-        end = time.monotonic() + KILL_WAIT_S
+        send_to_group(self.pid, signal.SIGKILL, group=False)
+        if not self._exited_within(KILL_WAIT_S):
+            sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}) did not exit {KILL_WAIT_S:.0f} s after SIGKILL "
+                             "(stuck in the kernel?); left behind\n")
+
+    def _exited_within(self, seconds: float) -> bool:
+        """Wait at most `seconds` for rank 0's process to end; whether it did."""
+        end = time.monotonic() + seconds
         while self.exited is None:
             try:
                 self.events.get(timeout=max(0.0, end - time.monotonic()))
             except queue.Empty:
-                sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}) did not exit {KILL_WAIT_S:.0f} s after SIGKILL "
-                                 "(stuck in the kernel?); left behind\n")
-                return
+                return False
+        return True
 
     # ------------------------------------------------------------------ what rank 0's process says
     def _watch(self) -> None:
@@ -323,19 +311,6 @@ class RunSupervisor:
         self.events.put(_RankZeroExited(self.exited))
 
 
-def _rank_zero_environment(local: LocalJob) -> dict[str, str]:
-    from ddpw_runtime.rank.environment import rank_environment
-
-    return rank_environment(local.plan, 0, 0)
-
-
-def _rank_zero_outcome(outcomes: list[RankOutcome], ended_by_task: bool) -> list[RankOutcome]:
-    """`outcomes` with rank 0's exit code unknown when its task ended (its process goes on)."""
-    if ended_by_task and outcomes and outcomes[0].rank == 0:
-        outcomes[0].exit_code = None
-    return outcomes
-
-
 def _pickled(error: BaseException | None) -> bytes | None:
     """`error` pickled to travel to rank 0's process (its text when it cannot be pickled)."""
     if error is None:
@@ -344,11 +319,6 @@ def _pickled(error: BaseException | None) -> bytes | None:
         return pickle.dumps(error)
     except Exception:  # noqa: BLE001 - any error can still be told as text
         return pickle.dumps(RuntimeError(str(error)))
-
-
-def _own_error_of_rank_zero(failure: BaseException | None) -> bool:
-    """Whether the job failed by rank 0's own error, which rank 0's Hydra run already shows as its own."""
-    return isinstance(failure, RankFailure) and failure.rank == 0 and bool(failure.traceback_text)
 
 
 def _in_foreground() -> bool:
@@ -360,13 +330,6 @@ def _in_foreground() -> bool:
         except OSError:
             continue
     return False
-
-
-def _send(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _exit_code(code: int) -> int:

@@ -32,6 +32,11 @@ def send_to_group(pid: int, sig: int, group: bool = True) -> None:
         pass
 
 
+def signal_of(stop: BaseException) -> int:
+    """The signal an interruption came from: SIGINT for KeyboardInterrupt, else SIGTERM (`Terminated`)."""
+    return signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
+
+
 def raise_terminated(signum: int, frame: FrameType | None) -> None:
     """A SIGTERM handler: raise `Terminated`."""
     raise Terminated()

@@ -205,7 +205,8 @@ class _Server:
                 for passed in (listen_fd, terminal):
                     if passed is not None:
                         os.set_inheritable(passed, True)
-                args = [request.payload_path, str(request.local_rank), *(_arg(fd) for fd in (listen_fd, terminal))]
+                passed_fds = ("-" if fd is None else str(fd) for fd in (listen_fd, terminal))
+                args = [request.payload_path, str(request.local_rank), *passed_fds]
                 os.execv(sys.executable, [sys.executable, "-m", "ddpw_runtime.rank.entry", *args])
             from ddpw_runtime.rank.entry import run_rank
 
@@ -297,10 +298,6 @@ def _children() -> list[int]:
         except (OSError, IndexError, ValueError):  # gone meanwhile
             continue
     return found
-
-
-def _arg(fd: int | None) -> str:
-    return "-" if fd is None else str(fd)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import CodeType, FrameType
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.console import ConsoleRanks, file_size
@@ -21,7 +22,7 @@ from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import RankPayload
 from ddpw_runtime.launch.protocol import JobKey, RankExited
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.signals import held, raise_terminated, send_to_group
+from ddpw_runtime.launch.signals import held, raise_terminated, send_to_group, signal_of
 from ddpw_runtime.launch.stacks import where
 from ddpw_runtime.launch.starter import Inbox, RankStarter
 
@@ -50,6 +51,19 @@ STOP_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIG
 """What asks a rank 0 that runs in the user's own process to stop (another rank failed, or the time
 limit passed): it raises `RankStopped` in its task, so Hydra reports the job there (a real-time signal no
 library uses, where there are such signals). A process a rank starts itself gets SIGTERM instead."""
+STOPPED = ("another rank failed or the job reached its time limit; this rank was stopped (the job's error "
+           "names the cause)")
+"""The message of the `RankStopped` that `STOP_SIGNAL` raises."""
+
+
+def on_stack(frame: FrameType | None, codes: Container[CodeType]) -> bool:
+    """Whether `frame`, or a frame that called it, runs one of `codes` (where `STOP_SIGNAL` may stop a rank
+    that runs in the user's own process: its task, its joining of the group)."""
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
 
 
 @dataclass(frozen=True)
@@ -110,8 +124,8 @@ class NodeRanks:
         self.inbox = Inbox()
         """Where this node's rank exits arrive, and what wakes the supervising thread."""
 
-    def start(self, on_start: Callable[[int], None] | None = None) -> None:
-        """Start every rank (`on_start(pid)` after each)."""
+    def start(self) -> None:
+        """Start every rank."""
         plan = self.payload.plan
         first = plan.global_ranks[0]
         if self.outside is not None:
@@ -129,8 +143,6 @@ class NodeRanks:
                 if self.console is not None:
                     self.console.handed_over(rank)
                 self.pids[pid] = rank
-                if on_start is not None:
-                    on_start(pid)
 
     def running(self) -> list[int]:
         """The pids of the ranks still running."""
@@ -200,9 +212,9 @@ class NodeRanks:
                 self._begin_stop()
                 grace_end = time.monotonic() + self.grace.stop_s
             if time.monotonic() >= grace_end:
-                reporting = self._reporting()
-                self.kill(spare=reporting)
-                grace_end = float("inf") if reporting is None else time.monotonic() + self._report_s()
+                outside = self._reporting()
+                self.kill(spare=outside.pid if outside is not None else None)
+                grace_end = float("inf") if outside is None else time.monotonic() + outside.report_s
             elif time.monotonic() >= limit_end:
                 timed_out, limit_end = True, float("inf")
                 self._begin_stop()
@@ -215,17 +227,17 @@ class NodeRanks:
             requests, self._requests = self._requests, []
         signals = [sig for sig in requests if sig is not None]
         if signals:
-            self.interrupt(signals[0], self.grace.interrupt_s)
+            self.interrupt(signals[0])
         return bool(requests)
 
-    def interrupt(self, sig: int, grace_s: float) -> None:
-        """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace_s` to finish, then kill
-        them; a second Ctrl-C kills them at once."""
+    def interrupt(self, sig: int) -> None:
+        """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace.interrupt_s` to finish, then
+        kill them; a second Ctrl-C kills them at once."""
         self.stopped.update(self.pids[pid] for pid in self.running())
         if self.console is not None:  # what the ranks print as they stop stays in their logs
             self.console.freeze()
         self.send(sig)
-        end = time.monotonic() + grace_s
+        end = time.monotonic() + self.grace.interrupt_s
         try:
             while self.running() and time.monotonic() < end and not self._requests:  # asked again: kill now
                 event = self.inbox.next(max(0.0, end - time.monotonic()))
@@ -235,17 +247,13 @@ class NodeRanks:
             pass
         self.kill()
 
-    def _reporting(self) -> int | None:
-        """The outside rank's pid when it still runs and is given time to end its task once the others'
-        grace is over (`OutsideRank.report_s`; given once)."""
-        outside = self.outside
-        if outside is None or outside.report_s <= 0 or self._reported or outside.pid not in self.running():
+    def _reporting(self) -> OutsideRank | None:
+        """The outside rank when it still runs and is given time to end its task once the others' grace
+        is over (`OutsideRank.report_s`; given once)."""
+        given, self._reported, outside = self._reported, True, self.outside
+        if given or outside is None or outside.report_s <= 0 or outside.pid not in self.running():
             return None
-        self._reported = True
-        return outside.pid
-
-    def _report_s(self) -> float:
-        return self.outside.report_s if self.outside is not None else 0.0
+        return outside
 
     def kill(self, spare: int | None = None) -> None:
         """SIGKILL every running rank (but `spare`) and wait until each has exited, at most `KILL_WAIT_S`."""
@@ -336,17 +344,16 @@ def sigterm_raises() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
-def supervise(ranks: NodeRanks, on_start: Callable[[int], None] | None = None) -> list[RankOutcome]:
+def supervise(ranks: NodeRanks) -> list[RankOutcome]:
     """Start `ranks`, wait for them, and tell how each ended, in rank order; JobTimedOut past the time limit.
     Ctrl-C or SIGTERM here (main thread) is passed on to the ranks, with `grace.interrupt_s`, then propagates."""
     plan = ranks.payload.plan
     with sigterm_raises():
         try:
-            ranks.start(on_start)
+            ranks.start()
             timed_out = ranks.wait()
         except (KeyboardInterrupt, Terminated) as stop:
-            ranks.interrupt(signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM,
-                            ranks.grace.interrupt_s)
+            ranks.interrupt(signal_of(stop))
             note_failures(ranks.outcomes())
             raise
         except BaseException:

@@ -20,16 +20,14 @@ from ddpw_runtime.launch.records import RankResult
 
 
 class RankInThisProcess:
-    """This process as `rank` of `plan`'s job. `env`: the variables it takes on (torchrun's and the job's).
-    `listen_fd`: the rendezvous socket, when this rank hosts the store. `output`: where fds 1 and 2 go while
-    it is a rank (a terminal of its own, or its log file); None: they stay where they are."""
+    """This process as `rank` of `plan`'s job (it joins the store that the launching side serves). `env`:
+    the variables it takes on (torchrun's and the job's). `output`: where fds 1 and 2 go while it is a rank
+    (a terminal of its own, or its log file); None: they stay where they are."""
 
-    def __init__(self, plan: LaunchPlan, rank: int, env: Mapping[str, str], listen_fd: int | None = None,
-                 output: int | None = None) -> None:
+    def __init__(self, plan: LaunchPlan, rank: int, env: Mapping[str, str], output: int | None = None) -> None:
         self.plan = plan
         self.rank = rank
         self.env = dict(env)
-        self.listen_fd = listen_fd
         self.output = output
         self._saved_env: dict[str, str | None] = {}
         self._saved_fds: tuple[int, int] | None = None
@@ -61,7 +59,7 @@ class RankInThisProcess:
             self._saved_threads = torch.get_num_threads()
             tell_imported_libraries(self.rank)
             self._joined = True
-            setup_rank(self.plan, self.rank, self.rank - self.plan.global_ranks[0], self.listen_fd)
+            setup_rank(self.plan, self.rank, self.rank - self.plan.global_ranks[0], None)
         except BaseException:
             self.leave(None)
             raise
