@@ -117,9 +117,11 @@ class RankZeroSide:
         self.task: TaskCall | None = None
         self.rank: RankInThisProcess | None = None
         signal.signal(STOP_SIGNAL, _on_stop)
-        # Where it was, when the supervisor asks (SIGUSR1: a stopped job's stack dumps), into fd 2: its log
-        # while it is rank 0. Registered for the whole run, so the request never finds it unregistered.
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        # Where it was, when the supervisor asks (SIGUSR1: a stopped job's stack dumps): into rank 0's output
+        # while this process is rank 0, nowhere once it has left (not onto the terminal). Registered for the
+        # whole run, so the request never finds it unregistered.
+        self._dumps = os.open(os.devnull, os.O_WRONLY)
+        faulthandler.register(signal.SIGUSR1, file=self._dumps, all_threads=True)
         os.register_at_fork(after_in_child=_in_forks)
 
     @staticmethod
@@ -151,6 +153,7 @@ class RankZeroSide:
                 _end_run(message, None)
             assert isinstance(message, RankZero)
             output = fds[0] if message.terminal else open_log(message.plan.log_file(0))
+            os.dup2(output, self._dumps, inheritable=False)
             _stopped.clear()
             self.rank = RankInThisProcess(message.plan, 0, message.env, output=output)
             try:
@@ -159,6 +162,7 @@ class RankZeroSide:
             except BaseException as exc:  # rank 0 could not join (or was interrupted): the job's end says why
                 stopped = _stopped.is_set() or not isinstance(exc, Exception)
                 self.rank = None
+                self._no_dumps()
                 self.channel.send(TaskEnded(None if stopped else RankResult.failure(0, exc)))
                 settled = self._settled()
                 if not settled.restart:
@@ -186,8 +190,15 @@ class RankZeroSide:
         if self.rank is not None:
             self.rank.leave(result)
             self.rank = None
+        self._no_dumps()
         self.channel.send(TaskEnded(result))
         return self._settled()
+
+    def _no_dumps(self) -> None:
+        """Stack dumps go nowhere from now on (this process is no longer rank 0)."""
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self._dumps, inheritable=False)
+        os.close(null)
 
     def _settled(self) -> JobSettled:
         message, _ = self.channel.recv()
