@@ -198,6 +198,7 @@ class RunSupervisor:
         if self.awaiting.is_set() and self.exited is None:  # rank 0's Hydra run shows its own error itself
             own = isinstance(failure, RankFailure) and failure.rank == 0 and bool(failure.traceback_text)
             self._answer(JobSettled(None if own else _pickled(failure)))
+            close_starters()  # the run's one job is over: the starter exits while rank 0 finishes the run
             return self._end_of_run()
         if failure is not None:  # rank 0 cannot say it (it died or was killed): say it here
             sys.stderr.write(f"Error executing job: {failure}\n")
