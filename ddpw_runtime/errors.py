@@ -101,6 +101,10 @@ class RankStopped(Exception):
     `Wrapper(caller_rank=True)`) when the job is stopped around it: another rank failed, or the time
     limit passed. The job's error names the real cause."""
 
+    def __init__(self) -> None:
+        super().__init__("another rank failed or the job reached its time limit; this rank was stopped (the job's "
+                         "error names the cause)")
+
 
 class Interrupted(SystemExit, KeyboardInterrupt):
     """Ctrl-C in a plain run: raised in the task as a KeyboardInterrupt (`except KeyboardInterrupt`

@@ -27,7 +27,6 @@ from ddpw_conf import ConfigError, LocalLauncherConf
 from ddpw_runtime.errors import Interrupted, Terminated
 from ddpw_runtime.hydra_jobs.job_process import RESULT, JobEnd, JobPayload
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
-from ddpw_runtime.hydra_jobs.summary import stopped_line
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, not_started
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
 from ddpw_runtime.launch import signals
@@ -220,7 +219,7 @@ class _Sweep:
             except (KeyboardInterrupt, Terminated):
                 for pid in self.running:
                     signals.send_to_group(pid, signum, group=False)
-        lines = [stopped_line(idx, end.stopped_by) + "\n" for idx, end in sorted(self.ended.items()) if end.stopped_by]
+        lines = [signals.stopped_line(idx, end.stopped_by) for idx, end in sorted(self.ended.items()) if end.stopped_by]
         sys.stderr.write("".join(lines) or signals.nothing_running(signum))  # (it may come as a job is started)
         if self.summary is not None:
             for job in [job for job in self.jobs if job.idx not in self.ended]:

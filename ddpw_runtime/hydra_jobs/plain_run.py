@@ -34,8 +34,8 @@ from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.supervisor import STOP_SIGNAL, STOPPED, on_stack
-from ddpw_runtime.rank.own_process import RankInThisProcess, open_log
+from ddpw_runtime.launch.supervisor import STOP_SIGNAL
+from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack, open_log
 
 
 class PlainRun(Callback):
@@ -98,7 +98,7 @@ def _on_stop(signum: int, frame: FrameType | None) -> None:
     """`STOP_SIGNAL` from the supervisor: another rank failed or the time limit passed."""
     if on_stack(frame, _stoppable):
         _stopped.set()
-        raise RankStopped(STOPPED)
+        raise RankStopped()
 
 
 def _in_forks() -> None:

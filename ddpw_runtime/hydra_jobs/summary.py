@@ -11,7 +11,6 @@ terminal that supports it (see `use_colour`).
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -124,12 +123,6 @@ def one_line(error: BaseException) -> str:
         return f"rank {error.rank} failed: {error.cause}"
     message = str(error).splitlines()
     return type(error).__name__ + (f": {message[0]}" if message and message[0] else "")
-
-
-def stopped_line(job: int, signum: int) -> str:
-    """What is printed (on stderr) when Ctrl-C (SIGINT) or SIGTERM stopped a job."""
-    what = "Interrupted" if signum == signal.SIGINT else "Terminated (SIGTERM)"
-    return f"{what}: every rank of job #{job} was stopped."
 
 
 class JobConsole:

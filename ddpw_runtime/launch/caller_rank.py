@@ -20,7 +20,8 @@ from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.stacks import where_in
-from ddpw_runtime.launch.supervisor import STOP_SIGNAL, STOPPED, on_stack, supervise
+from ddpw_runtime.launch.supervisor import STOP_SIGNAL, supervise
+from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack
 
 
 def check_caller_rank(platform: Platform) -> None:
@@ -45,7 +46,6 @@ class CallerRank:
 
     def __init__(self, local: LocalJob) -> None:
         from ddpw_runtime.rank.environment import rank_environment
-        from ddpw_runtime.rank.own_process import RankInThisProcess
 
         self.local = local
         self.plan = local.plan
@@ -189,7 +189,7 @@ class CallerRank:
     # ------------------------------------------------------------------ signal handlers (main thread)
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stopped and not self._task_over.is_set() and on_stack(frame, self._stoppable):
-            raise RankStopped(STOPPED)
+            raise RankStopped()
 
     def _on_interrupt(self, signum: int, frame: FrameType | None) -> None:
         again = self.interrupted is not None

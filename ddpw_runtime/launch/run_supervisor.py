@@ -26,7 +26,7 @@ from ddpw_runtime.errors import RankFailure, Terminated
 from ddpw_runtime.launch.engine import JobInput, LocalJob, NodeJob, settle, starter_for, with_restarts
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
-from ddpw_runtime.launch.signals import blocked, send_to_group, signal_of
+from ddpw_runtime.launch.signals import blocked, send_to_group, signal_of, stopped_line
 from ddpw_runtime.launch.starter import Inbox, close_starters
 from ddpw_runtime.launch.starter_process import die_with_parent
 from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, OutsideRank, supervise
@@ -249,10 +249,8 @@ class RunSupervisor:
     def _interrupt_rank_zero(self, sig: int) -> int:
         """Ctrl-C or SIGTERM (`sig`): make sure every rank has it (those of a running job had it passed on
         already), give rank 0's process the grace to end, then kill it; exit 128 + sig."""
-        from ddpw_runtime.hydra_jobs.summary import stopped_line
-
         if self.job_started:
-            sys.stderr.write(stopped_line(0, self.interrupted or sig) + "\n")
+            sys.stderr.write(stopped_line(0, self.interrupted or sig))
         if self.awaiting.is_set() and self.exited is None:  # it waits in hydra-ddpw's code: it ends there
             self._answer(JobSettled(None, stopped=self.interrupted or sig))
         elif self.interrupted is None and not (sig == signal.SIGINT and self.sees_ctrl_c):

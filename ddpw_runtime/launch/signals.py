@@ -117,6 +117,15 @@ def _on_terminate(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
+def stopped_line(job: int, signum: int) -> str:
+    """The line (for stderr) that says Ctrl-C (SIGINT) or SIGTERM stopped every rank of job #`job`."""
+    return f"{_stopped_by(signum)}: every rank of job #{job} was stopped.\n"
+
+
 def nothing_running(signum: int) -> str:
-    """The line that says Ctrl-C (SIGINT) or SIGTERM came while no rank was running."""
-    return f"{'Interrupted' if signum == signal.SIGINT else 'Terminated (SIGTERM)'}: no rank was running.\n"
+    """The line (for stderr) that says Ctrl-C (SIGINT) or SIGTERM came while no rank was running."""
+    return f"{_stopped_by(signum)}: no rank was running.\n"
+
+
+def _stopped_by(signum: int) -> str:
+    return "Interrupted" if signum == signal.SIGINT else "Terminated (SIGTERM)"

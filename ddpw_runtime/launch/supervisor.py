@@ -10,11 +10,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import CodeType, FrameType
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.console import ConsoleRanks, file_size
@@ -51,21 +50,6 @@ STOP_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIG
 """What asks a rank 0 that runs in the user's own process to stop (another rank failed, or the time
 limit passed): it raises `RankStopped` in its task, so Hydra reports the job there (a real-time signal no
 library uses, where there are such signals). A process a rank starts itself gets SIGTERM instead."""
-STOPPED = ("another rank failed or the job reached its time limit; this rank was stopped (the job's error "
-           "names the cause)")
-"""The message of the `RankStopped` that `STOP_SIGNAL` raises."""
-
-
-def on_stack(frame: FrameType | None, codes: Container[CodeType]) -> bool:
-    """Whether `frame`, or a frame that called it, runs one of `codes` (where `STOP_SIGNAL` may stop a rank
-    that runs in the user's own process: its task, its joining of the group)."""
-    while frame is not None:
-        if frame.f_code in codes:
-            return True
-        frame = frame.f_back
-    return False
-
-
 @dataclass(frozen=True)
 class OutsideRank:
     """A rank of this node that this node did not start: rank 0 of a plain run, the user's own process. It is

@@ -11,8 +11,9 @@ import faulthandler
 import os
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from pathlib import Path
+from types import CodeType, FrameType
 from typing import Any
 
 from ddpw_runtime.launch.plan import LaunchPlan
@@ -92,6 +93,16 @@ class RankInThisProcess:
                 os.environ[name] = value
         self._saved_env = {}
         tempfile.tempdir = None
+
+
+def on_stack(frame: FrameType | None, codes: Container[CodeType]) -> bool:
+    """Whether `frame`, or a frame that called it, runs one of `codes` (where the job's stop signal may stop a
+    rank that runs in this process: its task, its joining of the group)."""
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def open_log(log_file: Path) -> int:
