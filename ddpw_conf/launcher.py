@@ -16,6 +16,10 @@ _Options = TypeVar("_Options", bound="LauncherOptions")
 LOCAL_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.local_launcher.DdpwLocalLauncher"
 SLURM_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.slurm_launcher.DdpwSlurmLauncher"
 PLATFORM_KEY = "platform"
+NOT_OURS = (". If `platform` is your app's own config node, select the `_own_platform` twin of the launcher "
+            "option (such as hydra/launcher=ddpw_cpu_own_platform): hydra-ddpw then reads its platform from "
+            "`ddpw_platform` and leaves `platform` to the app")
+"""What an error about the `platform` node adds when the node may be the app's own."""
 """Where a job's config holds its Platform, unless the launcher options name another node."""
 _CONFIG_KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -68,7 +72,8 @@ class LauncherOptions:
         from omegaconf import OmegaConf
 
         with self.naming_platform_keys():
-            return platform_from_config(OmegaConf.select(config, self.platform_key))
+            return platform_from_config(OmegaConf.select(config, self.platform_key),
+                                        NOT_OURS if self.platform_key == PLATFORM_KEY else "")
 
     @contextmanager
     def naming_platform_keys(self) -> Iterator[None]:

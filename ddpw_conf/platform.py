@@ -400,10 +400,10 @@ class Platform:
                 )
 
 
-def platform_from_config(node: Any) -> Platform:
-    """A `Platform` from a config node (a structured `platform` node, a mapping, or None for the
-    defaults); unknown keys, at any level, raise `ConfigError`. A structured node is read as a plain
-    mapping too (Hydra adds keys given with `+` to it: see docs/architecture.md, "Platform in the job config")."""
+def platform_from_config(node: Any, not_ours: str = "") -> Platform:
+    """A `Platform` from a config node (a `platform` node, a mapping, or None for the defaults); unknown
+    keys, at any level, raise `ConfigError`, and `not_ours` is added to the error when the node is not a
+    mapping or has a key `Platform` does not have (it may be an app's own node of that name)."""
     from omegaconf import DictConfig, OmegaConf
 
     if node is None:
@@ -413,9 +413,10 @@ def platform_from_config(node: Any) -> Platform:
     if isinstance(node, DictConfig):
         node = OmegaConf.to_container(node, resolve=True)
     if not isinstance(node, dict):
-        raise ConfigError("platform", node, "platform must be a mapping of Platform fields")
+        raise ConfigError("platform", node, "platform must be a mapping of Platform fields" + not_ours)
     known = {f.name for f in fields(Platform)}
     for key in node:
         if key not in known:
-            raise unknown_key(f"platform.{key}", node[key], known, "Platform")
+            error = unknown_key(f"platform.{key}", node[key], known, "Platform")
+            raise ConfigError(error.key, error.value, error.fix + not_ours)
     return Platform(**node)

@@ -6,6 +6,7 @@ defaults."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -35,11 +36,13 @@ SUMMARY_CALLBACK = {"ddpw_sweep_summary": {"_target_": "ddpw_runtime.hydra_jobs.
 
 
 def launcher_node(launcher: Any, platform: Platform, callback: str, key: str = PLATFORM_KEY) -> dict[str, Any]:
-    """A `hydra/launcher` option (package `_global_`) that brings the platform node as `key`."""
+    """A `hydra/launcher` option (package `_global_`) that brings the platform node as `key`: a plain
+    mapping, so an app's own node of that name merges with it and the launcher's check names the
+    collision (a `Platform` node would make Hydra refuse to compose, with an error no hook can add to)."""
     return {
         "hydra": {"launcher": launcher(platform_key=key),
                   "callbacks": {CALLBACK_KEY: {"_target_": callback}, **SUMMARY_CALLBACK}},
-        key: platform,
+        key: dataclasses.asdict(platform),
     }
 
 
@@ -48,8 +51,8 @@ OPTIONS = (*LAUNCHERS, *(name + OWN_PLATFORM[0] for name in LAUNCHERS))
 
 
 def option_config(name: str) -> DictConfig:
-    """A fresh copy of the config of `name` (`ddpw`, or one of `OPTIONS`): a structured config, so what
-    is merged into it is type-checked."""
+    """A fresh copy of the config of `name` (`ddpw`, or one of `OPTIONS`); its `hydra.launcher` is a
+    structured config, so what is merged into it is type-checked."""
     return copy.deepcopy(_made(name))
 
 

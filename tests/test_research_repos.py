@@ -270,12 +270,17 @@ def test_an_app_with_its_own_platform_group_runs_with_the_own_platform_launcher(
 @pytest.mark.subprocess
 def test_the_collision_and_the_own_platform_errors_are_the_ones_the_page_names(tmp_path: Path) -> None:
     page = (Path(__file__).parent.parent / "docs" / "from-torchrun.md").read_text()
-    proc = run_app(tmp_path, "hydra/launcher=ddpw_cpu", app="platform_string_app.py")
-    assert proc.returncode == 1 and "Merge error: str is not a subclass of Platform" in proc.stderr  # Hydra's own
-    assert "Merge error: str is not a subclass of Platform" in page and "ddpw_cpu_own_platform" in page
+    way_out = "select the `_own_platform` twin of the launcher option (such as hydra/launcher=ddpw_cpu_own_platform)"
+    for flags in [(), ("-m",)]:
+        proc = run_app(tmp_path, *flags, "hydra/launcher=ddpw_cpu", app="platform_string_app.py")
+        assert proc.returncode == 1
+        assert "platform='linux-x86_64': platform must be a mapping of Platform fields" in proc.stderr
+        assert way_out in proc.stderr and not job_dirs(tmp_path)  # before any job started
     proc = run_app(tmp_path, "hydra/launcher=ddpw_cpu", app="own_platform_app.py")
-    assert proc.returncode == 1 and "Key 'cores' not in 'Platform'" in proc.stderr
-    assert "not in 'Platform'" in page
+    assert proc.returncode == 1 and "platform.cores=4: Platform has no such field" in proc.stderr
+    assert way_out in proc.stderr
+    page = " ".join(page.split())  # the page wraps the message
+    assert "platform must be a mapping of Platform fields" in page and way_out in page
     proc = run_app(tmp_path, *OWN_PLATFORM, "ddpw_platform.n_cpus_per_node=3", app="platform_string_app.py")
     assert proc.returncode == 1
     assert "ddpw_platform.n_cpus_per_node=3: must be a multiple of the 2 rank(s)" in proc.stderr  # the key as typed
