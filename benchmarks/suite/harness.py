@@ -147,10 +147,12 @@ def idle_fraction(window_s: float) -> float:
 
 
 def _environment(marks_dir: Path) -> dict[str, str]:
-    """The driver's environment, minus anything that would make a command think it is a rank already,
-    plus the marks folder and the apps folder on the import path (submitit's task processes need it)."""
+    """The driver's environment, minus anything that would make a command think it is a rank already or
+    keep Python from caching bytecode (every tool then runs compiled code after the warm-up run, as where
+    it is installed: pip compiles what it installs, an editable install compiles on first use), plus the
+    marks folder and the apps folder on the import path (submitit's task processes need it)."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONDONTWRITEBYTECODE")
            and not k.startswith(("TORCHELASTIC_", "SUBMITIT_"))}
     env["BENCH_MARKS"] = str(marks_dir)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(APPS), env.get("PYTHONPATH", "")) if p)
