@@ -10,7 +10,7 @@ import pickle
 import socket
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ddpw_runtime.launch.plan import LaunchPlan
 from ddpw_runtime.launch.process_state import ProcessState
@@ -61,15 +61,13 @@ class Channel:
         self.sock.close()
 
 
-@dataclass(frozen=True)
-class JobKey:
+class JobKey(NamedTuple):
     """A job as the rank starter knows it: its private folder, where its payload and results are."""
 
     folder: str
 
 
-@dataclass(frozen=True)
-class StartRank:
+class StartRank(NamedTuple):
     """Start local rank `local_rank` of `job` from its payload at `payload_path`; `request` numbers the
     request, for the answer. Attached descriptors follow, in this order: the rendezvous socket when
     `listen_fd` (the rank that hosts the store), the rank's terminal when `terminal` (a console rank on
@@ -84,8 +82,7 @@ class StartRank:
     terminal: bool = False
 
 
-@dataclass(frozen=True)
-class StartJob:
+class StartJob(NamedTuple):
     """Fork a job process (a Hydra job of a multirun, `hydra_jobs/job_process.py`) from its payload at
     `payload_path`; it gets a channel of its own to the starter, for its ranks. Answered by `RankStarted`
     (its pid); its end comes as `RankExited`."""
@@ -94,8 +91,7 @@ class StartJob:
     payload_path: str
 
 
-@dataclass(frozen=True)
-class Adopt:
+class Adopt(NamedTuple):
     """Count process `pid` (started elsewhere: a plain run's rank 0, the user's own process) as one of
     `job`'s, so what it starts is found and stopped with the job's processes; no answer."""
 
@@ -103,15 +99,13 @@ class Adopt:
     pid: int
 
 
-@dataclass(frozen=True)
-class Preload:
+class Preload(NamedTuple):
     """Import `modules` in the starter (those that fail to import are skipped); no answer."""
 
     modules: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class EndJob:
+class EndJob(NamedTuple):
     """Every rank of `job` has ended: stop whatever they started (processes in new sessions included, see
     `job_processes.py`), but not the adopted processes in `release`, which are let go first."""
 
@@ -119,32 +113,28 @@ class EndJob:
     release: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class JobEnded:
+class JobEnded(NamedTuple):
     """Answer to `EndJob`: the pids of the job's processes that would not die (none, normally)."""
 
     job: JobKey
     left: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class RankStarted:
+class RankStarted(NamedTuple):
     """Answer to `StartRank` number `request`: the rank's pid."""
 
     request: int
     pid: int
 
 
-@dataclass(frozen=True)
-class RankExited:
+class RankExited(NamedTuple):
     """A rank ended; `exit_code` is negative for a signal, as in `subprocess`."""
 
     pid: int
     exit_code: int
 
 
-@dataclass(frozen=True)
-class JobStarting:
+class JobStarting(NamedTuple):
     """From rank 0's process: the job's task is about to run there. `task` is the task (a packed `TaskCall`)
     the other ranks run, `state` rank 0's process state they take on, `log_dir` the job's output dir."""
 
@@ -153,8 +143,7 @@ class JobStarting:
     log_dir: str
 
 
-@dataclass(frozen=True)
-class RankZero:
+class RankZero(NamedTuple):
     """To rank 0's process: be rank 0 of this attempt (`plan`), with `env` added to its environment, and
     join the job's store, which the supervisor serves. Attached: its terminal when `terminal`."""
 
@@ -163,16 +152,14 @@ class RankZero:
     terminal: bool
 
 
-@dataclass(frozen=True)
-class TaskEnded:
+class TaskEnded(NamedTuple):
     """From rank 0's process: its task ended as `result` (None: it was stopped, or interrupted), and it
     left the process group."""
 
     result: RankResult | None
 
 
-@dataclass(frozen=True)
-class JobSettled:
+class JobSettled(NamedTuple):
     """To rank 0's process, in answer to `TaskEnded` (or instead of `RankZero` when the job cannot start):
     how the job ended. `error` (pickled, or None) is the job's failure when it is not rank 0's own error;
     `restart`: a new attempt follows (a `RankZero`); `stopped`: the signal that interrupted the job."""
@@ -182,8 +169,7 @@ class JobSettled:
     stopped: int | None = None
 
 
-@dataclass(frozen=True)
-class RunEnded:
+class RunEnded(NamedTuple):
     """From rank 0's process: Hydra's run is over; `threads` names the non-daemon threads still running,
     which keep the program alive."""
 
