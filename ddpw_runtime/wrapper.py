@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ddpw_conf import Platform
-from ddpw_conf.launcher import LauncherOptions
 
 _R = TypeVar("_R")
 
@@ -48,7 +47,9 @@ class Wrapper:
         max_restarts: int = 0,
     ) -> None:
         # Imported here: `ddpw_runtime` imports this module, and the starter and rank processes run as
-        # `python -m ddpw_runtime.<package>.<module>`, which must not find themselves imported already.
+        # `python -m ddpw_runtime.<package>.<module>`, which must not find themselves imported already; and
+        # importing `ddpw_runtime` for the helpers of a rank need not pay for the launcher options.
+        from ddpw_conf.launcher import LauncherOptions
         from ddpw_runtime.launch.caller_rank import check_caller_rank
         from ddpw_runtime.launch.checks import check
 

@@ -4,6 +4,7 @@ at each start-up; hydra-ddpw's launcher options are made only when an app loads 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -16,9 +17,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from ddpw_conf import Platform
+from ddpw_conf import ConfigError
 from ddpw_conf.launcher import LocalLauncherConf, SlurmLauncherConf
 from ddpw_conf.store import LAUNCHERS, OPTIONS, OWN_PLATFORM
+from ddpw_runtime.launch.checks import check
 from hydra_plugins.hydra_ddpw_launcher._options_source import LAUNCHER_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,21 +80,36 @@ def conf_dir() -> Iterator[None]:
 
 @pytest.mark.usefixtures("conf_dir")
 @pytest.mark.parametrize("option", LAUNCHER_OPTIONS)
-def test_each_option_brings_a_typed_platform_and_its_launcher(option: str) -> None:
+def test_each_option_brings_a_whole_platform_and_its_typed_launcher(option: str) -> None:
     ending, key = OWN_PLATFORM
     cfg = compose(config_name="config", overrides=[f"hydra/launcher={option}"], return_hydra_config=True)
     node = key if option.endswith(ending) else "platform"  # the twin brings it where an app's own cannot be
-    assert OmegaConf.get_type(cfg, node) is Platform and cfg.hydra.launcher.platform_key == node
-    assert cfg[node].device == LAUNCHERS[option.removesuffix(ending)][1].device
+    # A plain mapping (an app's own `platform` merges with it, and the launcher's check names the collision)
+    # with every field of the launcher's Platform.
+    assert OmegaConf.get_type(cfg, node) is dict and cfg.hydra.launcher.platform_key == node
+    platform = LAUNCHERS[option.removesuffix(ending)][1]
+    assert set(cfg[node]) == set(dataclasses.asdict(platform)) and cfg[node].device == platform.device
     schema = SlurmLauncherConf if option.startswith("ddpw_slurm") else LocalLauncherConf
     assert OmegaConf.get_type(cfg.hydra, "launcher") is schema
+    options = OmegaConf.to_object(cfg.hydra.launcher)
+    assert isinstance(options, schema) and options.platform_of(cfg).device == platform.device
     assert "ddpw_plain_run" in cfg.hydra.callbacks
 
 
 @pytest.mark.usefixtures("conf_dir")
-def test_a_platform_value_of_the_wrong_type_is_refused_when_composing() -> None:
-    with pytest.raises(ConfigCompositionException, match="n_nodes"):
-        compose(config_name="config", overrides=["hydra/launcher=ddpw_cpu", "platform.n_nodes=two"])
+def test_a_platform_value_of_the_wrong_type_is_refused_by_the_launchers_check() -> None:
+    cfg = compose(config_name="config", overrides=["hydra/launcher=ddpw_cpu", "platform.n_nodes=two"],
+                  return_hydra_config=True)
+    options = OmegaConf.to_object(cfg.hydra.launcher)
+    assert isinstance(options, LocalLauncherConf)
+    with pytest.raises(ConfigError, match=r"platform.n_nodes='two': use an integer >= 1"):
+        check(options.platform_of(cfg))
+
+
+@pytest.mark.usefixtures("conf_dir")
+def test_a_key_the_platform_does_not_have_is_refused_when_composing() -> None:
+    with pytest.raises(ConfigCompositionException, match="n_node"):
+        compose(config_name="config", overrides=["hydra/launcher=ddpw_cpu", "platform.n_node=2"])
 
 
 @pytest.mark.usefixtures("conf_dir")

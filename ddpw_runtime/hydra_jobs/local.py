@@ -23,7 +23,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from ddpw_conf import ConfigError, LocalLauncherConf
+from ddpw_conf import ConfigError
+from ddpw_conf.launcher import LocalLauncherConf
 from ddpw_runtime.errors import Interrupted, Terminated
 from ddpw_runtime.hydra_jobs.job_process import RESULT, JobEnd, JobPayload
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
