@@ -45,7 +45,7 @@ def run_jobs(
     task_function: TaskFunction,
     jobs: Sequence[PreparedJob],
     options: LocalLauncherConf,
-    summary: SweepSummary | None = None,
+    summary: SweepSummary,
 ) -> list[JobReturn]:
     """Run each (prepared) job of a batch as a distributed job in a job process of its own, side by side
     when their devices fit (`max_parallel_jobs`), else one after another; one JobReturn per job, in order.
@@ -127,25 +127,23 @@ class _Sweep:
     """One launch's jobs, started and waited for (see the module docstring)."""
 
     def __init__(self, hydra_context: HydraContext, task_function: TaskFunction, jobs: Sequence[PreparedJob],
-                 options: LocalLauncherConf, summary: SweepSummary | None, devices: Devices | None) -> None:
+                 options: LocalLauncherConf, summary: SweepSummary, devices: Devices | None) -> None:
         self.hydra_context = hydra_context
         self.task_function = task_function
         self.jobs = list(jobs)
-        self.pending = list(jobs)
-        """The jobs not started yet, in order (`Schedule` takes them from the front)."""
         self.options = options
         self.summary = summary
         self.devices = devices
         self.running: dict[int, _Running] = {}
         self.ended: dict[int, JobEnd] = {}
         self.inbox = Inbox()
-        self.schedule = Schedule(self.pending, devices, options.max_parallel_jobs if devices is not None else 1)
+        self.schedule = Schedule(list(jobs), devices, options.max_parallel_jobs if devices is not None else 1)
 
     def run(self) -> list[JobReturn]:
         """Run every job; their returns in order."""
         try:
             with signals.jobs_running():
-                while self.pending or self.running:
+                while self.schedule.pending or self.running:
                     self._start_what_fits()
                     if not self.running:
                         break
@@ -202,7 +200,7 @@ class _Sweep:
 
     def _note(self, running: _Running, end: JobEnd) -> None:
         """Note how a job ended in the sweep summary (an error outside the task is not a job's end)."""
-        if self.summary is None or end.error is not None:
+        if end.error is not None:
             return
         job, duration = running.job, time.monotonic() - running.started
         stopped = {int(signal.SIGINT): "INTERRUPTED", int(signal.SIGTERM): "TERMINATED"}.get(end.stopped_by or 0)
@@ -221,8 +219,7 @@ class _Sweep:
                     signals.send_to_group(pid, signum, group=False)
         lines = [signals.stopped_line(idx, end.stopped_by) for idx, end in sorted(self.ended.items()) if end.stopped_by]
         sys.stderr.write("".join(lines) or signals.nothing_running(signum))  # (it may come as a job is started)
-        if self.summary is not None:
-            for job in [job for job in self.jobs if job.idx not in self.ended]:
-                self.summary.record(not_started(job.idx, job.overrides, job.output_dir))
+        for job in [job for job in self.jobs if job.idx not in self.ended]:
+            self.summary.record(not_started(job.idx, job.overrides, job.output_dir))
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
 

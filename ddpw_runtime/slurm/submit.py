@@ -58,16 +58,13 @@ def run_jobs(
     task_function: TaskFunction,
     prepared: Sequence[PreparedJob],
     options: SlurmLauncherConf,
-    summary: SweepSummary | None = None,
-    folder: Path | None = None,
-    manifest_dir: Path | None = None,
+    summary: SweepSummary,
 ) -> list[JobReturn]:
     """Submit `prepared` (checked) jobs, wait for them, and return what each ended with (noted in
-    `summary` as each ends, its time counted from the submission). submitit's `folder` is
-    `hydra.launcher.submitit_folder` unless given; the manifest goes to `manifest_dir`, by default the
-    sweep dir."""
-    folder = folder if folder is not None else Path(options.submitit_folder).expanduser().absolute()
-    manifest_dir = manifest_dir if manifest_dir is not None else Path(str(prepared[0].config.hydra.sweep.dir))
+    `summary` as each ends, its time counted from the submission). submitit's folder is
+    `hydra.launcher.submitit_folder`; the manifest goes to the sweep dir."""
+    folder = Path(options.submitit_folder).expanduser().absolute()
+    manifest_dir = Path(str(prepared[0].config.hydra.sweep.dir))
     jobs = [_Job(job, sbatch.sbatch_parameters(job.platform, options)) for job in prepared]
     groups = _arrays(jobs)
     if options.dry_run:
@@ -84,10 +81,9 @@ def run_jobs(
     returns: dict[int, JobReturn] = {}
 
     def ended(job: _Job, duration_s: float) -> None:
-        ret = returns[job.prepared.idx] = _collect(job)
-        if summary is not None:
-            p = job.prepared
-            summary.record(entry(p.idx, p.overrides, p.output_dir, duration_s, ret))
+        p = job.prepared
+        returns[p.idx] = _collect(job)
+        summary.record(entry(p.idx, p.overrides, p.output_dir, duration_s, returns[p.idx]))
 
     try:
         echo.start()
@@ -216,18 +212,8 @@ def _ended(job: _Job) -> bool:
     tasks = [job.slurm.task(node) for node in range(job.prepared.platform.n_nodes)]
     if not ended and not all(_compat.node_result_ready(task) for task in tasks):
         return False
-    outcomes, errors = _read_results(tasks)
-    if not ended and (errors or len(node_outcomes.latest(outcomes)) < len(tasks)):
-        return False  # a result left by an earlier run of a requeued job; wait for this run's
-    job.state = state if ended else ""  # every node returned; SLURM may not have recorded the end yet
-    job.outcomes, job.node_errors = node_outcomes.latest(outcomes), errors
-    return True
-
-
-def _read_results(tasks: list[Any]) -> tuple[dict[int, node_outcomes.NodeOutcome], dict[int, str]]:
-    """The outcome of every node that sent one, and the error text of every node controller that raised."""
     outcomes: dict[int, node_outcomes.NodeOutcome] = {}
-    errors: dict[int, str] = {}
+    errors: dict[int, str] = {}  # the error text of every node controller that raised
     for node, task in enumerate(tasks):
         if not _compat.node_result_ready(task):
             continue
@@ -235,7 +221,12 @@ def _read_results(tasks: list[Any]) -> tuple[dict[int, node_outcomes.NodeOutcome
             outcomes[node] = task.result()
         except Exception as exc:  # submitit's FailedJobError carries the controller's traceback
             errors[node] = str(exc)
-    return outcomes, errors
+    outcomes = node_outcomes.latest(outcomes)
+    if not ended and (errors or len(outcomes) < len(tasks)):
+        return False  # a result left by an earlier run of a requeued job; wait for this run's
+    job.state = state if ended else ""  # every node returned; SLURM may not have recorded the end yet
+    job.outcomes, job.node_errors = outcomes, errors
+    return True
 
 
 def _collect(job: _Job) -> JobReturn:
