@@ -148,6 +148,14 @@ def pin_output_dir(config: DictConfig, dir_keys: tuple[str, str | None]) -> Path
     return Path(*values).absolute()
 
 
+def task_config(config: DictConfig) -> DictConfig:
+    """The task's config, as `run_job` makes it from the job's (a copy without `hydra`)."""
+    task_cfg = copy.deepcopy(config)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    return task_cfg
+
+
 def pin_now(config: DictConfig) -> None:
     """Resolve every value of the task's config that uses `${now:...}` once, here: Hydra's `now`
     resolver caches its result in the config, and the cache travels with it, so every rank (and the
