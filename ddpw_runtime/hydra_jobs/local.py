@@ -1,8 +1,7 @@
 """The local launcher's jobs: one Hydra job = one distributed job on this machine, each in a job process of
-its own (`job_process.py`), started in job order as their devices free up (docs/architecture.md, "Jobs
-side by side"). A failed job does not stop the others; an error outside a task (a callback's) stops new
-jobs from starting and is raised once the running ones ended. Ctrl-C or SIGTERM is passed on to every
-running job, the jobs that never started are noted as such, and the program exits 130 or 143.
+its own (`job_process.py`), started and stopped as docs/architecture.md ("Jobs side by side") says. A failed
+job does not stop the others; an error outside a task (a callback's) stops new jobs from starting and is
+raised once the running ones ended; after Ctrl-C or SIGTERM the program exits 130 or 143.
 """
 
 from __future__ import annotations
@@ -52,8 +51,7 @@ def run_jobs(
     Each job's entry goes to `summary` as it ends."""
     if options.dry_run:
         return [_dry_run(job) for job in jobs]
-    devices = side_by_side_devices(jobs, options)
-    return _Sweep(hydra_context, task_function, jobs, options, summary, devices).run()
+    return _Sweep(hydra_context, task_function, jobs, options, summary).run()
 
 
 def side_by_side_devices(jobs: Sequence[PreparedJob], options: LocalLauncherConf) -> Devices | None:
@@ -127,16 +125,16 @@ class _Sweep:
     """One launch's jobs, started and waited for (see the module docstring)."""
 
     def __init__(self, hydra_context: HydraContext, task_function: TaskFunction, jobs: Sequence[PreparedJob],
-                 options: LocalLauncherConf, summary: SweepSummary, devices: Devices | None) -> None:
+                 options: LocalLauncherConf, summary: SweepSummary) -> None:
         self.hydra_context = hydra_context
         self.task_function = task_function
         self.jobs = list(jobs)
         self.options = options
         self.summary = summary
-        self.devices = devices
         self.running: dict[int, _Running] = {}
         self.ended: dict[int, JobEnd] = {}
         self.inbox = Inbox()
+        devices = side_by_side_devices(jobs, options)
         self.schedule = Schedule(list(jobs), devices, options.max_parallel_jobs if devices is not None else 1)
 
     def run(self) -> list[JobReturn]:
@@ -167,10 +165,9 @@ class _Sweep:
             self._start(*ready)
 
     def _start(self, job: PreparedJob, share: Share | None) -> None:
-        beside = self.devices is not None
         grace = Grace(self.options.stop_grace_s, self.options.interrupt_grace_s)
         node_job = NodeJob(job.platform, job.output_dir, grace, max_restarts=self.options.max_restarts, share=share,
-                           console_prefix=f"[job {job.idx}] " if beside else "")
+                           console_prefix=f"[job {job.idx}] " if self.schedule.devices is not None else "")
         job.pin()  # its output dir and ${now:...} as of its start, as Hydra's basic launcher resolves them
         folder = Path(tempfile.mkdtemp(prefix="ddpw-job-"))
         payload = JobPayload(ProcessState.capture(), cloudpickle.dumps((self.hydra_context, self.task_function,
@@ -183,9 +180,8 @@ class _Sweep:
 
     def _wait_one(self) -> None:
         """Wait until a running job ends, and note how."""
-        event = self.inbox.next(None)
-        while event is None:
-            event = self.inbox.next(None)
+        while (event := self.inbox.next(None)) is None:
+            pass
         running = self.running.pop(event.pid)
         try:
             with open(running.folder / RESULT, "rb") as src:

@@ -83,7 +83,7 @@ def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
     from ddpw_runtime.launch.caller_rank import check_caller_rank
 
     platform = options.platform_of(config)
-    job_check(options)(platform)
+    job_check(options, platform)
     check_caller_rank(platform)
     return platform
 

@@ -60,7 +60,8 @@ def entry(job: int, overrides: list[str], output_dir: Path, duration_s: float, r
         return JobEntry(job, overrides, stopped_by or "INTERRUPTED", round(duration_s, 3), None, str(output_dir))
     failed = ret.status is not JobStatus.COMPLETED
     value = None if failed else _as_json(ret.return_value)
-    error = _one_line(_compat.job_error(ret)) if failed else None
+    cause = _compat.job_error(ret)
+    error = (one_line(cause) if isinstance(cause, BaseException) else repr(cause)) if failed else None
     return JobEntry(job, overrides, ret.status.name, round(duration_s, 3), value, str(output_dir), error)
 
 
@@ -75,10 +76,6 @@ def _as_json(value: Any) -> Any:
     except (TypeError, ValueError):
         return repr(value)
     return value
-
-
-def _one_line(error: Any) -> str:
-    return one_line(error) if isinstance(error, BaseException) else repr(error)
 
 
 class SweepSummary:

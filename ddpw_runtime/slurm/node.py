@@ -1,10 +1,7 @@
 """What runs on each node of a SLURM job: the node's controller (`SlurmNode`, one submitit task per node),
 which starts its ranks with the local engine and returns a `NodeOutcome`; node 0's runs Hydra's `run_job`.
-
-Signals (docs/slurm.md, "Signals"): SIGTERM (cancel, time limit, a failed peer node) is passed on to the
-ranks, which get `interrupt_grace_s`; SIGUSR2 (SLURM's warning, or a preemption) while a restart is left
-gives the ranks SIGTERM to save, then node 0 requeues the job and the other nodes wait to be stopped. A node
-whose own ranks failed first sends SIGTERM to the job's other nodes.
+Its SIGTERM and SLURM's warning (SIGUSR2): docs/slurm.md, "Preemption, time limits and checkpoints" and
+"Signals"; a node whose own ranks failed first sends SIGTERM to the job's other nodes.
 """
 
 from __future__ import annotations
@@ -76,9 +73,7 @@ class SlurmNode:
         restart is left (the job is requeued), else None (it is not)."""
         from submitit.helpers import DelayedSubmission
 
-        if _attempt() >= self.max_restarts:
-            return None
-        return DelayedSubmission(self)
+        return None if _attempt() >= self.max_restarts else DelayedSubmission(self)
 
 
 def _attempt() -> int:
