@@ -6,6 +6,7 @@ raised once the running ones ended; after Ctrl-C or SIGTERM the program exits 13
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import shutil
@@ -75,12 +76,9 @@ def _dry_run(job: PreparedJob) -> JobReturn:
 def start_starter_early(config: DictConfig, options: LocalLauncherConf) -> None:
     """Start the rank starter for the sweep's platform now, so that it imports torch while Hydra composes
     the jobs (nothing when the platform is unreadable: the checks report that before any job starts)."""
-    if options.dry_run:
-        return
-    try:
-        starter_for(options.platform_of(config))
-    except ConfigError:
-        pass
+    if not options.dry_run:
+        with contextlib.suppress(ConfigError):
+            starter_for(options.platform_of(config))
 
 
 class Schedule:

@@ -7,6 +7,7 @@ restarts are left), `on_run_end` names the threads that keep the program running
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import pickle
@@ -207,10 +208,8 @@ class RankZeroSide:
     def run_ended(self) -> None:
         """Hydra's run is over: name the non-daemon threads that keep the program running, if any."""
         threads = tuple(t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread())
-        try:
+        with contextlib.suppress(OSError):
             self.channel.send(RunEnded(threads))
-        except OSError:
-            pass
 
 
 def _end_run(settled: JobSettled, own: BaseException | None) -> None:

@@ -76,7 +76,6 @@ def prepare_jobs(
     (once, see `compose_once`), numbered, its platform read and checked (a `ConfigError` if it cannot run);
     jobs submitted elsewhere are pinned now, jobs that run here as each starts."""
     options.validate()
-    pin = not options.runs_here
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     jobs = []
@@ -86,7 +85,7 @@ def prepare_jobs(
             with open_dict(job_cfg):
                 job_cfg.hydra.job.id = str(idx)  # a str field: an int is converted, with a warning on omegaconf 2.4
                 job_cfg.hydra.job.num = idx
-            jobs.append(prepared(job_cfg, idx, list(overrides), options, SWEEP_DIR_KEYS, pin))
+            jobs.append(prepared(job_cfg, idx, list(overrides), options, SWEEP_DIR_KEYS, pin=not options.runs_here))
     finally:
         forget_unused(hydra_context)
     return jobs
@@ -162,7 +161,4 @@ def _paths_using_now(node: Any, prefix: str = "") -> list[str]:
         items = enumerate(node)
     else:
         return [prefix] if isinstance(node, str) and "${now:" in node else []
-    found = []
-    for key, value in items:
-        found += _paths_using_now(value, f"{prefix}.{key}" if prefix else str(key))
-    return found
+    return [path for key, value in items for path in _paths_using_now(value, f"{prefix}.{key}" if prefix else str(key))]

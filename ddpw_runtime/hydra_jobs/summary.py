@@ -59,14 +59,6 @@ def rank_ranges(ranks: list[int]) -> str:
     return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
 
 
-def _exit_text(code: int | None) -> str:
-    if code is None:  # it ran in the launching process, or its end was never seen
-        return ""
-    if code < 0:
-        return f"{signal_name(-code)}, exit {code}"
-    return f"exit {code}"
-
-
 def rank_statuses(failure: RankFailure) -> dict[int, str]:
     """Each rank's status in a failed job, with its exit code: `FAILED` (the root cause), `ok`,
     `failed too` (a failure after the root cause, such as a lost connection), `stopped` (by the
@@ -86,8 +78,12 @@ def rank_statuses(failure: RankFailure) -> dict[int, str]:
             status = "killed"
         else:
             status = "exited"
-        text = _exit_text(code)
-        statuses[outcome.rank] = f"{status} ({text})" if text else status
+        if code is None:  # it ran in the launching process, or its end was never seen
+            statuses[outcome.rank] = status
+        elif code < 0:
+            statuses[outcome.rank] = f"{status} ({signal_name(-code)}, exit {code})"
+        else:
+            statuses[outcome.rank] = f"{status} (exit {code})"
     return statuses
 
 

@@ -18,7 +18,6 @@ import json
 import sys
 import threading
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -101,7 +100,9 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
     jobs = f"{len(entries)} job" + ("s" if len(entries) != 1 else "")
     tally = ", ".join(f"{count} {status}" for status, count in counts.items())
     overrides = [filter_overrides(e["overrides"]) for e in entries]
-    common = _in_every_job(overrides) if len(entries) > 1 else []
+    # The overrides every job has, in the first job's order: shown once, below the table.
+    rest = [set(own) for own in overrides[1:]]
+    common = [o for o in overrides[0] if all(o in own for own in rest)] if len(entries) > 1 else []
     rows = [["job", "status", "time", "rank 0 returned", "output dir", "overrides"]]
     for e, own in zip(entries, overrides, strict=True):
         value = e["return_value"]
@@ -118,12 +119,6 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
     if common:
         lines.append(f"  same in every job: {' '.join(common)}")
     return "\n".join(line.rstrip() for line in lines)
-
-
-def _in_every_job(overrides: list[Sequence[str]]) -> list[str]:
-    """The overrides that every job has, in the first job's order."""
-    rest = [set(own) for own in overrides[1:]]
-    return [o for o in overrides[0] if all(o in own for own in rest)]
 
 
 def _shown(value: Any) -> str:
