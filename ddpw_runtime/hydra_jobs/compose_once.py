@@ -34,13 +34,6 @@ class ComposedOnce:
         self.kept[(id(master_config), tuple(sweep_overrides))] = config
         return config
 
-    def take(self, master_config: DictConfig, sweep_overrides: Sequence[str]) -> DictConfig:
-        """The job config for `sweep_overrides`: the one a check composed, or a new one."""
-        kept = self.kept.pop((id(master_config), tuple(sweep_overrides)), None)
-        if kept is not None:
-            return kept
-        return self.loader.load_sweep_config(master_config, list(sweep_overrides))
-
 
 def compose_once(hydra_context: HydraContext) -> None:
     """Make the sweep's checks and this launcher share their compositions (see the module docstring)."""
@@ -49,10 +42,13 @@ def compose_once(hydra_context: HydraContext) -> None:
 
 
 def job_config(hydra_context: HydraContext, master_config: DictConfig, overrides: Sequence[str]) -> DictConfig:
-    """The composed config of one job, composed at most once per launch."""
+    """The composed config of one job: the one a check composed, or a new one (at most once per launch)."""
     loader = hydra_context.config_loader
     if isinstance(loader, ComposedOnce):
-        return loader.take(master_config, overrides)
+        kept = loader.kept.pop((id(master_config), tuple(overrides)), None)
+        if kept is not None:
+            return kept
+        loader = loader.loader
     return loader.load_sweep_config(master_config, list(overrides))
 
 

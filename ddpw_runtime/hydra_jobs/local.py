@@ -1,12 +1,12 @@
 """The local launcher's jobs: one Hydra job = one distributed job on this machine, each in a job process of
-its own (`job_process.py`), started in job order as their devices free up (docs/architecture.md, "Jobs
-side by side"). A failed job does not stop the others; an error outside a task (a callback's) stops new
-jobs from starting and is raised once the running ones ended. Ctrl-C or SIGTERM is passed on to every
-running job, the jobs that never started are noted as such, and the program exits 130 or 143.
+its own (`job_process.py`), started and stopped as docs/architecture.md ("Jobs side by side") says. A failed
+job does not stop the others; an error outside a task (a callback's) stops new jobs from starting and is
+raised once the running ones ended; after Ctrl-C or SIGTERM the program exits 130 or 143.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import shutil
@@ -46,15 +46,14 @@ def run_jobs(
     task_function: TaskFunction,
     jobs: Sequence[PreparedJob],
     options: LocalLauncherConf,
-    summary: SweepSummary | None = None,
+    summary: SweepSummary,
 ) -> list[JobReturn]:
     """Run each (prepared) job of a batch as a distributed job in a job process of its own, side by side
     when their devices fit (`max_parallel_jobs`), else one after another; one JobReturn per job, in order.
     Each job's entry goes to `summary` as it ends."""
     if options.dry_run:
         return [_dry_run(job) for job in jobs]
-    devices = side_by_side_devices(jobs, options)
-    return _Sweep(hydra_context, task_function, jobs, options, summary, devices).run()
+    return _Sweep(hydra_context, task_function, jobs, options, summary).run()
 
 
 def side_by_side_devices(jobs: Sequence[PreparedJob], options: LocalLauncherConf) -> Devices | None:
@@ -78,12 +77,9 @@ def _dry_run(job: PreparedJob) -> JobReturn:
 def start_starter_early(config: DictConfig, options: LocalLauncherConf) -> None:
     """Start the rank starter for the sweep's platform now, so that it imports torch while Hydra composes
     the jobs (nothing when the platform is unreadable: the checks report that before any job starts)."""
-    if options.dry_run:
-        return
-    try:
-        starter_for(options.platform_of(config))
-    except ConfigError:
-        pass
+    if not options.dry_run:
+        with contextlib.suppress(ConfigError):
+            starter_for(options.platform_of(config))
 
 
 class Schedule:
@@ -128,25 +124,23 @@ class _Sweep:
     """One launch's jobs, started and waited for (see the module docstring)."""
 
     def __init__(self, hydra_context: HydraContext, task_function: TaskFunction, jobs: Sequence[PreparedJob],
-                 options: LocalLauncherConf, summary: SweepSummary | None, devices: Devices | None) -> None:
+                 options: LocalLauncherConf, summary: SweepSummary) -> None:
         self.hydra_context = hydra_context
         self.task_function = task_function
         self.jobs = list(jobs)
-        self.pending = list(jobs)
-        """The jobs not started yet, in order (`Schedule` takes them from the front)."""
         self.options = options
         self.summary = summary
-        self.devices = devices
         self.running: dict[int, _Running] = {}
         self.ended: dict[int, JobEnd] = {}
         self.inbox = Inbox()
-        self.schedule = Schedule(self.pending, devices, options.max_parallel_jobs if devices is not None else 1)
+        devices = side_by_side_devices(jobs, options)
+        self.schedule = Schedule(list(jobs), devices, options.max_parallel_jobs if devices is not None else 1)
 
     def run(self) -> list[JobReturn]:
         """Run every job; their returns in order."""
         try:
             with signals.jobs_running():
-                while self.pending or self.running:
+                while self.schedule.pending or self.running:
                     self._start_what_fits()
                     if not self.running:
                         break
@@ -170,10 +164,9 @@ class _Sweep:
             self._start(*ready)
 
     def _start(self, job: PreparedJob, share: Share | None) -> None:
-        beside = self.devices is not None
         grace = Grace(self.options.stop_grace_s, self.options.interrupt_grace_s)
         node_job = NodeJob(job.platform, job.output_dir, grace, max_restarts=self.options.max_restarts, share=share,
-                           console_prefix=f"[job {job.idx}] " if beside else "")
+                           console_prefix=f"[job {job.idx}] " if self.schedule.devices is not None else "")
         job.pin()  # its output dir and ${now:...} as of its start, as Hydra's basic launcher resolves them
         folder = Path(tempfile.mkdtemp(prefix="ddpw-job-"))
         payload = JobPayload(ProcessState.capture(), cloudpickle.dumps((self.hydra_context, self.task_function,
@@ -186,9 +179,8 @@ class _Sweep:
 
     def _wait_one(self) -> None:
         """Wait until a running job ends, and note how."""
-        event = self.inbox.next(None)
-        while event is None:
-            event = self.inbox.next(None)
+        while (event := self.inbox.next(None)) is None:
+            pass
         running = self.running.pop(event.pid)
         try:
             with open(running.folder / RESULT, "rb") as src:
@@ -203,7 +195,7 @@ class _Sweep:
 
     def _note(self, running: _Running, end: JobEnd) -> None:
         """Note how a job ended in the sweep summary (an error outside the task is not a job's end)."""
-        if self.summary is None or end.error is not None:
+        if end.error is not None:
             return
         job, duration = running.job, time.monotonic() - running.started
         stopped = {int(signal.SIGINT): "INTERRUPTED", int(signal.SIGTERM): "TERMINATED"}.get(end.stopped_by or 0)
@@ -222,8 +214,7 @@ class _Sweep:
                     signals.send_to_group(pid, signum, group=False)
         lines = [signals.stopped_line(idx, end.stopped_by) for idx, end in sorted(self.ended.items()) if end.stopped_by]
         sys.stderr.write("".join(lines) or signals.nothing_running(signum))  # (it may come as a job is started)
-        if self.summary is not None:
-            for job in [job for job in self.jobs if job.idx not in self.ended]:
-                self.summary.record(not_started(job.idx, job.overrides, job.output_dir))
+        for job in [job for job in self.jobs if job.idx not in self.ended]:
+            self.summary.record(not_started(job.idx, job.overrides, job.output_dir))
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
 

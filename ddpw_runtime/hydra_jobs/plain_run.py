@@ -7,7 +7,7 @@ restarts are left), `on_run_end` names the threads that keep the program running
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import faulthandler
 import os
 import pickle
@@ -22,13 +22,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode, TaskFunction
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig
 
 from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions, selected_options
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankStopped
-from ddpw_runtime.hydra_jobs.prepare import hydra_config_of, job_check, pin_now
+from ddpw_runtime.hydra_jobs.prepare import hydra_config_of, job_check, pin_now, task_config
 from ddpw_runtime.launch.engine import describe
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.process_state import ProcessState
@@ -65,7 +65,7 @@ class PlainRun(Callback):
     def on_job_start(self, config: DictConfig, *, task_function: TaskFunction, **kwargs: Any) -> None:
         """Make this process rank 0 of the job; the supervisor starts the other ranks."""
         if self._rank_zero is not None and config.hydra.mode is RunMode.RUN:
-            self._rank_zero.start(_task_config(config), task_function)
+            self._rank_zero.start(task_config(config), task_function)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         """Leave the job; its return becomes the job's (every rank's) outcome."""
@@ -84,7 +84,7 @@ def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
     from ddpw_runtime.launch.caller_rank import check_caller_rank
 
     platform = options.platform_of(config)
-    job_check(options)(platform)
+    job_check(options, platform)
     check_caller_rank(platform)
     return platform
 
@@ -208,10 +208,8 @@ class RankZeroSide:
     def run_ended(self) -> None:
         """Hydra's run is over: name the non-daemon threads that keep the program running, if any."""
         threads = tuple(t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread())
-        try:
+        with contextlib.suppress(OSError):
             self.channel.send(RunEnded(threads))
-        except OSError:
-            pass
 
 
 def _end_run(settled: JobSettled, own: BaseException | None) -> None:
@@ -226,14 +224,6 @@ def _end_run(settled: JobSettled, own: BaseException | None) -> None:
 
 def _raise(error: BaseException) -> None:
     raise error
-
-
-def _task_config(config: DictConfig) -> DictConfig:
-    """The task's config, as `run_job` makes it from the job's (which on_job_start gets)."""
-    task_cfg = copy.deepcopy(config)
-    with read_write(task_cfg), open_dict(task_cfg):
-        del task_cfg["hydra"]
-    return task_cfg
 
 
 def _code_of(task_function: Any) -> CodeType:

@@ -5,7 +5,7 @@ and number, its `platform` read and checked (every job before the first starts),
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,15 +38,18 @@ class PreparedJob:
     dir_keys: tuple[str, str | None] = SWEEP_DIR_KEYS
     pinned: bool = False
 
-    def pin(self) -> Path:
-        """Resolve the job's output dir and every `${now:...}` of its task config now, once (later calls
-        change nothing), and return its output dir. Sets `HydraConfig` for a moment: call it where the
-        job holds the process's state."""
+    def pin(self) -> None:
+        """Resolve the job's output dir (its `dir_keys`, as `run_job` takes them, written back as plain
+        values) and every `${now:...}` of its task config now, once (later calls change nothing). Sets
+        `HydraConfig` for a moment: call it where the job holds the process's state."""
         if not self.pinned:
-            self.output_dir = pin_output_dir(self.config, self.dir_keys)
+            values = _dir_values(self.config, self.dir_keys)
+            with read_write(self.config.hydra), open_dict(self.config.hydra):
+                for key, value in zip([key for key in self.dir_keys if key is not None], values, strict=True):
+                    OmegaConf.update(self.config, key, value, merge=False)
+            self.output_dir = Path(*values).absolute()
             pin_now(self.config)
             self.pinned = True
-        return self.output_dir
 
     @property
     def shown(self) -> str:
@@ -54,16 +57,12 @@ class PreparedJob:
         return " ".join(filter_overrides(self.overrides))
 
 
-def job_check(options: LauncherOptions) -> Callable[[Platform], None]:
+def job_check(options: LauncherOptions, platform: Platform) -> None:
     """Every check of a job's platform with these launcher options (and, for ranks on this machine,
     against its GPUs); an error names the platform's keys as the user types them."""
-
-    def check_job(platform: Platform) -> None:
-        with options.naming_platform_keys():
-            check(platform, here=options.runs_here)
-            options.validate_platform(platform)
-
-    return check_job
+    with options.naming_platform_keys():
+        check(platform, here=options.runs_here)
+        options.validate_platform(platform)
 
 
 def prepare_jobs(
@@ -77,7 +76,6 @@ def prepare_jobs(
     (once, see `compose_once`), numbered, its platform read and checked (a `ConfigError` if it cannot run);
     jobs submitted elsewhere are pinned now, jobs that run here as each starts."""
     options.validate()
-    pin = not options.runs_here
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     jobs = []
@@ -87,7 +85,7 @@ def prepare_jobs(
             with open_dict(job_cfg):
                 job_cfg.hydra.job.id = str(idx)  # a str field: an int is converted, with a warning on omegaconf 2.4
                 job_cfg.hydra.job.num = idx
-            jobs.append(prepared(job_cfg, idx, list(overrides), options, SWEEP_DIR_KEYS, pin))
+            jobs.append(prepared(job_cfg, idx, list(overrides), options, SWEEP_DIR_KEYS, pin=not options.runs_here))
     finally:
         forget_unused(hydra_context)
     return jobs
@@ -105,7 +103,7 @@ def prepared(
     dir and `${now:}` pinned (with `pin`; else `PreparedJob.pin` does it when the job starts)."""
     with hydra_config_of(config):
         platform = options.platform_of(config)
-    job_check(options)(platform)
+    job_check(options, platform)
     job = PreparedJob(idx, overrides, config, platform, output_dir_now(config, dir_keys), dir_keys)
     if pin:
         job.pin()
@@ -138,14 +136,12 @@ def _dir_values(config: DictConfig, dir_keys: tuple[str, str | None]) -> list[st
         return [str(OmegaConf.select(config, key)) for key in dir_keys if key is not None]
 
 
-def pin_output_dir(config: DictConfig, dir_keys: tuple[str, str | None]) -> Path:
-    """Resolve the keys of a job's output dir (`dir_keys`, as `run_job` takes them) once, write them
-    back as plain values, and return the job's output dir."""
-    values = _dir_values(config, dir_keys)
-    with read_write(config.hydra), open_dict(config.hydra):
-        for key, value in zip([key for key in dir_keys if key is not None], values, strict=True):
-            OmegaConf.update(config, key, value, merge=False)
-    return Path(*values).absolute()
+def task_config(config: DictConfig) -> DictConfig:
+    """The task's config, as `run_job` makes it from the job's (a copy without `hydra`)."""
+    task_cfg = copy.deepcopy(config)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    return task_cfg
 
 
 def pin_now(config: DictConfig) -> None:
@@ -165,7 +161,4 @@ def _paths_using_now(node: Any, prefix: str = "") -> list[str]:
         items = enumerate(node)
     else:
         return [prefix] if isinstance(node, str) and "${now:" in node else []
-    found = []
-    for key, value in items:
-        found += _paths_using_now(value, f"{prefix}.{key}" if prefix else str(key))
-    return found
+    return [path for key, value in items for path in _paths_using_now(value, f"{prefix}.{key}" if prefix else str(key))]

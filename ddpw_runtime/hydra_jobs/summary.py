@@ -33,15 +33,11 @@ def use_colour(stream: TextIO) -> bool:
     return tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
-class _Style:
-    def __init__(self, colour: bool) -> None:
-        self.colour = colour
-
-    def __call__(self, text: str, *names: str) -> str:
-        if not self.colour or not names:
-            return text
-        codes = ";".join(_CODES[name] for name in names)
-        return f"\033[{codes}m{text}\033[0m"
+def _style(colour: bool, text: str, *names: str) -> str:
+    """`text` in the colours `names`, when `colour`."""
+    if not colour or not names:
+        return text
+    return f"\033[{';'.join(_CODES[name] for name in names)}m{text}\033[0m"
 
 
 def shown_path(path: Path, base: Path) -> str:
@@ -63,14 +59,6 @@ def rank_ranges(ranks: list[int]) -> str:
     return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
 
 
-def _exit_text(code: int | None) -> str:
-    if code is None:  # it ran in the launching process, or its end was never seen
-        return ""
-    if code < 0:
-        return f"{signal_name(-code)}, exit {code}"
-    return f"exit {code}"
-
-
 def rank_statuses(failure: RankFailure) -> dict[int, str]:
     """Each rank's status in a failed job, with its exit code: `FAILED` (the root cause), `ok`,
     `failed too` (a failure after the root cause, such as a lost connection), `stopped` (by the
@@ -90,21 +78,24 @@ def rank_statuses(failure: RankFailure) -> dict[int, str]:
             status = "killed"
         else:
             status = "exited"
-        text = _exit_text(code)
-        statuses[outcome.rank] = f"{status} ({text})" if text else status
+        if code is None:  # it ran in the launching process, or its end was never seen
+            statuses[outcome.rank] = status
+        elif code < 0:
+            statuses[outcome.rank] = f"{status} ({signal_name(-code)}, exit {code})"
+        else:
+            statuses[outcome.rank] = f"{status} (exit {code})"
     return statuses
 
 
-def _head(style: _Style, job: int, what: str, *colours: str) -> str:
+def _head(colour: bool, job: int, what: str, *colours: str) -> str:
     """`[ddpw] job #N <what>`, `what` in `colours`."""
-    return f"{style(PREFIX, 'dim')} {style(f'job #{job}', 'bold')} {style(what, *colours)}"
+    return f"{_style(colour, PREFIX, 'dim')} {_style(colour, f'job #{job}', 'bold')} {_style(colour, what, *colours)}"
 
 
 def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: str, colour: bool = False) -> str:
     """The lines printed when a job failed: the cause in one line and, for a `RankFailure`, each rank's
     status and exit code."""
-    style = _Style(colour)
-    head = f"{_head(style, job, 'FAILED', 'red', 'bold')} after {duration_s:.1f} s: "
+    head = f"{_head(colour, job, 'FAILED', 'red', 'bold')} after {duration_s:.1f} s: "
     lines = [head + one_line(error)]
     if isinstance(error, RankFailure):
         by_status: dict[str, list[int]] = {}
@@ -112,7 +103,7 @@ def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: s
             by_status.setdefault(status, []).append(rank)
         for status, ranks in sorted(by_status.items(), key=lambda item: item[1][0]):
             label = ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
-            lines.append(f"  {label}: {style(status, _STATUS_COLOURS.get(status.split()[0], 'yellow'))}")
+            lines.append(f"  {label}: {_style(colour, status, _STATUS_COLOURS.get(status.split()[0], 'yellow'))}")
     lines.append(f"  logs: {log_dir}/rank_<k>.log")
     return "\n".join(lines)
 
@@ -139,15 +130,14 @@ class JobConsole:
     def started(self) -> None:
         """Print the start line."""
         ranks = f"{self.world_size} rank" + ("s" if self.world_size != 1 else "")
-        self._print(f"{_head(_Style(self.colour), self.job, 'started')}: {ranks} on {self.device}, output dir "
+        self._print(f"{_head(self.colour, self.job, 'started')}: {ranks} on {self.device}, output dir "
                     f"{self.output_dir}")
 
     def completed(self, duration_s: float) -> None:
         """Print the summary of a job whose every rank returned (each exited 0)."""
-        style = _Style(self.colour)
         ranks = ("ranks " if self.world_size > 1 else "rank ") + rank_ranges(list(range(self.world_size)))
-        self._print(f"{_head(style, self.job, 'COMPLETED', 'green', 'bold')} in {duration_s:.1f} s: {ranks} "
-                    f"{style('ok', 'green')}; logs {self.output_dir}/rank_<k>.log")
+        self._print(f"{_head(self.colour, self.job, 'COMPLETED', 'green', 'bold')} in {duration_s:.1f} s: {ranks} "
+                    f"{_style(self.colour, 'ok', 'green')}; logs {self.output_dir}/rank_<k>.log")
 
     def failed(self, error: BaseException, duration_s: float) -> None:
         """Print the summary of a failed job."""

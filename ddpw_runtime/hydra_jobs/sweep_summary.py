@@ -18,7 +18,6 @@ import json
 import sys
 import threading
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +59,8 @@ def entry(job: int, overrides: list[str], output_dir: Path, duration_s: float, r
         return JobEntry(job, overrides, stopped_by or "INTERRUPTED", round(duration_s, 3), None, str(output_dir))
     failed = ret.status is not JobStatus.COMPLETED
     value = None if failed else _as_json(ret.return_value)
-    error = _one_line(_compat.job_error(ret)) if failed else None
+    cause = _compat.job_error(ret)
+    error = (one_line(cause) if isinstance(cause, BaseException) else repr(cause)) if failed else None
     return JobEntry(job, overrides, ret.status.name, round(duration_s, 3), value, str(output_dir), error)
 
 
@@ -75,10 +75,6 @@ def _as_json(value: Any) -> Any:
     except (TypeError, ValueError):
         return repr(value)
     return value
-
-
-def _one_line(error: Any) -> str:
-    return one_line(error) if isinstance(error, BaseException) else repr(error)
 
 
 class SweepSummary:
@@ -104,7 +100,9 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
     jobs = f"{len(entries)} job" + ("s" if len(entries) != 1 else "")
     tally = ", ".join(f"{count} {status}" for status, count in counts.items())
     overrides = [filter_overrides(e["overrides"]) for e in entries]
-    common = _in_every_job(overrides) if len(entries) > 1 else []
+    # The overrides every job has, in the first job's order: shown once, below the table.
+    rest = [set(own) for own in overrides[1:]]
+    common = [o for o in overrides[0] if all(o in own for own in rest)] if len(entries) > 1 else []
     rows = [["job", "status", "time", "rank 0 returned", "output dir", "overrides"]]
     for e, own in zip(entries, overrides, strict=True):
         value = e["return_value"]
@@ -121,12 +119,6 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
     if common:
         lines.append(f"  same in every job: {' '.join(common)}")
     return "\n".join(line.rstrip() for line in lines)
-
-
-def _in_every_job(overrides: list[Sequence[str]]) -> list[str]:
-    """The overrides that every job has, in the first job's order."""
-    rest = [set(own) for own in overrides[1:]]
-    return [o for o in overrides[0] if all(o in own for own in rest)]
 
 
 def _shown(value: Any) -> str:

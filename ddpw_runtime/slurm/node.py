@@ -1,10 +1,7 @@
 """What runs on each node of a SLURM job: the node's controller (`SlurmNode`, one submitit task per node),
 which starts its ranks with the local engine and returns a `NodeOutcome`; node 0's runs Hydra's `run_job`.
-
-Signals (docs/slurm.md, "Signals"): SIGTERM (cancel, time limit, a failed peer node) is passed on to the
-ranks, which get `interrupt_grace_s`; SIGUSR2 (SLURM's warning, or a preemption) while a restart is left
-gives the ranks SIGTERM to save, then node 0 requeues the job and the other nodes wait to be stopped. A node
-whose own ranks failed first sends SIGTERM to the job's other nodes.
+Its SIGTERM and SLURM's warning (SIGUSR2): docs/slurm.md, "Preemption, time limits and checkpoints" and
+"Signals"; a node whose own ranks failed first sends SIGTERM to the job's other nodes.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ import cloudpickle
 from ddpw_conf import ConfigError, Platform
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import SlurmJobError, Terminated
+from ddpw_runtime.hydra_jobs.prepare import task_config
 from ddpw_runtime.hydra_jobs.task import JobTask
 from ddpw_runtime.launch.checks import check
 from ddpw_runtime.launch.engine import NodeJob, starter_for
@@ -75,9 +73,7 @@ class SlurmNode:
         restart is left (the job is requeued), else None (it is not)."""
         from submitit.helpers import DelayedSubmission
 
-        if _attempt() >= self.max_restarts:
-            return None
-        return DelayedSubmission(self)
+        return None if _attempt() >= self.max_restarts else DelayedSubmission(self)
 
 
 def _attempt() -> int:
@@ -197,9 +193,7 @@ class _NodeRun:
         so none of them leaves a result of this run behind."""
         if self.node == 0:
             submitit_warning(signal.SIGUSR2, None)
-        deadline = time.monotonic() + _REQUEUE_WAIT_S
-        while time.monotonic() < deadline:
-            time.sleep(1)
+        time.sleep(_REQUEUE_WAIT_S)
         log.error("SLURM did not stop this node %.0f s after the job was requeued; it ends without a result",
                   _REQUEUE_WAIT_S)
         os._exit(1)
@@ -240,8 +234,6 @@ def _start_rank_starter(platform: Platform) -> None:
 def _entered(config: Any, dir_key: str, subdir_key: str | None) -> Iterator[Any]:
     """Enter the job as `run_job` does on node 0 (HydraConfig with the output dir, working dir,
     `env_set`), without writing `.hydra/` or the job log and without callbacks; yields the task's config."""
-    from copy import deepcopy
-
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import configure_log, env_override
     from omegaconf import OmegaConf, open_dict, read_write
@@ -254,9 +246,7 @@ def _entered(config: Any, dir_key: str, subdir_key: str | None) -> Iterator[Any]
     HydraConfig.instance().set_config(config)
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-    task_cfg = deepcopy(config)
-    with read_write(task_cfg), open_dict(task_cfg):
-        del task_cfg["hydra"]
+    task_cfg = task_config(config)
     if config.hydra.job.chdir:
         os.chdir(output_dir)
     with env_override(config.hydra.job.env_set):

@@ -55,9 +55,7 @@ class NodeOutcome:
 
 def latest(outcomes: dict[int, NodeOutcome]) -> dict[int, NodeOutcome]:
     """The outcomes of the latest run only: a node of a requeued job may have left one from an earlier run."""
-    if not outcomes:
-        return {}
-    attempt = max(o.attempt for o in outcomes.values())
+    attempt = max((o.attempt for o in outcomes.values()), default=0)
     return {node: o for node, o in outcomes.items() if o.attempt == attempt}
 
 

@@ -23,7 +23,7 @@ class SlurmPlainRun(PlainRun):
         """Refuse a plain run, naming the command that submits the job."""
         options = _compat.report_like_hydra(lambda: selected_options(config.hydra.launcher))
         if isinstance(options, SlurmLauncherConf) and config.hydra.mode is not RunMode.MULTIRUN:
-            _compat.report_like_hydra(lambda: _refuse())
+            _compat.report_like_hydra(_refuse)
 
 
 def _refuse() -> None:

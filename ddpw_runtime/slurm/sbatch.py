@@ -61,15 +61,12 @@ def sbatch_parameters(platform: Platform, options: SlurmLauncherConf) -> dict[st
     return params
 
 
-def submit_command(folder: Path) -> str:
-    """The command each node task runs, as submitit's `SlurmExecutor` writes it."""
-    return " ".join([shlex.quote(sys.executable), f"-u -m {_compat.SUBMITIT_ENTRY}", shlex.quote(str(folder))])
-
-
 def sbatch_script(params: dict[str, Any], folder: Path, array_size: int = 1) -> str:
-    """The sbatch script submitit submits for `params` (a job array when `array_size` > 1)."""
+    """The sbatch script submitit submits for `params` (a job array when `array_size` > 1), with the
+    command each node task runs as submitit's `SlurmExecutor` writes it."""
     folder = Path(folder).expanduser().absolute()
-    return _compat.sbatch_script(submit_command(folder), folder, array_size if array_size > 1 else None, **params)
+    command = " ".join([shlex.quote(sys.executable), f"-u -m {_compat.SUBMITIT_ENTRY}", shlex.quote(str(folder))])
+    return _compat.sbatch_script(command, folder, array_size if array_size > 1 else None, **params)
 
 
 def rendezvous(platform: Platform, first_host: str, job_id: str) -> tuple[str | None, int | None]:

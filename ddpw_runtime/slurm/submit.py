@@ -10,7 +10,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +47,6 @@ class _Job:
     params: dict[str, Any]
     slurm: Any = None
     """The submitit Job, once submitted."""
-    state: str = ""
-    """How SLURM ended the job (a sacct state), or "" when every node returned before sacct said so."""
-    outcomes: dict[int, node_outcomes.NodeOutcome] = field(default_factory=dict)
-    node_errors: dict[int, str] = field(default_factory=dict)
 
 
 def run_jobs(
@@ -58,23 +54,19 @@ def run_jobs(
     task_function: TaskFunction,
     prepared: Sequence[PreparedJob],
     options: SlurmLauncherConf,
-    summary: SweepSummary | None = None,
-    folder: Path | None = None,
-    manifest_dir: Path | None = None,
+    summary: SweepSummary,
 ) -> list[JobReturn]:
     """Submit `prepared` (checked) jobs, wait for them, and return what each ended with (noted in
-    `summary` as each ends, its time counted from the submission). submitit's `folder` is
-    `hydra.launcher.submitit_folder` unless given; the manifest goes to `manifest_dir`, by default the
-    sweep dir."""
-    folder = folder if folder is not None else Path(options.submitit_folder).expanduser().absolute()
-    manifest_dir = manifest_dir if manifest_dir is not None else Path(str(prepared[0].config.hydra.sweep.dir))
+    `summary` as each ends, its time counted from the submission). submitit's folder is
+    `hydra.launcher.submitit_folder`; the manifest goes to the sweep dir."""
+    folder = Path(options.submitit_folder).expanduser().absolute()
     jobs = [_Job(job, sbatch.sbatch_parameters(job.platform, options)) for job in prepared]
     groups = _arrays(jobs)
     if options.dry_run:
         _print_dry_run(groups, folder)
         return [_return(job, JobStatus.COMPLETED, None) for job in jobs]
     _submit(groups, hydra_context, task_function, options, folder)
-    manifest = _write_manifest(manifest_dir, jobs)
+    manifest = _write_manifest(Path(str(prepared[0].config.hydra.sweep.dir)), jobs)
     if options.fire_and_forget:
         log.info(f"Submitted {len(jobs)} job(s) and returning (fire_and_forget); manifest: {manifest}")
         return [_return(job, JobStatus.COMPLETED, job.slurm.job_id) for job in jobs]
@@ -83,11 +75,10 @@ def run_jobs(
     echo = ConsoleEcho(shown, console_of(sys.stdout), {rank: f"[rank {rank}] " for rank in shown if len(shown) > 1})
     returns: dict[int, JobReturn] = {}
 
-    def ended(job: _Job, duration_s: float) -> None:
-        ret = returns[job.prepared.idx] = _collect(job)
-        if summary is not None:
-            p = job.prepared
-            summary.record(entry(p.idx, p.overrides, p.output_dir, duration_s, ret))
+    def ended(job: _Job, ret: JobReturn, duration_s: float) -> None:
+        p = job.prepared
+        returns[p.idx] = ret
+        summary.record(entry(p.idx, p.overrides, p.output_dir, duration_s, ret))
 
     try:
         echo.start()
@@ -189,10 +180,10 @@ def _write_manifest(manifest_dir: Path, jobs: list[_Job]) -> Path:
     return path
 
 
-def _wait(jobs: list[_Job], ended: Callable[[_Job, float], None]) -> None:
+def _wait(jobs: list[_Job], ended: Callable[[_Job, JobReturn, float], None]) -> None:
     """Wait until every job has ended: all its nodes sent their outcome of the same run, or sacct says
-    it ended (cancelled, timed out, failed, ...); `ended(job, seconds since the wait began)` as each
-    does. Result files are checked often, sacct less and less."""
+    it ended (cancelled, timed out, failed, ...); `ended(job, its JobReturn, seconds since the wait
+    began)` as each does. Result files are checked often, sacct less and less."""
     pending = list(jobs)
     start = time.monotonic()
     next_sacct = start
@@ -201,33 +192,25 @@ def _wait(jobs: list[_Job], ended: Callable[[_Job, float], None]) -> None:
         if now >= next_sacct:
             _compat.refresh_sacct(jobs[0].slurm)
             next_sacct = now + min(_SACCT_MAX_S, max(_SACCT_MIN_S, (now - start) / 10))
-        for job in [job for job in pending if _ended(job)]:
-            pending.remove(job)
-            log.info(f"#{job.prepared.idx} : SLURM job {job.slurm.job_id} ended ({job.state or 'every node returned'})")
-            ended(job, now - start)
+        for job in list(pending):
+            ret = _ended(job)
+            if ret is not None:
+                pending.remove(job)
+                ended(job, ret, now - start)
         if not pending:
             return
         time.sleep(_POLL_S)
 
 
-def _ended(job: _Job) -> bool:
+def _ended(job: _Job) -> JobReturn | None:
+    """The job's JobReturn once it has ended (see `_wait`), else None."""
     state = _compat.sacct_state(job.slurm)
     ended = state.split()[0] not in node_outcomes.INCOMPLETE_STATES
     tasks = [job.slurm.task(node) for node in range(job.prepared.platform.n_nodes)]
     if not ended and not all(_compat.node_result_ready(task) for task in tasks):
-        return False
-    outcomes, errors = _read_results(tasks)
-    if not ended and (errors or len(node_outcomes.latest(outcomes)) < len(tasks)):
-        return False  # a result left by an earlier run of a requeued job; wait for this run's
-    job.state = state if ended else ""  # every node returned; SLURM may not have recorded the end yet
-    job.outcomes, job.node_errors = node_outcomes.latest(outcomes), errors
-    return True
-
-
-def _read_results(tasks: list[Any]) -> tuple[dict[int, node_outcomes.NodeOutcome], dict[int, str]]:
-    """The outcome of every node that sent one, and the error text of every node controller that raised."""
+        return None
     outcomes: dict[int, node_outcomes.NodeOutcome] = {}
-    errors: dict[int, str] = {}
+    errors: dict[int, str] = {}  # the error text of every node controller that raised
     for node, task in enumerate(tasks):
         if not _compat.node_result_ready(task):
             continue
@@ -235,20 +218,19 @@ def _read_results(tasks: list[Any]) -> tuple[dict[int, node_outcomes.NodeOutcome
             outcomes[node] = task.result()
         except Exception as exc:  # submitit's FailedJobError carries the controller's traceback
             errors[node] = str(exc)
-    return outcomes, errors
-
-
-def _collect(job: _Job) -> JobReturn:
-    node0 = job.outcomes.get(0)
+    outcomes = node_outcomes.latest(outcomes)
+    if not ended and (errors or len(outcomes) < len(tasks)):
+        return None  # a result left by an earlier run of a requeued job; wait for this run's
+    state = state if ended else ""  # every node returned; SLURM may not have recorded the end yet
+    log.info(f"#{job.prepared.idx} : SLURM job {job.slurm.job_id} ended ({state or 'every node returned'})")
+    node0 = outcomes.get(0)
     ret = node0.job_return if node0 is not None else None
     ret = ret if ret is not None else _return(job, JobStatus.FAILED, None)
-    restarts = max([o.attempt for o in job.outcomes.values()], default=0)
-    ended = node_outcomes.state_error(job.slurm.job_id, job.state, str(job.slurm.paths.folder), restarts)
-    if not job.outcomes and not job.node_errors and not job.state.startswith(("CANCELLED", "TIMEOUT")):
-        ended = SlurmJobError(f"{ended}{_stderr_tail(job)}")
-    ret, values = node_outcomes.job_return(
-        ret, job.prepared.platform.n_nodes, job.state, job.outcomes, job.node_errors, ended
-    )
+    restarts = max([o.attempt for o in outcomes.values()], default=0)
+    slurm_end = node_outcomes.state_error(job.slurm.job_id, state, str(job.slurm.paths.folder), restarts)
+    if not outcomes and not errors and not state.startswith(("CANCELLED", "TIMEOUT")):
+        slurm_end = SlurmJobError(f"{slurm_end}{_stderr_tail(job)}")
+    ret, values = node_outcomes.job_return(ret, job.prepared.platform.n_nodes, state, outcomes, errors, slurm_end)
     return DdpwJobReturn.of(ret, values)
 
 
@@ -258,9 +240,7 @@ def _stderr_tail(job: _Job) -> str:
         lines = job.slurm.task(0).paths.stderr.read_text(errors="backslashreplace").splitlines()
     except OSError:
         return ""
-    if not lines:
-        return ""
-    return "\nlast lines of node 0's stderr:\n" + "\n".join(lines[-_LOG_TAIL_LINES:])
+    return "\nlast lines of node 0's stderr:\n" + "\n".join(lines[-_LOG_TAIL_LINES:]) if lines else ""
 
 
 def _return(job: _Job, status: JobStatus, value: Any) -> DdpwJobReturn:
