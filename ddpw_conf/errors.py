@@ -12,8 +12,9 @@ receiving process can report.
 from __future__ import annotations
 
 import difflib
+import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 _E = TypeVar("_E", bound="CompactError")
@@ -97,3 +98,23 @@ def check_bool(key: str, value: Any) -> None:
     """Raise `ConfigError` unless `value` is true or false."""
     if not isinstance(value, bool):
         raise ConfigError(key, value, "use true or false")
+
+
+def check_number(key: str, value: Any, fix: str, positive: bool = False) -> None:
+    """Raise `ConfigError` (with `fix`) unless `value` is a number (not a bool) >= 0, or > 0 if `positive`."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (positive and not value > 0):
+        raise ConfigError(key, value, fix)
+
+
+def check_choice(key: str, value: Any, choices: Sequence[str], alternative: str = "") -> None:
+    """Raise `ConfigError` unless `value` is one of `choices`."""
+    if value not in choices:
+        raise ConfigError(key, value, f"choose one of {', '.join(choices)}{alternative}")
+
+
+def check_match(key: str, value: Any, pattern: re.Pattern[str], fix: str, optional: bool = False) -> None:
+    """Raise `ConfigError` (with `fix`) unless `value` is a string `pattern` matches whole (or None, if
+    `optional`). Whole: `match` with `$` also accepts a trailing newline, which would add a line to an
+    sbatch script."""
+    if not (optional and value is None) and (not isinstance(value, str) or not pattern.fullmatch(value)):
+        raise ConfigError(key, value, fix)

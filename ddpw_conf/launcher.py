@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from ddpw_conf.errors import ConfigError, check_bool, check_int, unknown_key
+from ddpw_conf.errors import ConfigError, check_bool, check_int, check_match, check_number, unknown_key
 from ddpw_conf.platform import Device, Platform, platform_from_config
 
 _Options = TypeVar("_Options", bound="LauncherOptions")
@@ -16,11 +16,11 @@ _Options = TypeVar("_Options", bound="LauncherOptions")
 LOCAL_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.local_launcher.DdpwLocalLauncher"
 SLURM_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.slurm_launcher.DdpwSlurmLauncher"
 PLATFORM_KEY = "platform"
+"""Where a job's config holds its Platform, unless the launcher options name another node."""
 NOT_OURS = (". If `platform` is your app's own config node, select the `_own_platform` twin of the launcher "
             "option (such as hydra/launcher=ddpw_cpu_own_platform): hydra-ddpw then reads its platform from "
             "`ddpw_platform` and leaves `platform` to the app")
 """What an error about the `platform` node adds when the node may be the app's own."""
-"""Where a job's config holds its Platform, unless the launcher options name another node."""
 _CONFIG_KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
@@ -91,9 +91,7 @@ class LauncherOptions:
         returns self."""
         check_bool(f"{where}dry_run", self.dry_run)
         for key in ("interrupt_grace_s", "stop_grace_s"):
-            value = getattr(self, key)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{where}{key}", value, "use a number of seconds >= 0")
+            check_number(f"{where}{key}", getattr(self, key), "use a number of seconds >= 0")
         check_int(f"{where}max_restarts", self.max_restarts, 0)
         key = self.platform_key
         if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key) or key.split(".")[0] == "hydra":
@@ -124,8 +122,7 @@ class LocalLauncherConf(LauncherOptions):
         platform.validate_local()
 
 
-# Values that end up in the sbatch script. Patterns are applied with `fullmatch` (`match` with `$`
-# would also accept a trailing newline, which adds a line to the script).
+# Values that end up in the sbatch script.
 _SLURM_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 """qos and account names: no spaces, no leading dash."""
 _SLURM_NODES = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,\[\]-]{0,1023}")
@@ -195,13 +192,8 @@ class SlurmLauncherConf(LauncherOptions):
             ("constraint", _SLURM_CONSTRAINT, "a100|h100"),
             ("exclude", _SLURM_NODES, "n[1-3],n7"),
         ):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, str) or not pattern.fullmatch(value)):
-                raise ConfigError(
-                    f"hydra.launcher.{key}", value,
-                    f"use a single SLURM value such as '{example}' (no spaces, line breaks or leading "
-                    "dash), or null",
-                )
+            check_match(f"hydra.launcher.{key}", getattr(self, key), pattern, f"use a single SLURM value such as "
+                        f"'{example}' (no spaces, line breaks or leading dash), or null", optional=True)
         if not isinstance(self.setup, (list, tuple)):
             raise ConfigError(
                 "hydra.launcher.setup", self.setup, "use a list of shell lines, such as ['module load cuda']"
