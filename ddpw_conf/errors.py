@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 _E = TypeVar("_E", bound="CompactError")
@@ -71,16 +71,22 @@ class ConfigError(CompactError, ValueError):
         return (ConfigError, (self.key, self.value, self.fix))
 
 
-def unknown_key(key: str, value: Any, known: Iterable[str], owner: str, noun: str = "field") -> ConfigError:
-    """The error for `key` (its full dotted name), which `owner` does not have: the nearest of the
-    `known` names first (a typo, a part of the name, or the name with more to it), then all of them."""
-    names = sorted(known)
-    word = key.rpartition(".")[2]
-    nearest = difflib.get_close_matches(word, names, n=1) or [
-        name for name in names if word.lower() in name or name in word.lower()
-    ]
-    guess = f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
-    return ConfigError(key, value, f"{owner} has no such {noun}; {guess}its {noun}s are {', '.join(names)}")
+def check_known(prefix: str, node: Mapping[str, Any], known: Collection[str], owner: str, noun: str = "field",
+                not_ours: str = "") -> None:
+    """Raise `ConfigError` for the first key of `node` that `owner` does not have (`prefix` + the key is its
+    full name): the nearest of the `known` names first (a typo, a part of the name, or the name with more to
+    it), then all of them (but `_target_`), then `not_ours`."""
+    for key in node:
+        if key not in known:
+            full = f"{prefix}{key}"
+            word = full.rpartition(".")[2]
+            names = sorted(set(known) - {"_target_"})
+            nearest = difflib.get_close_matches(word, names, n=1) or [
+                name for name in names if word.lower() in name or name in word.lower()
+            ]
+            guess = f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
+            raise ConfigError(full, node[key],
+                              f"{owner} has no such {noun}; {guess}its {noun}s are {', '.join(names)}{not_ours}")
 
 
 def is_int(value: Any) -> bool:

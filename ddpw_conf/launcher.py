@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from ddpw_conf.errors import ConfigError, check_bool, check_int, check_match, check_number, unknown_key
+from ddpw_conf.errors import ConfigError, check_bool, check_int, check_known, check_match, check_number
 from ddpw_conf.platform import Device, Platform, platform_from_config
 
 _Options = TypeVar("_Options", bound="LauncherOptions")
@@ -53,11 +53,7 @@ class LauncherOptions:
         unknown key is refused with the known ones."""
         from omegaconf import OmegaConf
 
-        known = {f.name for f in fields(cls)}
-        for key in options:
-            if key not in known:
-                raise unknown_key(f"hydra.launcher.{key}", options[key], known - {"_target_"}, "hydra.launcher",
-                                  "option")
+        check_known("hydra.launcher.", options, {f.name for f in fields(cls)}, "hydra.launcher", "option")
         plain: dict[str, Any] = {
             key: OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
             for key, value in options.items()
@@ -131,21 +127,16 @@ _SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_\[(!][A-Za-z0-9_.&|,:*()\[\]!-]{0,10
 """Feature expressions such as `v100|a100`, `[rack1|rack2]*2`."""
 _LINE_BREAKS = ("\n", "\r", "\0")
 
-SLURM_MANAGED_KEYS = (
-    "job_name", "partition", "time", "nodes", "ntasks", "ntasks_per_node", "cpus_per_task", "mem",
-    "gpus_per_node", "qos", "account", "constraint", "exclude", "output", "error", "array", "signal",
-    "open_mode",
-)
-"""sbatch options the launcher sets itself (from `platform.*` or `hydra.launcher.*`); refused in
-`platform.slurm_additional_parameters`, where they would contradict the launcher."""
-
-_MANAGED_BY = {
+SLURM_MANAGED_KEYS: dict[str, str | None] = {
     "job_name": "platform.name", "partition": "platform.partition", "time": "platform.timeout_min",
-    "nodes": "platform.n_nodes", "cpus_per_task": "platform.n_cpus_per_node",
+    "nodes": "platform.n_nodes", "ntasks": None, "ntasks_per_node": None, "cpus_per_task": "platform.n_cpus_per_node",
     "mem": "platform.mem_per_node", "gpus_per_node": "platform.n_gpus_per_node",
     "qos": "hydra.launcher.qos", "account": "hydra.launcher.account",
     "constraint": "hydra.launcher.constraint", "exclude": "hydra.launcher.exclude",
+    "output": None, "error": None, "array": None, "signal": None, "open_mode": None,
 }
+"""sbatch options the launcher sets itself, each with the key that sets it (None: no key, the launcher
+alone); refused in `platform.slurm_additional_parameters`, where they would contradict the launcher."""
 
 
 @dataclass
@@ -231,7 +222,7 @@ class SlurmLauncherConf(LauncherOptions):
         for key in platform.slurm_additional_parameters:
             name = key.replace("-", "_")
             if name in SLURM_MANAGED_KEYS:
-                where = _MANAGED_BY.get(name)
+                where = SLURM_MANAGED_KEYS[name]
                 raise ConfigError(
                     "platform.slurm_additional_parameters", key,
                     f"the launcher sets --{name.replace('_', '-')} itself"

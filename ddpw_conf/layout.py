@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ddpw_conf.errors import ConfigError, check_int, unknown_key
+from ddpw_conf.errors import ConfigError, check_int, check_known
 
 AXES = ("pipeline", "data", "tensor")
 """The mesh axes, outermost first: tensor-parallel groups are runs of consecutive ranks (same node)."""
@@ -63,7 +63,5 @@ def layout_from_config(node: Any) -> Layout:
         return node
     if not isinstance(node, dict):
         raise ConfigError("platform.layout", node, "use a mapping such as {tensor: 2}")
-    for key in node:
-        if key not in AXES:
-            raise unknown_key(f"platform.layout.{key}", node[key], AXES, "Layout")
+    check_known("platform.layout.", node, AXES, "Layout")
     return Layout(**node)

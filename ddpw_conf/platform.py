@@ -14,10 +14,10 @@ from ddpw_conf.errors import (
     check_bool,
     check_choice,
     check_int,
+    check_known,
     check_match,
     check_number,
     is_int,
-    unknown_key,
 )
 from ddpw_conf.layout import Layout, layout_from_config
 
@@ -380,9 +380,5 @@ def platform_from_config(node: Any, not_ours: str = "") -> Platform:
         node = OmegaConf.to_container(node, resolve=True)
     if not isinstance(node, dict):
         raise ConfigError("platform", node, "platform must be a mapping of Platform fields" + not_ours)
-    known = {f.name for f in fields(Platform)}
-    for key in node:
-        if key not in known:
-            error = unknown_key(f"platform.{key}", node[key], known, "Platform")
-            raise ConfigError(error.key, error.value, error.fix + not_ours)
+    check_known("platform.", node, {f.name for f in fields(Platform)}, "Platform", not_ours=not_ours)
     return Platform(**node)
