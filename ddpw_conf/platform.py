@@ -161,7 +161,6 @@ class Platform:
         kind = self.device_kind
         self._validate_counts(kind)
         self._validate_choices()
-        self._validate_network()
         self._validate_groups()
         self._validate_slurm_parameters()
         for key in ("console_logs", "verbose"):
@@ -288,8 +287,6 @@ class Platform:
         elif outside := [r for r in ranks if not 0 <= r < self.world_size]:
             raise ConfigError("platform.console_ranks", list(ranks),
                               f"rank(s) {outside} are outside {self._world_text()}")
-
-    def _validate_network(self) -> None:
         if self.master_port is not None and (not is_int(self.master_port) or not 1 <= self.master_port <= 65535):
             raise ConfigError("platform.master_port", self.master_port,
                               "use a port in 1..65535, or leave it unset (null) to pick a free port per job")
