@@ -31,7 +31,8 @@ class CompactError(Exception):
         return super().__new__(cls, *args, **kwargs)
 
     def __reduce__(self) -> Any:
-        return (_made_as(type(self)), self.args, self.__dict__ or None)
+        # Pickles name the class whose constructor made the error, not Hydra's subclass of it.
+        return (type(self).__dict__.get("made_as", type(self)), self.args, self.__dict__ or None)
 
 
 _REPORTED_BY_HYDRA: dict[type, type] = {}
@@ -46,12 +47,6 @@ def _reported_by_hydra(cls: type[_E], compact: type[Exception]) -> type[_E]:
                      "made_as": cls}
         made = _REPORTED_BY_HYDRA.setdefault(cls, type(cls.__name__, (cls, compact), namespace))
     return made
-
-
-def _made_as(cls: type[CompactError]) -> type[CompactError]:
-    """The class whose constructor made an instance of `cls` (pickles name it, not Hydra's subclass)."""
-    made_as: type[CompactError] = cls.__dict__.get("made_as", cls)
-    return made_as
 
 
 class ConfigError(CompactError, ValueError):

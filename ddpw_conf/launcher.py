@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ddpw_conf.errors import ConfigError, check_bool, check_int, check_known, check_match, check_number
 from ddpw_conf.platform import Device, Platform, platform_from_config
@@ -42,10 +42,8 @@ class LauncherOptions:
     """The job config's node that holds the Platform: `platform`, or `ddpw_platform` with the
     `hydra/launcher=ddpw_*_own_platform` options, for apps whose config has a `platform` of its own."""
 
-    @property
-    def runs_here(self) -> bool:
-        """Whether the ranks run on this machine (so its GPUs are what a platform may ask for)."""
-        return True
+    runs_here: ClassVar[bool] = True
+    """Whether the ranks run on this machine (so its GPUs are what a platform may ask for)."""
 
     @classmethod
     def from_mapping(cls: type[_Options], options: Mapping[str, Any]) -> _Options:
@@ -167,10 +165,8 @@ class SlurmLauncherConf(LauncherOptions):
     """SLURM warns a job (USR2) this many seconds before its time limit; with `max_restarts` > 0
     the ranks then get SIGTERM to save a checkpoint, and the job is requeued."""
 
-    @property
-    def runs_here(self) -> bool:
-        """No: the ranks run on SLURM nodes."""
-        return False
+    runs_here: ClassVar[bool] = False
+    """No: the ranks run on SLURM nodes."""
 
     def validate(self, where: str = "hydra.launcher.") -> SlurmLauncherConf:
         """Raise `ConfigError` for an option that cannot run or would add lines or options to the
