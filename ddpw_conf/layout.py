@@ -56,11 +56,9 @@ class Layout:
 
 
 def layout_from_config(node: Any) -> Layout:
-    """A `Layout` from a mapping (or a `Layout`, or None for the default); unknown keys raise ConfigError."""
+    """A `Layout` from a mapping (or None for the default); unknown keys raise ConfigError."""
     if node is None:
         return Layout()
-    if isinstance(node, Layout):
-        return node
     if not isinstance(node, dict):
         raise ConfigError("platform.layout", node, "use a mapping such as {tensor: 2}")
     check_known("platform.layout.", node, AXES, "Layout")
