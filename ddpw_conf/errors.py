@@ -50,11 +50,8 @@ def _reported_by_hydra(cls: type[_E], compact: type[Exception]) -> type[_E]:
 
 
 class ConfigError(CompactError, ValueError):
-    """A configuration value that cannot run, found before any process starts.
-
-    The message always names the key, the value that was given and what to do instead. Hydra prints
-    it as one line, without a traceback (it is a `CompactError`).
-    """
+    """A configuration value that cannot run, found before any process starts. The message always names the
+    key, the value that was given and what to do instead."""
 
     def __init__(self, key: str, value: Any, fix: str) -> None:
         self.key = key
@@ -89,9 +86,9 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_int(key: str, value: Any, minimum: int, alternative: str = "") -> None:
-    """Raise `ConfigError` unless `value` is an integer >= `minimum`."""
-    if not is_int(value) or value < minimum:
+def check_int(key: str, value: Any, minimum: int, alternative: str = "", optional: bool = False) -> None:
+    """Raise `ConfigError` unless `value` is an integer >= `minimum` (or None, if `optional`)."""
+    if not (optional and value is None) and (not is_int(value) or value < minimum):
         raise ConfigError(key, value, f"use an integer >= {minimum}{alternative}")
 
 

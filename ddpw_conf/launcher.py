@@ -107,8 +107,8 @@ class LocalLauncherConf(LauncherOptions):
     def validate(self, where: str = "hydra.launcher.") -> LocalLauncherConf:
         """Raise `ConfigError` for an option that cannot run; returns self."""
         super().validate()
-        if self.max_parallel_jobs is not None:
-            check_int("hydra.launcher.max_parallel_jobs", self.max_parallel_jobs, 1, " or null (as many as fit)")
+        check_int("hydra.launcher.max_parallel_jobs", self.max_parallel_jobs, 1, " or null (as many as fit)",
+                  optional=True)
         return self
 
     def validate_platform(self, platform: Platform) -> None:

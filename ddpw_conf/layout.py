@@ -36,8 +36,7 @@ class Layout:
     def validate(self, world_size: int) -> None:
         """Raise `ConfigError` unless the sizes are positive integers whose product is `world_size`."""
         for axis in ("tensor", "pipeline", "data"):
-            if axis != "data" or self.data is not None:
-                check_int(f"platform.layout.{axis}", getattr(self, axis), 1)
+            check_int(f"platform.layout.{axis}", getattr(self, axis), 1, optional=axis == "data")
         split = self.tensor * self.pipeline
         if world_size % split:
             axis = "tensor" if self.tensor >= self.pipeline else "pipeline"  # blame the larger

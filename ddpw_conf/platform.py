@@ -212,8 +212,7 @@ class Platform:
     def _validate_counts(self, kind: Device) -> None:
         check_int("platform.n_nodes", self.n_nodes, 1)
         check_int("platform.n_gpus_per_node", self.n_gpus_per_node, 0)
-        if self.n_procs_per_node is not None:
-            check_int("platform.n_procs_per_node", self.n_procs_per_node, 1)
+        check_int("platform.n_procs_per_node", self.n_procs_per_node, 1, optional=True)
         if kind is Device.GPU and self.n_gpus_per_node < 1:
             raise ConfigError(
                 "platform.n_gpus_per_node", self.n_gpus_per_node,
@@ -253,7 +252,7 @@ class Platform:
                 "torch counts this timeout in whole milliseconds and this is less than one, so every wait would "
                 f"fail at once; use at least {1 / 60000:.7f} minutes (1 ms), such as 30",
             )
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**32:
+        if not is_int(self.seed) or not 0 <= self.seed < 2**32:
             raise ConfigError("platform.seed", self.seed, "use an integer in 0..4294967295")
         if self.world_size > MAX_WORLD_SIZE:
             # Name the key that made the world too big: what sets ranks per node, else n_nodes.

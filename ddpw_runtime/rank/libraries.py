@@ -105,11 +105,9 @@ def config_key(library: str) -> str | None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    if not HydraConfig.initialized():
+    if not HydraConfig.initialized() or HydraConfig.get().output_subdir is None:
         return None
     hydra = HydraConfig.get()
-    if hydra.output_subdir is None:
-        return None
     saved = Path(str(hydra.runtime.output_dir)) / str(hydra.output_subdir) / "config.yaml"
     try:
         config = OmegaConf.to_container(OmegaConf.load(saved), resolve=False)
