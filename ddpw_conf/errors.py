@@ -12,8 +12,9 @@ receiving process can report.
 from __future__ import annotations
 
 import difflib
+import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 _E = TypeVar("_E", bound="CompactError")
@@ -30,7 +31,8 @@ class CompactError(Exception):
         return super().__new__(cls, *args, **kwargs)
 
     def __reduce__(self) -> Any:
-        return (_made_as(type(self)), self.args, self.__dict__ or None)
+        # Pickles name the class whose constructor made the error, not Hydra's subclass of it.
+        return (type(self).__dict__.get("made_as", type(self)), self.args, self.__dict__ or None)
 
 
 _REPORTED_BY_HYDRA: dict[type, type] = {}
@@ -47,18 +49,9 @@ def _reported_by_hydra(cls: type[_E], compact: type[Exception]) -> type[_E]:
     return made
 
 
-def _made_as(cls: type[CompactError]) -> type[CompactError]:
-    """The class whose constructor made an instance of `cls` (pickles name it, not Hydra's subclass)."""
-    made_as: type[CompactError] = cls.__dict__.get("made_as", cls)
-    return made_as
-
-
 class ConfigError(CompactError, ValueError):
-    """A configuration value that cannot run, found before any process starts.
-
-    The message always names the key, the value that was given and what to do instead. Hydra prints
-    it as one line, without a traceback (it is a `CompactError`).
-    """
+    """A configuration value that cannot run, found before any process starts. The message always names the
+    key, the value that was given and what to do instead."""
 
     def __init__(self, key: str, value: Any, fix: str) -> None:
         self.key = key
@@ -70,16 +63,22 @@ class ConfigError(CompactError, ValueError):
         return (ConfigError, (self.key, self.value, self.fix))
 
 
-def unknown_key(key: str, value: Any, known: Iterable[str], owner: str, noun: str = "field") -> ConfigError:
-    """The error for `key` (its full dotted name), which `owner` does not have: the nearest of the
-    `known` names first (a typo, a part of the name, or the name with more to it), then all of them."""
-    names = sorted(known)
-    word = key.rpartition(".")[2]
-    nearest = difflib.get_close_matches(word, names, n=1) or [
-        name for name in names if word.lower() in name or name in word.lower()
-    ]
-    guess = f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
-    return ConfigError(key, value, f"{owner} has no such {noun}; {guess}its {noun}s are {', '.join(names)}")
+def check_known(prefix: str, node: Mapping[str, Any], known: Collection[str], owner: str, noun: str = "field",
+                not_ours: str = "") -> None:
+    """Raise `ConfigError` for the first key of `node` that `owner` does not have (`prefix` + the key is its
+    full name): the nearest of the `known` names first (a typo, a part of the name, or the name with more to
+    it), then all of them (but `_target_`), then `not_ours`."""
+    for key in node:
+        if key not in known:
+            full = f"{prefix}{key}"
+            word = full.rpartition(".")[2]
+            names = sorted(set(known) - {"_target_"})
+            nearest = difflib.get_close_matches(word, names, n=1) or [
+                name for name in names if word.lower() in name or name in word.lower()
+            ]
+            guess = f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
+            raise ConfigError(full, node[key],
+                              f"{owner} has no such {noun}; {guess}its {noun}s are {', '.join(names)}{not_ours}")
 
 
 def is_int(value: Any) -> bool:
@@ -87,9 +86,9 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_int(key: str, value: Any, minimum: int, alternative: str = "") -> None:
-    """Raise `ConfigError` unless `value` is an integer >= `minimum`."""
-    if not is_int(value) or value < minimum:
+def check_int(key: str, value: Any, minimum: int, alternative: str = "", optional: bool = False) -> None:
+    """Raise `ConfigError` unless `value` is an integer >= `minimum` (or None, if `optional`)."""
+    if not (optional and value is None) and (not is_int(value) or value < minimum):
         raise ConfigError(key, value, f"use an integer >= {minimum}{alternative}")
 
 
@@ -97,3 +96,23 @@ def check_bool(key: str, value: Any) -> None:
     """Raise `ConfigError` unless `value` is true or false."""
     if not isinstance(value, bool):
         raise ConfigError(key, value, "use true or false")
+
+
+def check_number(key: str, value: Any, fix: str, positive: bool = False) -> None:
+    """Raise `ConfigError` (with `fix`) unless `value` is a number (not a bool) >= 0, or > 0 if `positive`."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (positive and not value > 0):
+        raise ConfigError(key, value, fix)
+
+
+def check_choice(key: str, value: Any, choices: Sequence[str], alternative: str = "") -> None:
+    """Raise `ConfigError` unless `value` is one of `choices`."""
+    if value not in choices:
+        raise ConfigError(key, value, f"choose one of {', '.join(choices)}{alternative}")
+
+
+def check_match(key: str, value: Any, pattern: re.Pattern[str], fix: str, optional: bool = False) -> None:
+    """Raise `ConfigError` (with `fix`) unless `value` is a string `pattern` matches whole (or None, if
+    `optional`). Whole: `match` with `$` also accepts a trailing newline, which would add a line to an
+    sbatch script."""
+    if not (optional and value is None) and (not isinstance(value, str) or not pattern.fullmatch(value)):
+        raise ConfigError(key, value, fix)

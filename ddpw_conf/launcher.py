@@ -6,9 +6,9 @@ import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from ddpw_conf.errors import ConfigError, check_bool, check_int, unknown_key
+from ddpw_conf.errors import ConfigError, check_bool, check_int, check_known, check_match, check_number
 from ddpw_conf.platform import Device, Platform, platform_from_config
 
 _Options = TypeVar("_Options", bound="LauncherOptions")
@@ -16,11 +16,11 @@ _Options = TypeVar("_Options", bound="LauncherOptions")
 LOCAL_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.local_launcher.DdpwLocalLauncher"
 SLURM_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.slurm_launcher.DdpwSlurmLauncher"
 PLATFORM_KEY = "platform"
+"""Where a job's config holds its Platform, unless the launcher options name another node."""
 NOT_OURS = (". If `platform` is your app's own config node, select the `_own_platform` twin of the launcher "
             "option (such as hydra/launcher=ddpw_cpu_own_platform): hydra-ddpw then reads its platform from "
             "`ddpw_platform` and leaves `platform` to the app")
 """What an error about the `platform` node adds when the node may be the app's own."""
-"""Where a job's config holds its Platform, unless the launcher options name another node."""
 _CONFIG_KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
@@ -42,10 +42,8 @@ class LauncherOptions:
     """The job config's node that holds the Platform: `platform`, or `ddpw_platform` with the
     `hydra/launcher=ddpw_*_own_platform` options, for apps whose config has a `platform` of its own."""
 
-    @property
-    def runs_here(self) -> bool:
-        """Whether the ranks run on this machine (so its GPUs are what a platform may ask for)."""
-        return True
+    runs_here: ClassVar[bool] = True
+    """Whether the ranks run on this machine (so its GPUs are what a platform may ask for)."""
 
     @classmethod
     def from_mapping(cls: type[_Options], options: Mapping[str, Any]) -> _Options:
@@ -53,11 +51,7 @@ class LauncherOptions:
         unknown key is refused with the known ones."""
         from omegaconf import OmegaConf
 
-        known = {f.name for f in fields(cls)}
-        for key in options:
-            if key not in known:
-                raise unknown_key(f"hydra.launcher.{key}", options[key], known - {"_target_"}, "hydra.launcher",
-                                  "option")
+        check_known("hydra.launcher.", options, {f.name for f in fields(cls)}, "hydra.launcher", "option")
         plain: dict[str, Any] = {
             key: OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
             for key, value in options.items()
@@ -91,9 +85,7 @@ class LauncherOptions:
         returns self."""
         check_bool(f"{where}dry_run", self.dry_run)
         for key in ("interrupt_grace_s", "stop_grace_s"):
-            value = getattr(self, key)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{where}{key}", value, "use a number of seconds >= 0")
+            check_number(f"{where}{key}", getattr(self, key), "use a number of seconds >= 0")
         check_int(f"{where}max_restarts", self.max_restarts, 0)
         key = self.platform_key
         if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key) or key.split(".")[0] == "hydra":
@@ -115,8 +107,8 @@ class LocalLauncherConf(LauncherOptions):
     def validate(self, where: str = "hydra.launcher.") -> LocalLauncherConf:
         """Raise `ConfigError` for an option that cannot run; returns self."""
         super().validate()
-        if self.max_parallel_jobs is not None:
-            check_int("hydra.launcher.max_parallel_jobs", self.max_parallel_jobs, 1, " or null (as many as fit)")
+        check_int("hydra.launcher.max_parallel_jobs", self.max_parallel_jobs, 1, " or null (as many as fit)",
+                  optional=True)
         return self
 
     def validate_platform(self, platform: Platform) -> None:
@@ -124,31 +116,24 @@ class LocalLauncherConf(LauncherOptions):
         platform.validate_local()
 
 
-# Values that end up in the sbatch script. Patterns are applied with `fullmatch` (`match` with `$`
-# would also accept a trailing newline, which adds a line to the script).
+# Values that end up in the sbatch script.
 _SLURM_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 """qos and account names: no spaces, no leading dash."""
 _SLURM_NODES = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,\[\]-]{0,1023}")
 """Node lists such as `n[1-3],gpu7`."""
 _SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_\[(!][A-Za-z0-9_.&|,:*()\[\]!-]{0,1023}")
 """Feature expressions such as `v100|a100`, `[rack1|rack2]*2`."""
-_LINE_BREAKS = ("\n", "\r", "\0")
 
-SLURM_MANAGED_KEYS = (
-    "job_name", "partition", "time", "nodes", "ntasks", "ntasks_per_node", "cpus_per_task", "mem",
-    "gpus_per_node", "qos", "account", "constraint", "exclude", "output", "error", "array", "signal",
-    "open_mode",
-)
-"""sbatch options the launcher sets itself (from `platform.*` or `hydra.launcher.*`); refused in
-`platform.slurm_additional_parameters`, where they would contradict the launcher."""
-
-_MANAGED_BY = {
+SLURM_MANAGED_KEYS: dict[str, str | None] = {
     "job_name": "platform.name", "partition": "platform.partition", "time": "platform.timeout_min",
-    "nodes": "platform.n_nodes", "cpus_per_task": "platform.n_cpus_per_node",
+    "nodes": "platform.n_nodes", "ntasks": None, "ntasks_per_node": None, "cpus_per_task": "platform.n_cpus_per_node",
     "mem": "platform.mem_per_node", "gpus_per_node": "platform.n_gpus_per_node",
     "qos": "hydra.launcher.qos", "account": "hydra.launcher.account",
     "constraint": "hydra.launcher.constraint", "exclude": "hydra.launcher.exclude",
+    "output": None, "error": None, "array": None, "signal": None, "open_mode": None,
 }
+"""sbatch options the launcher sets itself, each with the key that sets it (None: no key, the launcher
+alone); refused in `platform.slurm_additional_parameters`, where they would contradict the launcher."""
 
 
 @dataclass
@@ -179,10 +164,8 @@ class SlurmLauncherConf(LauncherOptions):
     """SLURM warns a job (USR2) this many seconds before its time limit; with `max_restarts` > 0
     the ranks then get SIGTERM to save a checkpoint, and the job is requeued."""
 
-    @property
-    def runs_here(self) -> bool:
-        """No: the ranks run on SLURM nodes."""
-        return False
+    runs_here: ClassVar[bool] = False
+    """No: the ranks run on SLURM nodes."""
 
     def validate(self, where: str = "hydra.launcher.") -> SlurmLauncherConf:
         """Raise `ConfigError` for an option that cannot run or would add lines or options to the
@@ -195,19 +178,14 @@ class SlurmLauncherConf(LauncherOptions):
             ("constraint", _SLURM_CONSTRAINT, "a100|h100"),
             ("exclude", _SLURM_NODES, "n[1-3],n7"),
         ):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, str) or not pattern.fullmatch(value)):
-                raise ConfigError(
-                    f"hydra.launcher.{key}", value,
-                    f"use a single SLURM value such as '{example}' (no spaces, line breaks or leading "
-                    "dash), or null",
-                )
+            check_match(f"hydra.launcher.{key}", getattr(self, key), pattern, f"use a single SLURM value such as "
+                        f"'{example}' (no spaces, line breaks or leading dash), or null", optional=True)
         if not isinstance(self.setup, (list, tuple)):
             raise ConfigError(
                 "hydra.launcher.setup", self.setup, "use a list of shell lines, such as ['module load cuda']"
             )
         for index, line in enumerate(self.setup):
-            if not isinstance(line, str) or any(c in line for c in _LINE_BREAKS):
+            if not isinstance(line, str) or any(c in line for c in "\n\r\0"):
                 raise ConfigError(
                     f"hydra.launcher.setup[{index}]", line,
                     "each entry is one shell line; put each command in its own entry",
@@ -239,7 +217,7 @@ class SlurmLauncherConf(LauncherOptions):
         for key in platform.slurm_additional_parameters:
             name = key.replace("-", "_")
             if name in SLURM_MANAGED_KEYS:
-                where = _MANAGED_BY.get(name)
+                where = SLURM_MANAGED_KEYS[name]
                 raise ConfigError(
                     "platform.slurm_additional_parameters", key,
                     f"the launcher sets --{name.replace('_', '-')} itself"

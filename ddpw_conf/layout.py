@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ddpw_conf.errors import ConfigError, check_int, unknown_key
+from ddpw_conf.errors import ConfigError, check_int, check_known
 
 AXES = ("pipeline", "data", "tensor")
 """The mesh axes, outermost first: tensor-parallel groups are runs of consecutive ranks (same node)."""
@@ -36,8 +36,7 @@ class Layout:
     def validate(self, world_size: int) -> None:
         """Raise `ConfigError` unless the sizes are positive integers whose product is `world_size`."""
         for axis in ("tensor", "pipeline", "data"):
-            if axis != "data" or self.data is not None:
-                check_int(f"platform.layout.{axis}", getattr(self, axis), 1)
+            check_int(f"platform.layout.{axis}", getattr(self, axis), 1, optional=axis == "data")
         split = self.tensor * self.pipeline
         if world_size % split:
             axis = "tensor" if self.tensor >= self.pipeline else "pipeline"  # blame the larger
@@ -56,14 +55,10 @@ class Layout:
 
 
 def layout_from_config(node: Any) -> Layout:
-    """A `Layout` from a mapping (or a `Layout`, or None for the default); unknown keys raise ConfigError."""
+    """A `Layout` from a mapping (or None for the default); unknown keys raise ConfigError."""
     if node is None:
         return Layout()
-    if isinstance(node, Layout):
-        return node
     if not isinstance(node, dict):
         raise ConfigError("platform.layout", node, "use a mapping such as {tensor: 2}")
-    for key in node:
-        if key not in AXES:
-            raise unknown_key(f"platform.layout.{key}", node[key], AXES, "Layout")
+    check_known("platform.layout.", node, AXES, "Layout")
     return Layout(**node)

@@ -9,14 +9,21 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any
 
-from ddpw_conf.errors import ConfigError, check_bool, check_int, is_int, unknown_key
+from ddpw_conf.errors import (
+    ConfigError,
+    check_bool,
+    check_choice,
+    check_int,
+    check_known,
+    check_match,
+    check_number,
+    is_int,
+)
 from ddpw_conf.layout import Layout, layout_from_config
 
 START_METHODS = ("forkserver", "spawn")
 IPC_PROTOCOLS = ("tcp", "file")
 BACKENDS = ("gloo", "nccl", "mpi")
-# Patterns are applied with `fullmatch`: `match` with `$` also accepts a trailing newline, which would
-# add a line to an sbatch script.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
 _SLURM_KEY = re.compile(r"[a-z][a-z0-9_-]{0,63}")
@@ -45,12 +52,9 @@ class Device(Enum):
             return value
         name = str(value).strip().lower()
         name = "gpu" if name == "cuda" else name
-        for device in Device:
-            if device.value == name:
-                return device
-        raise ConfigError(
-            "platform.device", value, f"choose one of {', '.join(d.value for d in Device)}"
-        )
+        if name not in {d.value for d in Device}:
+            raise ConfigError("platform.device", value, f"choose one of {', '.join(d.value for d in Device)}")
+        return Device(name)
 
 
 @dataclass
@@ -157,7 +161,6 @@ class Platform:
         kind = self.device_kind
         self._validate_counts(kind)
         self._validate_choices()
-        self._validate_network()
         self._validate_groups()
         self._validate_slurm_parameters()
         for key in ("console_logs", "verbose"):
@@ -198,29 +201,18 @@ class Platform:
             )
 
     def _validate_names(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
-            raise ConfigError(
-                "platform.name", self.name, "use 1-128 letters, digits, '_', '.', '+' or '-', "
-                "starting with a letter or digit",
-            )
-        if self.partition is not None and (not isinstance(self.partition, str) or not _NAME.fullmatch(self.partition)):
-            raise ConfigError(
-                "platform.partition", self.partition, "use a SLURM partition name: 1-128 letters, digits, "
-                "'_', '.', '+' or '-', starting with a letter or digit; or null for the cluster's default partition",
-            )
-        if self.upon_finish is not None and (
-            not isinstance(self.upon_finish, str) or not _IMPORT_PATH.fullmatch(self.upon_finish)
-        ):
-            raise ConfigError(
-                "platform.upon_finish", self.upon_finish, "give an import path such as "
-                "'my_package.module:function' (or 'my_package.module.function')",
-            )
+        check_match("platform.name", self.name, _NAME, "use 1-128 letters, digits, '_', '.', '+' or '-', "
+                    "starting with a letter or digit")
+        check_match("platform.partition", self.partition, _NAME, "use a SLURM partition name: 1-128 letters, "
+                    "digits, '_', '.', '+' or '-', starting with a letter or digit; or null for the cluster's "
+                    "default partition", optional=True)
+        check_match("platform.upon_finish", self.upon_finish, _IMPORT_PATH, "give an import path such as "
+                    "'my_package.module:function' (or 'my_package.module.function')", optional=True)
 
     def _validate_counts(self, kind: Device) -> None:
         check_int("platform.n_nodes", self.n_nodes, 1)
         check_int("platform.n_gpus_per_node", self.n_gpus_per_node, 0)
-        if self.n_procs_per_node is not None:
-            check_int("platform.n_procs_per_node", self.n_procs_per_node, 1)
+        check_int("platform.n_procs_per_node", self.n_procs_per_node, 1, optional=True)
         if kind is Device.GPU and self.n_gpus_per_node < 1:
             raise ConfigError(
                 "platform.n_gpus_per_node", self.n_gpus_per_node,
@@ -248,8 +240,7 @@ class Platform:
         check_int("platform.mem_per_node", self.mem_per_node, 0)
         for key in ("timeout_min", "collective_timeout_min"):
             value = getattr(self, key)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise ConfigError(f"platform.{key}", value, "use a positive number of minutes, such as 60 or 0.5")
+            check_number(f"platform.{key}", value, "use a positive number of minutes, such as 60 or 0.5", positive=True)
             if value > MAX_TIMEOUT_MIN:
                 raise ConfigError(
                     f"platform.{key}", value, f"use at most {MAX_TIMEOUT_MIN} minutes (100 years): torch and the "
@@ -261,7 +252,7 @@ class Platform:
                 "torch counts this timeout in whole milliseconds and this is less than one, so every wait would "
                 f"fail at once; use at least {1 / 60000:.7f} minutes (1 ms), such as 30",
             )
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**32:
+        if not is_int(self.seed) or not 0 <= self.seed < 2**32:
             raise ConfigError("platform.seed", self.seed, "use an integer in 0..4294967295")
         if self.world_size > MAX_WORLD_SIZE:
             # Name the key that made the world too big: what sets ranks per node, else n_nodes.
@@ -277,14 +268,11 @@ class Platform:
             )
 
     def _validate_choices(self) -> None:
-        for key, choices in (("spawn_method", START_METHODS), ("ipc_protocol", IPC_PROTOCOLS)):
-            if getattr(self, key) not in choices:
-                raise ConfigError(f"platform.{key}", getattr(self, key), f"choose one of {', '.join(choices)}")
-        if self.backend is not None and self.backend not in BACKENDS:
-            raise ConfigError(
-                "platform.backend", self.backend,
-                f"choose one of {', '.join(BACKENDS)}, or leave it unset (null) for the automatic choice",
-            )
+        check_choice("platform.spawn_method", self.spawn_method, START_METHODS)
+        check_choice("platform.ipc_protocol", self.ipc_protocol, IPC_PROTOCOLS)
+        if self.backend is not None:
+            check_choice("platform.backend", self.backend, BACKENDS,
+                         ", or leave it unset (null) for the automatic choice")
         if self.ipc_protocol == "file" and self.n_nodes > 1:
             raise ConfigError(
                 "platform.ipc_protocol", "file", "a file rendezvous works on one node only; use tcp",
@@ -293,30 +281,16 @@ class Platform:
         if isinstance(ranks, str):
             if ranks != "all":
                 raise ConfigError("platform.console_ranks", ranks, "use 'all' or a list of ranks such as [0]")
-        else:
-            if not isinstance(ranks, (list, tuple)) or not all(is_int(r) for r in ranks):
-                raise ConfigError("platform.console_ranks", ranks, "use 'all' or a list of ranks such as [0, 1]")
-            outside = [r for r in ranks if not 0 <= r < self.world_size]
-            if outside:
-                raise ConfigError(
-                    "platform.console_ranks", list(ranks),
-                    f"rank(s) {outside} are outside the world of {self.world_size} rank(s) (0..{self.world_size - 1})",
-                )
-
-    def _validate_network(self) -> None:
-        if self.master_port is not None:
-            if not is_int(self.master_port) or not 1 <= self.master_port <= 65535:
-                raise ConfigError(
-                    "platform.master_port", self.master_port,
-                    "use a port in 1..65535, or leave it unset (null) to pick a free port per job",
-                )
-        if self.master_addr is not None and (
-            not isinstance(self.master_addr, str) or not _HOST.fullmatch(self.master_addr)
-        ):
-            raise ConfigError(
-                "platform.master_addr", self.master_addr,
-                "use a host name or IP address, or leave it unset (null) for the automatic choice",
-            )
+        elif not isinstance(ranks, (list, tuple)) or not all(is_int(r) for r in ranks):
+            raise ConfigError("platform.console_ranks", ranks, "use 'all' or a list of ranks such as [0, 1]")
+        elif outside := [r for r in ranks if not 0 <= r < self.world_size]:
+            raise ConfigError("platform.console_ranks", list(ranks),
+                              f"rank(s) {outside} are outside {self._world_text()}")
+        if self.master_port is not None and (not is_int(self.master_port) or not 1 <= self.master_port <= 65535):
+            raise ConfigError("platform.master_port", self.master_port,
+                              "use a port in 1..65535, or leave it unset (null) to pick a free port per job")
+        check_match("platform.master_addr", self.master_addr, _HOST,
+                    "use a host name or IP address, or leave it unset (null) for the automatic choice", optional=True)
 
     def _validate_groups(self) -> None:
         groups = self.ipc_groups
@@ -333,26 +307,14 @@ class Platform:
         seen: dict[int, int] = {}
         for index, members in enumerate(groups):
             if not isinstance(members, (list, tuple)) or not members:
-                raise ConfigError(
-                    f"platform.ipc_groups[{index}]", members, "each group is a non-empty list of ranks"
-                )
+                raise ConfigError(f"platform.ipc_groups[{index}]", members, "each group is a non-empty list of ranks")
             for member in members:
-                if not is_int(member):
-                    raise ConfigError(
-                        f"platform.ipc_groups[{index}]", list(members),
-                        f"rank {member!r} is not an integer; ranks are integers such as [0, 1]",
-                    )
-                if not 0 <= member < self.world_size:
-                    raise ConfigError(
-                        f"platform.ipc_groups[{index}]", list(members),
-                        f"rank {member!r} is outside the world of {self.world_size} rank(s) "
-                        f"(0..{self.world_size - 1})",
-                    )
-                if seen.get(member) == index:
-                    raise ConfigError(
-                        f"platform.ipc_groups[{index}]", list(members),
-                        f"rank {member} is listed twice in this group; list each rank once",
-                    )
+                wrong = (f"rank {member!r} is not an integer; ranks are integers such as [0, 1]" if not is_int(member)
+                         else f"rank {member!r} is outside {self._world_text()}" if not 0 <= member < self.world_size
+                         else f"rank {member} is listed twice in this group; list each rank once"
+                         if seen.get(member) == index else None)
+                if wrong is not None:
+                    raise ConfigError(f"platform.ipc_groups[{index}]", list(members), wrong)
                 if member in seen:
                     raise ConfigError(
                         "platform.ipc_groups", [list(g) for g in groups],
@@ -366,6 +328,9 @@ class Platform:
                 f"rank(s) {missing} are in no group; every rank of the world must be in exactly one "
                 "group (or use [] for the single default group)",
             )
+
+    def _world_text(self) -> str:
+        return f"the world of {self.world_size} rank(s) (0..{self.world_size - 1})"
 
     def _validate_no_group(self) -> None:
         """`ipc_groups=None`: the task makes the process group itself through `env://`, which needs the
@@ -388,11 +353,8 @@ class Platform:
                 "platform.slurm_additional_parameters", params, "use a mapping such as {qos: high}"
             )
         for key, value in params.items():
-            if not isinstance(key, str) or not _SLURM_KEY.fullmatch(key):
-                raise ConfigError(
-                    "platform.slurm_additional_parameters", key,
-                    "keys are sbatch option names without dashes, such as 'qos' or 'gres'",
-                )
+            check_match("platform.slurm_additional_parameters", key, _SLURM_KEY,
+                        "keys are sbatch option names without dashes, such as 'qos' or 'gres'")
             if not isinstance(value, (str, int, float, bool)) or any(c in str(value) for c in "\n\r\0"):
                 raise ConfigError(
                     f"platform.slurm_additional_parameters.{key}", value,
@@ -414,9 +376,5 @@ def platform_from_config(node: Any, not_ours: str = "") -> Platform:
         node = OmegaConf.to_container(node, resolve=True)
     if not isinstance(node, dict):
         raise ConfigError("platform", node, "platform must be a mapping of Platform fields" + not_ours)
-    known = {f.name for f in fields(Platform)}
-    for key in node:
-        if key not in known:
-            error = unknown_key(f"platform.{key}", node[key], known, "Platform")
-            raise ConfigError(error.key, error.value, error.fix + not_ours)
+    check_known("platform.", node, {f.name for f in fields(Platform)}, "Platform", not_ours=not_ours)
     return Platform(**node)

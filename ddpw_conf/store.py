@@ -16,11 +16,11 @@ from ddpw_conf.platform import Platform
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+_PLAIN_RUN = "ddpw_runtime.hydra_jobs.plain_run.PlainRun"
 LAUNCHERS: dict[str, tuple[Any, Platform, str]] = {
-    "ddpw_cpu": (LocalLauncherConf, Platform(device="cpu"), "ddpw_runtime.hydra_jobs.plain_run.PlainRun"),
-    "ddpw_gpu": (LocalLauncherConf, Platform(device="gpu", n_gpus_per_node=1),
-                 "ddpw_runtime.hydra_jobs.plain_run.PlainRun"),
-    "ddpw_mps": (LocalLauncherConf, Platform(device="mps"), "ddpw_runtime.hydra_jobs.plain_run.PlainRun"),
+    "ddpw_cpu": (LocalLauncherConf, Platform(device="cpu"), _PLAIN_RUN),
+    "ddpw_gpu": (LocalLauncherConf, Platform(device="gpu", n_gpus_per_node=1), _PLAIN_RUN),
+    "ddpw_mps": (LocalLauncherConf, Platform(device="mps"), _PLAIN_RUN),
     "ddpw_slurm": (SlurmLauncherConf, Platform(device="slurm", n_gpus_per_node=1),
                    "ddpw_runtime.slurm.plain_run.SlurmPlainRun"),
 }
@@ -33,17 +33,6 @@ OWN_PLATFORM = ("_own_platform", "ddpw_platform")
 key it brings the platform node under."""
 SUMMARY_CALLBACK = {"ddpw_sweep_summary": {"_target_": "ddpw_runtime.hydra_jobs.sweep_summary.PrintSweepSummary"}}
 """The callback that prints a multirun's summary when it ends."""
-
-
-def launcher_node(launcher: Any, platform: Platform, callback: str, key: str = PLATFORM_KEY) -> dict[str, Any]:
-    """A `hydra/launcher` option (package `_global_`) that brings the platform node as `key`: a plain
-    mapping, so an app's own node of that name merges with it and the launcher's check names the
-    collision (a `Platform` node would make Hydra refuse to compose, with an error no hook can add to)."""
-    return {
-        "hydra": {"launcher": launcher(platform_key=key),
-                  "callbacks": {CALLBACK_KEY: {"_target_": callback}, **SUMMARY_CALLBACK}},
-        key: dataclasses.asdict(platform),
-    }
 
 
 OPTIONS = (*LAUNCHERS, *(name + OWN_PLATFORM[0] for name in LAUNCHERS))
@@ -62,7 +51,14 @@ def _made(name: str) -> DictConfig:
 
     if name == "ddpw":
         return OmegaConf.create({})
-    ending, key = OWN_PLATFORM
+    ending, own_key = OWN_PLATFORM
     conf, platform, callback = LAUNCHERS[name.removesuffix(ending)]
-    node = launcher_node(conf, platform, callback, key if name.endswith(ending) else PLATFORM_KEY)
-    return OmegaConf.structured(node)
+    key = own_key if name.endswith(ending) else PLATFORM_KEY
+    # The platform node is a plain mapping, so an app's own node of that name merges with it and the launcher's
+    # check names the collision (a `Platform` node would make Hydra refuse to compose, with an error no hook can
+    # add to).
+    return OmegaConf.structured({
+        "hydra": {"launcher": conf(platform_key=key),
+                  "callbacks": {CALLBACK_KEY: {"_target_": callback}, **SUMMARY_CALLBACK}},
+        key: dataclasses.asdict(platform),
+    })

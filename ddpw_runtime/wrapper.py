@@ -55,9 +55,8 @@ class Wrapper:
 
         check(platform)
         platform.validate_local()
-        options = LauncherOptions(stop_grace_s=stop_grace_s, interrupt_grace_s=interrupt_grace_s,
-                                  max_restarts=max_restarts)
-        options.validate(where="Wrapper.")
+        LauncherOptions(stop_grace_s=stop_grace_s, interrupt_grace_s=interrupt_grace_s,
+                        max_restarts=max_restarts).validate(where="Wrapper.")
         if caller_rank:
             check_caller_rank(platform)
         self.platform = platform
@@ -78,7 +77,7 @@ class Wrapper:
         from ddpw_runtime.launch.payload import TaskCall
         from ddpw_runtime.launch.supervisor import Grace
 
-        log_dir = self.log_dir if self.log_dir is not None else default_log_dir()
+        log_dir = self.log_dir or LOG_ROOT / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")  # a new folder per call
         self.last_log_dir = log_dir.resolve()
         task: Callable[..., _R] = target if self.task_context is None else InContext(target, self.task_context)
         job = NodeJob(self.platform, log_dir, Grace(self.stop_grace_s, self.interrupt_grace_s),
@@ -113,8 +112,3 @@ class InContext:
         """Enter `context()`, call `target`, leave the context."""
         with self.context():
             return self.target(*args, **kwargs)
-
-
-def default_log_dir() -> Path:
-    """A new folder name for one call's logs: `ddpw_logs/<date>_<time with microseconds>`."""
-    return LOG_ROOT / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")

@@ -23,10 +23,8 @@ def average(value: float | torch.Tensor, group: Any | None = None) -> float | to
 
     group = group if group is not None else dist.group.WORLD
     as_tensor = isinstance(value, torch.Tensor)
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach().clone()
-    else:
-        tensor = torch.tensor(float(value), dtype=torch.float64)
+    tensor = (value.detach().clone() if isinstance(value, torch.Tensor)
+              else torch.tensor(float(value), dtype=torch.float64))
     if not tensor.is_floating_point():
         tensor = tensor.double()
     original_device = tensor.device
@@ -53,16 +51,11 @@ def all_to_all(tensors: Sequence[torch.Tensor], group: Any | None = None) -> lis
     device = context.device()
     sending = [t.to(device).contiguous() for t in tensors]
     shapes = _shapes_from(sending, group)
-    received = torch.empty(sum(math.prod(shape) for shape in shapes), dtype=sending[0].dtype, device=device)
-    dist.all_to_all_single(
-        received,
-        torch.cat([t.flatten() for t in sending]),
-        output_split_sizes=[math.prod(shape) for shape in shapes],
-        input_split_sizes=[t.numel() for t in sending],
-        group=group,
-    )
-    pieces = received.split([math.prod(shape) for shape in shapes])
-    return [piece.reshape(shape) for piece, shape in zip(pieces, shapes, strict=True)]
+    sizes = [math.prod(shape) for shape in shapes]
+    received = torch.empty(sum(sizes), dtype=sending[0].dtype, device=device)
+    dist.all_to_all_single(received, torch.cat([t.flatten() for t in sending]), output_split_sizes=sizes,
+                           input_split_sizes=[t.numel() for t in sending], group=group)
+    return [piece.reshape(shape) for piece, shape in zip(received.split(sizes), shapes, strict=True)]
 
 
 def _shapes_from(sending: list[torch.Tensor], group: Any) -> list[tuple]:

@@ -33,14 +33,8 @@ _R = TypeVar("_R")
 _state: _RankState | None = None
 
 
-def enter(
-    plan: LaunchPlan,
-    rank: int,
-    local_rank: int,
-    device: torch.device,
-    group: Any | None,
-    mesh: DeviceMesh | None = None,
-) -> None:
+def enter(plan: LaunchPlan, rank: int, local_rank: int, device: torch.device, group: Any | None,
+          mesh: DeviceMesh | None) -> None:
     """Record the state of this rank (called by the runtime before the task starts)."""
     global _state
     _state = _RankState(plan, rank, local_rank, device, group, mesh)

@@ -14,11 +14,6 @@ from ddpw_runtime.launch.plan import LaunchPlan
 
 RESTART_COUNT_ENV = "DDPW_RESTART_COUNT"
 """The variable that carries `restart_count()` to the ranks."""
-AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
-"""torchrun's word that the job's store is hosted already (by its agent; here by the launching process
-or rank 0): torch's `env://` rendezvous then makes every rank a client of it."""
-
-_LIGHTNING_RANK_ZERO = "lightning_utilities.core.rank_zero"
 
 
 def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict[str, str]:
@@ -51,7 +46,9 @@ def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict[str, 
         "TORCHELASTIC_RUN_ID": plan.run_id,
         "TORCHELASTIC_RESTART_COUNT": restarts,
         "TORCHELASTIC_MAX_RESTARTS": str(plan.max_restarts),
-        AGENT_STORE_ENV: "True",  # env:// and the job's tcp:// join the store the job hosts, as under torchrun
+        # torchrun's word that the job's store is hosted already (by its agent; here by the launching process or
+        # rank 0): env:// and the job's tcp:// then make every rank a client of it, as under torchrun.
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
         RESTART_COUNT_ENV: restarts,
         "OMP_NUM_THREADS": str(plan.threads_per_rank),
         **own_gpus,
@@ -62,7 +59,7 @@ def tell_imported_libraries(rank: int) -> None:
     """Give `rank` to libraries that were imported before this process became a rank and read the
     rank only at import time (Lightning's `rank_zero_only.rank`, shared by lightning, pytorch_lightning
     and lightning_fabric)."""
-    rank_zero = sys.modules.get(_LIGHTNING_RANK_ZERO)
+    rank_zero = sys.modules.get("lightning_utilities.core.rank_zero")
     decorator = getattr(rank_zero, "rank_zero_only", None)
     if decorator is not None and hasattr(decorator, "rank"):
         decorator.rank = rank

@@ -1,9 +1,6 @@
 """The Lightning and Fabric callbacks (entry points in `pyproject.toml`) that stop a `Trainer` or `Fabric`
-left at fewer devices than the launched ranks, where every rank would train alone: Lightning at the
-Trainer's `setup`, Fabric at `on_after_setup` (or, for a model set up apart from its optimizer, its first
-`on_after_optimizer_step`). Outside a hydra-ddpw rank the factories return no callback
-(docs/architecture.md, "A library left at one device").
-"""
+left at fewer devices than the launched ranks, where every rank would train alone (docs/architecture.md,
+"A library left at one device")."""
 
 from __future__ import annotations
 
@@ -22,14 +19,14 @@ def in_rank() -> bool:
     return JOB_ENV in os.environ and "TORCHELASTIC_RUN_ID" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def lightning_callbacks() -> list[Any]:
+def lightning_callbacks(package: str = "lightning.pytorch") -> list[Any]:
     """Entry point `lightning.pytorch.callbacks_factory`: the check, in a hydra-ddpw rank."""
-    return [_trainer_check(importlib.import_module("lightning.pytorch").Callback)()] if in_rank() else []
+    return [_trainer_check(importlib.import_module(package).Callback)()] if in_rank() else []
 
 
 def pytorch_lightning_callbacks() -> list[Any]:
     """Entry point `pytorch_lightning.callbacks_factory`: the same check for the `pytorch_lightning` package."""
-    return [_trainer_check(importlib.import_module("pytorch_lightning").Callback)()] if in_rank() else []
+    return lightning_callbacks("pytorch_lightning")
 
 
 def fabric_callbacks() -> list[Any]:
@@ -74,14 +71,10 @@ class LibraryWorldMismatch(ValueError):
 def check(library: str, world_size: int, devices: int, num_nodes: int) -> None:
     """Raise `LibraryWorldMismatch` when `library` (`Trainer` or `Fabric`), about to train in a world
     of `world_size` processes (`devices` per node on `num_nodes` nodes), is not in the launched world."""
-    message = mismatch(library, world_size, devices, num_nodes, launched(), config_key(library))
+    launched = (int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["GROUP_WORLD_SIZE"]))
+    message = mismatch(library, world_size, devices, num_nodes, launched, config_key(library))
     if message is not None:
         raise LibraryWorldMismatch(message)
-
-
-def launched() -> tuple[int, int, int]:
-    """The launched world as the rank's environment gives it: world size, ranks per node, nodes."""
-    return int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["GROUP_WORLD_SIZE"])
 
 
 def mismatch(
@@ -112,11 +105,9 @@ def config_key(library: str) -> str | None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    if not HydraConfig.initialized():
+    if not HydraConfig.initialized() or HydraConfig.get().output_subdir is None:
         return None
     hydra = HydraConfig.get()
-    if hydra.output_subdir is None:
-        return None
     saved = Path(str(hydra.runtime.output_dir)) / str(hydra.output_subdir) / "config.yaml"
     try:
         config = OmegaConf.to_container(OmegaConf.load(saved), resolve=False)

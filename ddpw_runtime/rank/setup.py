@@ -31,30 +31,26 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
     global _held_store
     torch.set_num_threads(plan.threads_per_rank)
     device = torch.device(plan.device)
-    if plan.device == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
+    gpu = torch.device("cuda", local_rank) if plan.device == "cuda" else None
+    if gpu is not None:
+        device = gpu
+        torch.cuda.set_device(gpu)
+    timeout = timedelta(minutes=plan.platform.collective_timeout_min)
     own_group: Any | None = None
     mesh: DeviceMesh | None = None
     if plan.makes_group:
-        store = _held_store = _store(plan, rank, listen_fd)
-        dist.init_process_group(
-            backend=plan.backend,
-            store=store,
-            rank=rank,
-            world_size=plan.world_size,
-            timeout=_timeout(plan),
-            device_id=device if plan.device == "cuda" else None,
-        )
+        store = _held_store = _store(plan, listen_fd, timeout)
+        dist.init_process_group(backend=plan.backend, store=store, rank=rank, world_size=plan.world_size,
+                                timeout=timeout, device_id=gpu)
         for members in plan.groups:
             group = dist.new_group(members)
             if rank in members:
                 own_group = group
         mesh = _layout_mesh(plan)
         _all_joined(store, plan.world_size)
-        answer_task_init(JobGroup.of(plan, rank, _timeout(plan), device if plan.device == "cuda" else None))
+        answer_task_init(JobGroup.of(plan, rank, timeout, gpu))
     elif listen_fd is not None:
-        _held_store = _store(plan, rank, listen_fd)
+        _held_store = _store(plan, listen_fd, timeout)
     context.enter(plan, rank, local_rank, device, own_group, mesh)
     _seed(plan.platform.seed)
 
@@ -78,7 +74,7 @@ def _layout_mesh(plan: LaunchPlan) -> DeviceMesh | None:
     return init_device_mesh(plan.device, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
 
 
-def _store(plan: LaunchPlan, rank: int, listen_fd: int | None) -> Any:
+def _store(plan: LaunchPlan, listen_fd: int | None, timeout: timedelta) -> Any:
     """The job's rendezvous store: a private file, or the TCPStore that the rank given the socket the
     controller bound hosts (else the launching process does) and every other rank joins."""
     if plan.init_method.startswith("file://"):
@@ -88,14 +84,10 @@ def _store(plan: LaunchPlan, rank: int, listen_fd: int | None) -> Any:
         plan.master_port,
         plan.world_size,
         is_master=listen_fd is not None,
-        timeout=_timeout(plan),
+        timeout=timeout,
         wait_for_workers=False,
         master_listen_fd=listen_fd,
     )
-
-
-def _timeout(plan: LaunchPlan) -> timedelta:
-    return timedelta(minutes=plan.platform.collective_timeout_min)
 
 
 def warm_up() -> None:

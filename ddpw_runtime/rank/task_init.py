@@ -1,9 +1,5 @@
 """`init_process_group()` called by a task whose rank is in its job's process group already (a script written
-for torchrun). While a rank is in its job, `torch.distributed.init_process_group` is `answer_task_init`'s:
-a call that asks for the group the rank is in returns and the task uses that group; any other call is a
-`ConfigError` naming the platform key that makes the two agree, or `platform.ipc_groups=null`; with no
-group the call is torch's own (docs/architecture.md, "A torchrun script's own `init_process_group()`").
-"""
+for torchrun): docs/architecture.md, "A torchrun script's own `init_process_group()`"."""
 
 from __future__ import annotations
 

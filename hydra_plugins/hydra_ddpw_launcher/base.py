@@ -1,7 +1,7 @@
 """What both ddpw launchers share: their options as a validated dataclass, and what `setup` keeps.
 
-The runtime is imported inside `launch`: Hydra imports every module under `hydra_plugins` at each
-start-up, and those imports must stay cheap (no torch, no submitit).
+The runtime is imported inside `setup` and `launch`: Hydra imports every module under `hydra_plugins` at
+each start-up, and those imports must stay cheap (no torch, no submitit).
 """
 
 from __future__ import annotations
@@ -26,6 +26,13 @@ Options = TypeVar("Options", bound="LauncherOptions")
 class DdpwLauncher(Launcher, Generic[Options]):
     """A Hydra launcher whose `hydra.launcher.*` options become an `options_type()` instance."""
 
+    # Set by `setup`, which Hydra calls before any `launch`.
+    config: DictConfig
+    hydra_context: HydraContext
+    task_function: TaskFunction
+    summary: SweepSummary
+    """The sweep's summary: one for the whole sweep, whose batches come one launch at a time."""
+
     @staticmethod
     def options_type() -> type[Options]:
         """The class of this launcher's options."""
@@ -33,36 +40,27 @@ class DdpwLauncher(Launcher, Generic[Options]):
 
     def __init__(self, **options: Any) -> None:
         self.options: Options = self.options_type().from_mapping(options)
-        self.config: DictConfig | None = None
-        self.task_function: TaskFunction | None = None
-        self.hydra_context: HydraContext | None = None
-        self.summary: SweepSummary | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep what `launch` needs; from now on Ctrl-C and SIGTERM end the sweep cleanly (130, 143)."""
+        from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
         from ddpw_runtime.launch import signals
 
         signals.install()
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
+        self.summary = SweepSummary(Path(str(config.hydra.sweep.dir)))
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Check the options and prepare every job of the batch (nothing starts before all are checked),
         then run them (`run_jobs`); one JobReturn per job, in order."""
         from ddpw_runtime.hydra_jobs.prepare import prepare_jobs
-        from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
-        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        jobs = prepare_jobs(self.hydra_context, self.config, job_overrides, initial_job_idx, self.options)
-        if self.summary is None:  # one for the whole sweep, whose batches come one launch at a time
-            self.summary = SweepSummary(Path(str(self.config.hydra.sweep.dir)))
-        return self.run_jobs(self.hydra_context, self.task_function, jobs, self.summary)
+        return self.run_jobs(prepare_jobs(self.hydra_context, self.config, job_overrides, initial_job_idx,
+                                          self.options))
 
-    def run_jobs(
-        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob],
-        summary: SweepSummary,
-    ) -> list[JobReturn]:
+    def run_jobs(self, jobs: list[PreparedJob]) -> list[JobReturn]:
         """Run the prepared jobs (`ddpw_runtime.hydra_jobs.prepare.PreparedJob`), each noted in the
         sweep's `summary` as it ends."""
         raise NotImplementedError

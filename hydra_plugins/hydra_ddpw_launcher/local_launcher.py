@@ -13,7 +13,6 @@ from hydra_plugins.hydra_ddpw_launcher.base import DdpwLauncher
 if TYPE_CHECKING:  # the options and the runtime are imported when a launcher is made, not when Hydra discovers plugins
     from ddpw_conf.launcher import LocalLauncherConf
     from ddpw_runtime.hydra_jobs.prepare import PreparedJob
-    from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
 
 class DdpwLocalLauncher(DdpwLauncher["LocalLauncherConf"]):
@@ -36,11 +35,8 @@ class DdpwLocalLauncher(DdpwLauncher["LocalLauncherConf"]):
         compose_once(hydra_context)
         start_starter_early(config, self.options)
 
-    def run_jobs(
-        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob],
-        summary: SweepSummary,
-    ) -> list[JobReturn]:
+    def run_jobs(self, jobs: list[PreparedJob]) -> list[JobReturn]:
         """Run each job as a distributed job on this machine."""
         from ddpw_runtime.hydra_jobs.local import run_jobs
 
-        return run_jobs(hydra_context, task_function, jobs, self.options, summary)
+        return run_jobs(self.hydra_context, self.task_function, jobs, self.options, self.summary)

@@ -5,14 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hydra.core.utils import JobReturn
-from hydra.types import HydraContext, TaskFunction
 
 from hydra_plugins.hydra_ddpw_launcher.base import DdpwLauncher
 
 if TYPE_CHECKING:  # the options and the runtime are imported when a launcher is made, not when Hydra discovers plugins
     from ddpw_conf.launcher import SlurmLauncherConf
     from ddpw_runtime.hydra_jobs.prepare import PreparedJob
-    from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
 
 class DdpwSlurmLauncher(DdpwLauncher["SlurmLauncherConf"]):
@@ -25,11 +23,8 @@ class DdpwSlurmLauncher(DdpwLauncher["SlurmLauncherConf"]):
 
         return SlurmLauncherConf
 
-    def run_jobs(
-        self, hydra_context: HydraContext, task_function: TaskFunction, jobs: list[PreparedJob],
-        summary: SweepSummary,
-    ) -> list[JobReturn]:
+    def run_jobs(self, jobs: list[PreparedJob]) -> list[JobReturn]:
         """Submit each job (equal resources as one job array) and wait."""
         from ddpw_runtime.slurm.submit import run_jobs
 
-        return run_jobs(hydra_context, task_function, jobs, self.options, summary)
+        return run_jobs(self.hydra_context, self.task_function, jobs, self.options, self.summary)
