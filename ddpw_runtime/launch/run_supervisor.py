@@ -33,11 +33,8 @@ from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, Outsid
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-
 REPORT_S = 5.0
-"""When the job is stopped (another rank failed, the time limit), how long rank 0 gets beyond the others'
-grace to end its task through Hydra (the repo's own `on_job_end` callbacks run before it says it has)
-before it is killed."""
+"""Rank 0's `OutsideRank.report_s`: its time, beyond the others' grace, to end its task through Hydra."""
 
 
 class ThreadsBeforeTheRun(RuntimeError):
@@ -129,8 +126,7 @@ class RunSupervisor:
         try:
             first = self.events.get()
             if isinstance(first, JobStarting):
-                failure = self._job(first)
-                return self._after_job(failure)
+                return self._after_job(self._job(first))
             return _exit_code(first.code) if isinstance(first, _RankZeroExited) else self._end_of_run()
         except (KeyboardInterrupt, Terminated) as stop:
             return self._interrupt_rank_zero(signal_of(stop))
@@ -173,7 +169,7 @@ class RunSupervisor:
             env = {**rank_environment(local.plan, 0, 0), **local.payload.job_environment()}
             terminal = console.terminal_of(0)
             stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
-            outside = OutsideRank(0, self.pid, self.sees_ctrl_c, report_s=REPORT_S)
+            outside = OutsideRank(0, self.pid, self.sees_ctrl_c, REPORT_S)
             ranks = self.ranks = local.ranks(local.plan.global_ranks, console, on_stop=stores.clear, outside=outside)
             self.inbox = ranks.inbox
             if self.exited is not None:  # rank 0 died while the job was being prepared
