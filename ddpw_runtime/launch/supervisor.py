@@ -176,8 +176,11 @@ class NodeRanks:
             failed = rank is not None and self.codes[rank] != 0
             if (self._take_requests() or failed) and not self.stopped:
                 grace_end = self._begin_stop()
-            if time.monotonic() >= grace_end:
-                outside = self._reporting()
+            if time.monotonic() >= grace_end:  # an outside rank still running gets its `report_s` first (once)
+                outside = None if self._reported else self.outside
+                if outside is not None and outside.pid not in self.running():
+                    outside = None
+                self._reported = True
                 self.kill(spare=outside.pid if outside is not None else None)
                 grace_end = float("inf") if outside is None else time.monotonic() + outside.report_s
             elif time.monotonic() >= limit_end:
@@ -209,14 +212,6 @@ class NodeRanks:
         except (KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM: kill now
             pass
         self.kill()
-
-    def _reporting(self) -> OutsideRank | None:
-        """The outside rank when it still runs and is given time to end its task once the others' grace
-        is over (`OutsideRank.report_s`; given once)."""
-        given, self._reported, outside = self._reported, True, self.outside
-        if given or outside is None or outside.pid not in self.running():
-            return None
-        return outside
 
     def kill(self, spare: int | None = None) -> None:
         """SIGKILL every running rank (but `spare`) and wait until each has exited, at most `KILL_WAIT_S`."""
