@@ -26,17 +26,14 @@ from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack
 
 def check_caller_rank(platform: Platform) -> None:
     """Raise ConfigError when the caller cannot be rank 0 of `platform`."""
+    why = "rank 0 runs in this process (a plain run, or Wrapper(caller_rank=True))"
     if platform.n_nodes != 1:
-        raise ConfigError(
-            "platform.n_nodes", platform.n_nodes, "rank 0 runs in this process (a plain run, or "
-            "Wrapper(caller_rank=True)), so the job must run on this machine: use n_nodes=1",
-        )
+        raise ConfigError("platform.n_nodes", platform.n_nodes, f"{why}, so the job must run on this machine: use "
+                          "n_nodes=1")
     if platform.ipc_protocol != "tcp":
-        raise ConfigError(
-            "platform.ipc_protocol", platform.ipc_protocol, "rank 0 runs in this process (a plain run, or "
-            "Wrapper(caller_rank=True)), which hosts the rendezvous store; that needs the tcp rendezvous: use "
-            "ipc_protocol=tcp (or start a multirun with -m, or caller_rank=False)",
-        )
+        raise ConfigError("platform.ipc_protocol", platform.ipc_protocol, f"{why}, which hosts the rendezvous store; "
+                          "that needs the tcp rendezvous: use ipc_protocol=tcp (or start a multirun with -m, or "
+                          "caller_rank=False)")
 
 
 class CallerRank:
@@ -138,13 +135,10 @@ class CallerRank:
     def _abort(self, exc: BaseException) -> None:
         """Rank 0 ended by `exc` (not an Exception: Ctrl-C, SIGTERM, `sys.exit`): stop the other ranks
         (passing the signal on, with the grace) and wait for them."""
-        if self.interrupted is None:
-            if isinstance(exc, KeyboardInterrupt):
-                self._ranks.request_interrupt(signal.SIGINT)
-            elif isinstance(exc, Terminated):
-                self._ranks.request_interrupt(signal.SIGTERM)
-            else:
-                self._ranks.request_stop()
+        if self.interrupted is None and isinstance(exc, (KeyboardInterrupt, Terminated)):
+            self._ranks.request_stop(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
+        elif self.interrupted is None:
+            self._ranks.request_stop()
         if self._thread.ident is not None:  # started
             self._thread.join()
         if isinstance(self._others, list):
@@ -155,21 +149,16 @@ class CallerRank:
         try:
             if self._ranks.ranks:
                 self._others = supervise(self._ranks)
-            else:
+            else:  # the caller's is the only rank: wait for its task, at most until the time limit
                 self._ranks.close()
-                self._others = self._wait_alone()
+                if not self._task_over.wait(self.plan.platform.timeout_min * 60.0):
+                    self._stop_rank_zero()
+                    raise JobTimedOut(self.plan.platform.timeout_min, {})
         except BaseException as exc:  # handed to the caller's thread by finish()
             self._others = exc
             self._stop_rank_zero()
         while self.stopped and not self._task_over.wait(self.local.job.grace.stop_s):
             self._send_stop()
-
-    def _wait_alone(self) -> list[RankOutcome]:
-        """A job whose only rank is the caller's: wait for its task, at most until the time limit."""
-        if self._task_over.wait(self.plan.platform.timeout_min * 60.0):
-            return []
-        self._stop_rank_zero()
-        raise JobTimedOut(self.plan.platform.timeout_min, {})
 
     def _stop_rank_zero(self) -> None:
         """The job is being stopped (another rank failed, or the time limit): stop rank 0 here too, if its
@@ -194,6 +183,6 @@ class CallerRank:
     def _on_interrupt(self, signum: int, frame: FrameType | None) -> None:
         again = self.interrupted is not None
         self.interrupted = signum
-        self._ranks.request_interrupt(signum)  # again: the ranks are killed at once
+        self._ranks.request_stop(signum)  # again: the ranks are killed at once
         if not again:
             raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()

@@ -37,21 +37,17 @@ def check(platform: Platform, here: bool = True) -> Platform:
     if here:
         check_torch(platform)
     if here and platform.device_kind is not Device.SLURM:
-        check_cores(platform)
-        check_port(platform)
+        n_cpus = platform.n_cpus_per_node
+        if n_cpus is not None and n_cpus > (cores := len(cpu_cores())):
+            raise ConfigError("platform.n_cpus_per_node", n_cpus,
+                              f"this machine gives this program {cores} CPU cores; ask for at most {cores}")
+        # A fixed port that is taken, or below the unprivileged range, is refused by listening on it for a
+        # moment (on a SLURM node the first node's controller does it: `rendezvous.listen`).
+        if platform.master_port is not None and platform.ipc_protocol == "tcp":
+            rendezvous.listen(platform, None, None).close()
     if platform.upon_finish:
         resolve_callable("platform.upon_finish", platform.upon_finish)
     return platform
-
-
-def check_cores(platform: Platform) -> None:
-    """Raise `ConfigError` when `platform` asks for more CPU cores than this program may use."""
-    if platform.n_cpus_per_node is None:
-        return
-    cores = len(cpu_cores())
-    if platform.n_cpus_per_node > cores:
-        raise ConfigError("platform.n_cpus_per_node", platform.n_cpus_per_node,
-                          f"this machine gives this program {cores} CPU cores; ask for at most {cores}")
 
 
 def check_torch(platform: Platform) -> None:
@@ -77,14 +73,6 @@ def check_torch(platform: Platform) -> None:
                 + ("backend=gloo, or leave it unset (null) for the automatic choice, or a torch built with MPI"
                    if backend == "mpi" else "backend=gloo"),
             )
-
-
-def check_port(platform: Platform) -> None:
-    """Raise `ConfigError` when this program cannot listen on `platform.master_port` (taken by another
-    program, or a port below the system's unprivileged range), by listening on it for a moment. For ranks
-    on this machine only: on a SLURM node the first node's controller does it (`rendezvous.listen`)."""
-    if platform.master_port is not None and platform.ipc_protocol == "tcp":
-        rendezvous.listen(platform, None, None).close()
 
 
 def resolve_callable(key: str, path: str) -> Callable[..., Any]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import select
 import sys
 import termios
 import threading
@@ -72,18 +71,14 @@ def _write_all(console: Console, data: bytes) -> None:
         pass  # a console that went away: the log still gets everything
 
 
-def _prefix(job_prefix: str, rank: int, ranked: bool) -> str:
-    return job_prefix + (f"[rank {rank}] " if ranked else "")
-
-
 class ConsoleEcho:
     """Follows log files and copies what they get to the console, each rank's lines after
     its prefix in `prefixes`. Reads in bounded chunks, so memory does not grow with the output; `stop()`
     copies whatever is left (unless frozen), so nothing written before the ranks ended is missed."""
 
-    def __init__(self, files: dict[int, Path], console: Console, prefixes: dict[int, str] | None = None) -> None:
+    def __init__(self, files: dict[int, Path], console: Console, prefixes: dict[int, str]) -> None:
         self.files = files
-        self._lines = {rank: _Lines(console, (prefixes or {}).get(rank, "")) for rank in files}
+        self._lines = {rank: _Lines(console, prefixes.get(rank, "")) for rank in files}
         self._offsets = {rank: file_size(path) for rank, path in files.items()}  # earlier runs are not repeated
         self._lock = threading.Lock()
         self._frozen = False
@@ -97,25 +92,25 @@ class ConsoleEcho:
 
     def freeze(self) -> None:
         """Copy what the files hold now, then stop copying."""
-        with self._lock:
-            if not self._frozen:
-                self._copy_all({rank: file_size(path) for rank, path in self.files.items()})
+        self._copy_all({rank: file_size(path) for rank, path in self.files.items()})
 
     def stop(self) -> None:
         """Copy what is left (unless frozen) and stop following."""
         if self._thread.is_alive():
             self._stopping.set()
             self._thread.join()
-        with self._lock:
-            if not self._frozen:
-                self._copy_all(None)
+        self._copy_all(None)
 
     def _copy_all(self, limits: dict[int, int] | None) -> None:
-        for rank in self.files:
-            while self._copy(rank, None if limits is None else limits[rank]):
-                pass
-            self._lines[rank].end()
-        self._frozen = True
+        """Unless frozen, copy each file up to its size in `limits` (None: to its end), then freeze."""
+        with self._lock:
+            if self._frozen:
+                return
+            for rank in self.files:
+                while self._copy(rank, None if limits is None else limits[rank]):
+                    pass
+                self._lines[rank].end()
+            self._frozen = True
 
     def _follow(self) -> None:
         while not self._stopping.is_set():
@@ -173,12 +168,12 @@ class TerminalCopy:
         """Stop copying to the console (the log still gets everything)."""
         self._frozen.set()
 
-    def stop(self, wait_s: float = _DRAIN_WAIT_S) -> None:
-        """Wait (at most `wait_s`) until everything the rank wrote is copied, then close."""
+    def stop(self) -> None:
+        """Wait (at most `_DRAIN_WAIT_S`) until everything the rank wrote is copied, then close."""
         self.handed_over()
-        if not self._ended.wait(wait_s):
+        if not self._ended.wait(_DRAIN_WAIT_S):
             self._frozen.set()
-        self._thread.join(wait_s)
+        self._thread.join(_DRAIN_WAIT_S)
         if not self._thread.is_alive():
             os.close(self.master_fd)
             os.close(self._log_fd)
@@ -186,9 +181,6 @@ class TerminalCopy:
     def _copy(self) -> None:
         try:
             while True:
-                ready, _, _ = select.select([self.master_fd], [], [], _IDLE_WAIT_S)
-                if not ready:
-                    continue
                 try:
                     data = os.read(self.master_fd, _CHUNK)
                 except OSError as exc:  # EIO: every holder of the rank's side has closed it
@@ -217,15 +209,12 @@ class ConsoleRanks:
         # rank 0 takes it over), and this console must still reach the terminal.
         self._own_fd = os.dup(console) if isinstance(console, int) and log_files else None
         console = self._own_fd if self._own_fd is not None else console
-        self.terminals: dict[int, TerminalCopy] = {}
-        self.echo: ConsoleEcho | None = None
-        if isinstance(console, int) and os.isatty(console):
-            self.terminals = {
-                rank: TerminalCopy(path, console, _prefix(job_prefix, rank, ranked)) for rank, path in log_files.items()
-            }
-        else:
-            prefixes = {rank: _prefix(job_prefix, rank, ranked) for rank in log_files}
-            self.echo = ConsoleEcho(log_files, console, prefixes)
+        prefixes = {rank: job_prefix + (f"[rank {rank}] " if ranked else "") for rank in log_files}
+        tty_fd = console if isinstance(console, int) and os.isatty(console) else None
+        self.terminals = {
+            rank: TerminalCopy(path, tty_fd, prefixes[rank]) for rank, path in log_files.items() if tty_fd is not None
+        }
+        self.echo = ConsoleEcho({} if tty_fd is not None else log_files, console, prefixes)
         try:
             sys.stdout.flush()
         except (OSError, ValueError):
@@ -243,8 +232,7 @@ class ConsoleRanks:
             copy.handed_over()
 
     def __enter__(self) -> ConsoleRanks:
-        if self.echo is not None:
-            self.echo.start()
+        self.echo.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -252,16 +240,13 @@ class ConsoleRanks:
 
     def freeze(self) -> None:
         """Stop showing the ranks' output (see the module docstring)."""
-        if self.echo is not None:
-            self.echo.freeze()
+        self.echo.freeze()
         for copy in self.terminals.values():
             copy.freeze()
 
     def stop(self) -> None:
         """Show what is left (unless frozen) and stop."""
-        if self.echo is not None:
-            self.echo.stop()
-            self.echo = None
+        self.echo.stop()
         for copy in self.terminals.values():
             copy.stop()
         self.terminals = {}

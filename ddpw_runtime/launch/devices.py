@@ -55,9 +55,8 @@ def cpu_cores() -> tuple[int, ...]:
 def visible_gpus(count: int) -> tuple[str, ...]:
     """The names of this machine's `count` GPUs as `CUDA_VISIBLE_DEVICES` gives them to a process: the
     entries of the caller's own `CUDA_VISIBLE_DEVICES` when it is set, else their indexes."""
-    listed = [name.strip() for name in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if name.strip()]
     if "CUDA_VISIBLE_DEVICES" in os.environ:
-        return tuple(listed[:count])
+        return tuple([name.strip() for name in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if name.strip()][:count])
     return tuple(str(index) for index in range(count))
 
 

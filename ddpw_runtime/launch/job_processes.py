@@ -1,18 +1,8 @@
-"""Every process of one job on this node, however it was started, and how to stop them all.
-
-A rank leads its own process group, so signalling the group reaches what it started in the usual way;
-a process started in a new session (`start_new_session=True`, `setsid`, a daemon) leaves that group,
-and once its parent has died, its parent is init. Two ways still reach it:
-
-- a cgroup per job (cgroup v2, where this user may create one below its own cgroup): every rank joins
-  it as the starter forks it, everything it starts stays in it, and `cgroup.kill` stops them all;
-- otherwise, and for the processes a rank that runs in the caller's own process starts, the `DDPW_JOB`
-  variable, which every rank has and its descendants inherit (unless one clears its environment): the
-  job's processes are the ones whose environment names the job.
-
-Stopping gives SIGTERM first and a moment, so helpers that clean up after their parent (the
-`multiprocessing` resource tracker, which removes the semaphores and shared memory a killed rank left in
-/dev/shm) can do so, then SIGKILL; every wait is bounded and what would not die is reported by pid.
+"""Every process of one job on this node, however it was started (also in a session of its own), and how
+to stop them all: the job's cgroup where one can be made, else the processes whose environment names the
+job (`DDPW_JOB`; also for what a rank in the caller's own process starts). Stopping gives SIGTERM and a
+moment (so the `multiprocessing` resource tracker can clean /dev/shm), then SIGKILL; every wait is bounded
+(docs/faults.md, "What "nothing is left" covers").
 """
 
 from __future__ import annotations
@@ -32,8 +22,8 @@ _POLL_S = 0.01
 _numbers = itertools.count()
 
 
-def _own_cgroup() -> Path | None:
-    """This process's cgroup v2 directory, when the unified hierarchy is mounted."""
+def _make_cgroup() -> Path | None:
+    """A new cgroup below this process's own (cgroup v2), or None where none can be made."""
     try:
         line = next(line for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
         mounts = Path("/proc/self/mountinfo").read_text().splitlines()
@@ -42,7 +32,12 @@ def _own_cgroup() -> Path | None:
     for mount in mounts:
         fields = mount.split()
         if fields[fields.index("-") + 1] == "cgroup2":
-            return Path(fields[4]) / line[3:].lstrip("/")
+            path = Path(fields[4]) / line[3:].lstrip("/") / f"ddpw-{os.getpid()}-{next(_numbers)}"
+            try:
+                path.mkdir()
+            except OSError:
+                return None
+            return path
     return None
 
 
@@ -53,19 +48,8 @@ class JobProcesses:
 
     def __init__(self, key: str, spared: frozenset[int] = frozenset()) -> None:
         self.key = key
-        self.cgroup = self._make_cgroup()
+        self.cgroup = _make_cgroup()
         self.spared = spared | {os.getpid()}
-
-    def _make_cgroup(self) -> Path | None:
-        parent = _own_cgroup()
-        if parent is None:
-            return None
-        path = parent / f"ddpw-{os.getpid()}-{next(_numbers)}"
-        try:
-            path.mkdir()
-        except OSError:
-            return None
-        return path
 
     def adopt(self, pid: int) -> None:
         """Put process `pid` (0: the calling one) into the job's cgroup, so what it starts from now on is

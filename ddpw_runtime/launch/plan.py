@@ -61,6 +61,10 @@ class LaunchPlan:
 
     def describe(self) -> str:
         """A readable multi-line summary with the platform's, as the dry run prints it."""
+        if not self.makes_group:
+            groups = "none: the task makes its own process group (ipc_groups=null)"
+        else:
+            groups = str(self.groups) if self.groups else "world only"
         lines = [
             f"world size      : {self.world_size} ({self.platform.n_nodes} node(s) x {self.ranks_per_node} rank(s))",
             f"device          : {self.device}",
@@ -69,7 +73,7 @@ class LaunchPlan:
             + ("" if self.master_port else " (a free port, chosen when the job starts)"),
             f"start method    : {self.platform.spawn_method}",
             f"threads per rank: {self.threads_per_rank}",
-            f"groups          : {self._groups_shown}",
+            f"groups          : {groups}",
             f"console ranks   : {self.console_ranks or 'none'}",
             f"rank logs       : {self.log_file(0).parent}/rank_<rank>.log",
             "--- platform ---",
@@ -77,39 +81,19 @@ class LaunchPlan:
         ]
         return "\n".join(lines)
 
-    @property
-    def _groups_shown(self) -> str:
-        if not self.makes_group:
-            return "none: the task makes its own process group (ipc_groups=null)"
-        return str(self.groups) if self.groups else "world only"
 
-
-def free_port(addr: str) -> int:
-    """A TCP port that is free on `addr` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((addr, 0))
-        return int(sock.getsockname()[1])
-
-
-def plan_local(
-    platform: Platform,
-    log_dir: Path,
-    rendezvous_dir: Path,
-    run_id: str,
-    node_rank: int = 0,
-    master_addr: str | None = None,
-    master_port: int | None = None,
-    max_restarts: int = 0,
-    restart_count: int = 0,
-    share: Share | None = None,
-) -> LaunchPlan:
+def plan_local(platform: Platform, log_dir: Path, rendezvous_dir: Path, run_id: str, node_rank: int = 0,
+               master_addr: str | None = None, master_port: int | None = None, max_restarts: int = 0,
+               restart_count: int = 0, share: Share | None = None) -> LaunchPlan:
     """The plan for node `node_rank` of a validated `platform`: rendezvous on `platform.master_addr`, else
     `master_addr`, else loopback; port `platform.master_port`, else `master_port`, else a free one; a `file`
     rendezvous in `rendezvous_dir`; with `share`, only its GPUs and cores."""
     addr = platform.master_addr or master_addr or LOOPBACK
     port = platform.master_port or master_port
-    if port is None:
-        port = free_port(addr if platform.n_nodes == 1 else "")
+    if port is None:  # one that is free right now
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((addr if platform.n_nodes == 1 else "", 0))
+            port = int(sock.getsockname()[1])
     if platform.ipc_protocol == "file":
         init_method = f"file://{rendezvous_dir / 'rendezvous'}"
     else:

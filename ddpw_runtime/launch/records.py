@@ -13,15 +13,8 @@ from typing import Any
 
 import cloudpickle
 
-SECONDARY_MARKERS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "DistStoreError",
-    "DistNetworkError",
-    "ProcessGroupGloo",
-    "Socket Timeout",
-)
+SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "DistStoreError",
+                     "DistNetworkError", "ProcessGroupGloo", "Socket Timeout")
 """Words of the failures that ranks see only because another rank went away first (gloo's lost
 connections, store timeouts); such a failure is never the root cause while another failure exists."""
 

@@ -27,17 +27,14 @@ from ddpw_runtime.launch.engine import JobInput, LocalJob, NodeJob, settle, star
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.signals import blocked, send_to_group, signal_of, stopped_line
-from ddpw_runtime.launch.starter import Inbox, close_starters
+from ddpw_runtime.launch.starter import close_starters
 from ddpw_runtime.launch.starter_process import die_with_parent
 from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, OutsideRank, supervise
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-
 REPORT_S = 5.0
-"""When the job is stopped (another rank failed, the time limit), how long rank 0 gets beyond the others'
-grace to end its task through Hydra (the repo's own `on_job_end` callbacks run before it says it has)
-before it is killed."""
+"""Rank 0's `OutsideRank.report_s`: its time, beyond the others' grace, to end its task through Hydra."""
 
 
 class ThreadsBeforeTheRun(RuntimeError):
@@ -100,11 +97,10 @@ class RunSupervisor:
         self.grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
         self.signal_mask = signal_mask
         self.events: queue.SimpleQueue[JobStarting | RunEnded | _RankZeroExited] = queue.SimpleQueue()
-        self.inbox: Inbox | None = None
-        """Where rank 0's end goes while an attempt of the job runs."""
         self.result_file: Path | None = None
         self.ranks: NodeRanks | None = None
-        """The ranks of the attempt that runs (what a second Ctrl-C or SIGTERM kills at once)."""
+        """The ranks of the attempt that runs (what a second Ctrl-C or SIGTERM kills at once; its inbox
+        gets rank 0's end)."""
         self.task_ended = threading.Event()
         """Rank 0 reported its task's end (in this attempt)."""
         self.awaiting = threading.Event()
@@ -129,8 +125,7 @@ class RunSupervisor:
         try:
             first = self.events.get()
             if isinstance(first, JobStarting):
-                failure = self._job(first)
-                return self._after_job(failure)
+                return self._after_job(self._job(first))
             return _exit_code(first.code) if isinstance(first, _RankZeroExited) else self._end_of_run()
         except (KeyboardInterrupt, Terminated) as stop:
             return self._interrupt_rank_zero(signal_of(stop))
@@ -173,9 +168,8 @@ class RunSupervisor:
             env = {**rank_environment(local.plan, 0, 0), **local.payload.job_environment()}
             terminal = console.terminal_of(0)
             stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
-            outside = OutsideRank(0, self.pid, self.sees_ctrl_c, report_s=REPORT_S)
+            outside = OutsideRank(0, self.pid, self.sees_ctrl_c, REPORT_S)
             ranks = self.ranks = local.ranks(local.plan.global_ranks, console, on_stop=stores.clear, outside=outside)
-            self.inbox = ranks.inbox
             if self.exited is not None:  # rank 0 died while the job was being prepared
                 ranks.inbox.put(RankExited(self.pid, self.exited))
             self.awaiting.clear()
@@ -187,7 +181,7 @@ class RunSupervisor:
                 self.interrupted = signal_of(stop)
                 raise
             finally:
-                self.inbox, self.ranks = None, None
+                self.ranks = None
             if self.task_ended.is_set():  # rank 0's process goes on: its exit code is not its task's
                 outcomes[0].exit_code = None
             settle(job, outcomes)
@@ -295,18 +289,18 @@ class RunSupervisor:
                     write_atomically(self.result_file, pickle.dumps(message.result))
                 self.task_ended.set()
                 self.awaiting.set()
-                inbox = self.inbox
-                if inbox is not None:
-                    inbox.put(RankExited(self.pid, 0 if message.result is not None and message.result.ok else 1))
+                ranks = self.ranks
+                if ranks is not None:
+                    ranks.inbox.put(RankExited(self.pid, 0 if message.result is not None and message.result.ok else 1))
             elif isinstance(message, (JobStarting, RunEnded)):
                 if isinstance(message, JobStarting):
                     self.awaiting.set()
                 self.events.put(message)
         _, status = os.waitpid(self.pid, 0)
         self.exited = os.waitstatus_to_exitcode(status)
-        inbox = self.inbox
-        if inbox is not None and not self.task_ended.is_set():
-            inbox.put(RankExited(self.pid, self.exited))
+        ranks = self.ranks
+        if ranks is not None and not self.task_ended.is_set():
+            ranks.inbox.put(RankExited(self.pid, self.exited))
         self.events.put(_RankZeroExited(self.exited))
 
 

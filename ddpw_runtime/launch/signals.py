@@ -57,18 +57,18 @@ def blocked(signals: tuple[int, ...]) -> Iterator[set[int | signal.Signals]]:
 
 
 @contextmanager
-def held(signals: tuple[int, ...] = STOPPING_SIGNALS) -> Iterator[None]:
-    """Run the block whole: `signals` that arrive meanwhile (Ctrl-C, SIGTERM) reach their own handlers
-    right after it. Python runs signal handlers in the main thread only, so this holds them there
-    whichever thread the kernel delivered them to (a signal mask would hold them only when no other
-    thread exists); elsewhere nothing is needed. A handler that was not set from Python is left as is."""
+def held() -> Iterator[None]:
+    """Run the block whole: Ctrl-C and SIGTERM that arrive meanwhile reach their own handlers right after it.
+    Python runs signal handlers in the main thread only, so this holds them there whichever thread the
+    kernel delivered them to (a signal mask would hold them only when no other thread exists); elsewhere
+    nothing is needed. A handler that was not set from Python is left as is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     arrived: list[int] = []
     previous = {}
     try:
-        for sig in signals:
+        for sig in STOPPING_SIGNALS:
             handler = signal.getsignal(sig)
             if handler is not None:
                 previous[sig] = signal.signal(sig, lambda signum, frame: arrived.append(signum))
@@ -76,8 +76,8 @@ def held(signals: tuple[int, ...] = STOPPING_SIGNALS) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        for sig in dict.fromkeys(arrived):
-            signal.raise_signal(sig)
+        for signum in dict.fromkeys(arrived):
+            signal.raise_signal(signum)
 
 
 _state = {"jobs running": False, "terminating": False}

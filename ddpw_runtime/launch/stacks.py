@@ -36,7 +36,6 @@ def where(log_file: Path) -> str:
     return " <- ".join(frames[:_FRAMES_SHOWN]) or "no Python frame"
 
 
-
 def where_in(frame: FrameType | None) -> str:
     """Where a live thread is, given its innermost frame, written as `where` writes a dump."""
     frames: list[str] = []

@@ -50,6 +50,8 @@ STOP_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIG
 """What asks a rank 0 that runs in the user's own process to stop (another rank failed, or the time
 limit passed): it raises `RankStopped` in its task, so Hydra reports the job there (a real-time signal no
 library uses, where there are such signals). A process a rank starts itself gets SIGTERM instead."""
+
+
 @dataclass(frozen=True)
 class OutsideRank:
     """A rank of this node that this node did not start: rank 0 of a plain run, the user's own process. It is
@@ -58,29 +60,20 @@ class OutsideRank:
 
     rank: int
     pid: int
-    sees_ctrl_c: bool = False
-    report_s: float = 0.0
+    sees_ctrl_c: bool
+    report_s: float
     """Seconds it gets, beyond the others' grace, to end its task when the job is stopped: rank 0 of a
     plain run then ends through Hydra (the user's callbacks run before it says its task ended)."""
 
 
 class NodeRanks:
     """The ranks of one node as they start, run and end: their pids, how each ended, how to stop them. One
-    thread supervises them (`supervise`); another may ask for them to be stopped (`request_stop`,
-    `request_interrupt`). `outside`: a rank among `ranks` that this node did not start (`OutsideRank`)."""
+    thread supervises them (`supervise`); another may ask for them to be stopped (`request_stop`).
+    `outside`: a rank among `ranks` that this node did not start (`OutsideRank`)."""
 
-    def __init__(
-        self,
-        starter: RankStarter,
-        payload: RankPayload,
-        payload_path: Path,
-        grace: Grace,
-        ranks: Sequence[int],
-        console: ConsoleRanks | None = None,
-        listen_fd: int | None = None,
-        on_stop: Callable[[], None] = lambda: None,
-        outside: OutsideRank | None = None,
-    ) -> None:
+    def __init__(self, starter: RankStarter, payload: RankPayload, payload_path: Path, grace: Grace,
+                 ranks: Sequence[int], console: ConsoleRanks, listen_fd: int | None, on_stop: Callable[[], None],
+                 outside: OutsideRank | None) -> None:
         self.starter = starter
         self.key = JobKey(str(payload_path.parent))
         self.outside = outside
@@ -102,46 +95,35 @@ class NodeRanks:
         """Pids of ranks that did not exit after SIGKILL (stuck in the kernel); no longer waited for."""
         self.signals_sent: set[int] = set()
         self._requests: list[int | None] = []
-        """What other threads asked for: the signal to pass on to the ranks (`request_interrupt`), or None
-        to stop them as after a failure (`request_stop`)."""
+        """What other threads asked for (`request_stop`)."""
         self._lock = threading.Lock()
         self.inbox = Inbox()
         """Where this node's rank exits arrive, and what wakes the supervising thread."""
 
     def start(self) -> None:
         """Start every rank."""
-        plan = self.payload.plan
-        first = plan.global_ranks[0]
+        first = self.payload.plan.global_ranks[0]
         if self.outside is not None:
             self.pids[self.outside.pid] = self.outside.rank
             self.starter.adopt(self.key, self.outside.pid)
         for rank in self.ranks:
             if self.outside is not None and rank == self.outside.rank:
                 continue
-            terminal = self.console.terminal_of(rank) if self.console is not None else None
             with held():  # Ctrl-C or SIGTERM comes once the rank is known here, so that it is stopped too
                 pid = self.starter.start(
                     self.inbox, self.key, str(self.payload_path), rank - first, self.listen_fd if rank == 0 else None,
-                    terminal,
+                    self.console.terminal_of(rank),
                 )
-                if self.console is not None:
-                    self.console.handed_over(rank)
+                self.console.handed_over(rank)
                 self.pids[pid] = rank
 
     def running(self) -> list[int]:
         """The pids of the ranks still running."""
         return [pid for pid, rank in self.pids.items() if rank not in self.codes and pid not in self.left_behind]
 
-    def request_stop(self) -> None:
-        """Ask the supervising thread to stop the ranks as after a failure (callable from any thread)."""
-        self._request(None)
-
-    def request_interrupt(self, sig: int) -> None:
-        """Ask the supervising thread to pass `sig` (SIGINT or SIGTERM) on to the ranks and give them
-        `grace.interrupt_s` (callable from any thread)."""
-        self._request(sig)
-
-    def _request(self, sig: int | None) -> None:
+    def request_stop(self, sig: int | None = None) -> None:
+        """Ask the supervising thread (from any thread) to stop the ranks: as after a failure, or with `sig`
+        (SIGINT or SIGTERM) passed on to them and `grace.interrupt_s`."""
         with self._lock:
             self._requests.append(sig)
         self.inbox.wake()  # nothing once supervision is over: there is nothing left to stop
@@ -166,11 +148,10 @@ class NodeRanks:
         self.ended_at[rank] = time.time()
         return rank
 
-    def _begin_stop(self) -> None:
+    def _begin_stop(self) -> float:
         """Stop showing the ranks' output, dump the running ranks' stacks into their logs (where each
-        was: the console shows it for a time limit), then send them SIGTERM."""
-        if self.console is not None:
-            self.console.freeze()
+        was: the console shows it for a time limit), then send them SIGTERM; when their grace ends."""
+        self.console.freeze()
         self.on_stop()
         running = [self.pids[pid] for pid in self.running()]
         self.stopped.update(running)
@@ -180,6 +161,7 @@ class NodeRanks:
             self.send(signal.SIGUSR1, group=False)
             _wait_for_dumps(logs, before)
         self.send(signal.SIGTERM, stopping=True)
+        return time.monotonic() + self.grace.stop_s
 
     def wait(self) -> bool:
         """Wait for every rank; on the first failure (or a stop request) stop the others (SIGTERM,
@@ -193,16 +175,17 @@ class NodeRanks:
             rank = self._record(event) if event is not None else None
             failed = rank is not None and self.codes[rank] != 0
             if (self._take_requests() or failed) and not self.stopped:
-                self._begin_stop()
-                grace_end = time.monotonic() + self.grace.stop_s
-            if time.monotonic() >= grace_end:
-                outside = self._reporting()
+                grace_end = self._begin_stop()
+            if time.monotonic() >= grace_end:  # an outside rank still running gets its `report_s` first (once)
+                outside = None if self._reported else self.outside
+                if outside is not None and outside.pid not in self.running():
+                    outside = None
+                self._reported = True
                 self.kill(spare=outside.pid if outside is not None else None)
                 grace_end = float("inf") if outside is None else time.monotonic() + outside.report_s
             elif time.monotonic() >= limit_end:
                 timed_out, limit_end = True, float("inf")
-                self._begin_stop()
-                grace_end = time.monotonic() + self.grace.stop_s
+                grace_end = self._begin_stop()
         return timed_out
 
     def _take_requests(self) -> bool:
@@ -218,8 +201,7 @@ class NodeRanks:
         """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace.interrupt_s` to finish, then
         kill them; a second Ctrl-C kills them at once."""
         self.stopped.update(self.pids[pid] for pid in self.running())
-        if self.console is not None:  # what the ranks print as they stop stays in their logs
-            self.console.freeze()
+        self.console.freeze()  # what the ranks print as they stop stays in their logs
         self.send(sig)
         end = time.monotonic() + self.grace.interrupt_s
         try:
@@ -230,14 +212,6 @@ class NodeRanks:
         except (KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM: kill now
             pass
         self.kill()
-
-    def _reporting(self) -> OutsideRank | None:
-        """The outside rank when it still runs and is given time to end its task once the others' grace
-        is over (`OutsideRank.report_s`; given once)."""
-        given, self._reported, outside = self._reported, True, self.outside
-        if given or outside is None or outside.report_s <= 0 or outside.pid not in self.running():
-            return None
-        return outside
 
     def kill(self, spare: int | None = None) -> None:
         """SIGKILL every running rank (but `spare`) and wait until each has exited, at most `KILL_WAIT_S`."""
@@ -252,7 +226,9 @@ class NodeRanks:
         end = time.monotonic() + KILL_WAIT_S
         while [pid for pid in self.running() if pid != spare]:
             event = self.inbox.next(max(0.0, end - time.monotonic()))
-            if event is None and time.monotonic() >= end:
+            if event is not None:
+                self._record(event)
+            elif time.monotonic() >= end:
                 for pid in [pid for pid in self.running() if pid != spare]:
                     log.error(
                         "rank %d (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a "
@@ -260,8 +236,6 @@ class NodeRanks:
                     )
                     self.left_behind.add(pid)
                 return
-            if event is not None:
-                self._record(event)
 
     def outcomes(self) -> list[RankOutcome]:
         """How each rank ended, in rank order."""
