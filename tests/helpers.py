@@ -33,10 +33,14 @@ def job_dirs(root: Path) -> list[Path]:
 
 
 def seen(job_dir: Path) -> dict[int, dict]:
-    """What each rank of a job reported, by rank."""
+    """What each rank of a job reported, by rank. A report still being written (a test polls while the
+    ranks run) counts as not made yet."""
     found = {}
     for path in job_dir.glob("seen_rank_*.json"):
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            continue
         found[data["rank"]] = data
     return found
 
