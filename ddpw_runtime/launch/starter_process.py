@@ -13,6 +13,7 @@ the controller.
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import os
 import select
@@ -84,6 +85,9 @@ class _Server:
             from ddpw_runtime.rank.setup import warm_up  # imports torch and torch.distributed once
 
             warm_up()
+        # The ranks it forks share what the controller holds (torch, once loaded): their garbage collector
+        # does not walk it, so they do not copy every page of it (see `gc.freeze`).
+        gc.freeze()
         # Ctrl-C is the controller's to handle: a handler that does nothing (not SIG_IGN, which would drop
         # a Ctrl-C sent to a child in the moment between its fork and its own handler; see `_fork`).
         signal.signal(signal.SIGINT, lambda *_: None)
