@@ -77,7 +77,9 @@ DDPW = Tool(
     "ddpw", "ddpw Wrapper",
     lambda n, mode: python_argv("ddpw_app.py", str(n), mode),
     note="ddpw 5.3 `Wrapper(Platform(device='gpu', n_gpus=N))` with torch.cuda.device_count() "
-         "reporting N to ddpw (it runs one process on `device='cpu'`); fork start method, its default",
+         "reporting N to ddpw (it runs one process on `device='cpu'`); fork start method, its default. With "
+         "N = 1 ddpw starts no process: the task runs in the calling one (hydra-ddpw's like of that is "
+         "`Wrapper(..., caller_rank=True)`; its default starts the rank in a process of its own)",
 )
 SUBMITIT = Tool(
     "submitit", "hydra-submitit-launcher (local, 2 tasks)",
