@@ -31,8 +31,16 @@ class CompactError(Exception):
         return super().__new__(cls, *args, **kwargs)
 
     def __reduce__(self) -> Any:
-        # Pickles name the class whose constructor made the error, not Hydra's subclass of it.
-        return (type(self).__dict__.get("made_as", type(self)), self.args, self.__dict__ or None)
+        # Made again without calling a constructor (so every subclass pickles, whatever its arguments), as the
+        # class whose constructor made the error, not Hydra's subclass of it.
+        return (_remade, (type(self).__dict__.get("made_as", type(self)), self.args, self.__dict__))
+
+
+def _remade(cls: type[_E], args: tuple[Any, ...], state: dict[str, Any]) -> _E:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 _REPORTED_BY_HYDRA: dict[type, type] = {}
@@ -58,9 +66,6 @@ class ConfigError(CompactError, ValueError):
         self.value = value
         self.fix = fix
         super().__init__(f"{key}={value!r}: {fix}")
-
-    def __reduce__(self) -> tuple:
-        return (ConfigError, (self.key, self.value, self.fix))
 
 
 def check_known(prefix: str, node: Mapping[str, Any], known: Collection[str], owner: str, noun: str = "field",

@@ -4,7 +4,7 @@ which carries everything worth showing, and importing them imports nothing of Hy
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ddpw_conf.errors import CompactError
 
@@ -67,13 +67,6 @@ class RankFailure(CompactError, RuntimeError):
             parts.append(f"(full output of rank {self.rank}: {self.log_file})")
         return "\n".join(parts)
 
-    def __reduce__(self) -> Any:
-        return (
-            RankFailure,
-            (self.rank, self.node, self.exit_code, self.error_type, self.error_message, self.traceback_text,
-             self.log_tail, self.log_file, self.outcomes),
-        )
-
 
 class JobTimedOut(CompactError, RuntimeError):
     """The job ran past `platform.timeout_min` and was stopped; `where` maps each rank to the
@@ -86,9 +79,6 @@ class JobTimedOut(CompactError, RuntimeError):
                  "where each rank was:"]
         lines += [f"  rank {rank}: {place}" for rank, place in sorted(where.items())]
         super().__init__("\n".join(lines))
-
-    def __reduce__(self) -> Any:
-        return (JobTimedOut, (self.timeout_min, self.where))
 
 
 class SlurmJobError(CompactError, RuntimeError):
