@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -79,7 +78,7 @@ class Wrapper:
 
         log_dir = self.log_dir or LOG_ROOT / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")  # a new folder per call
         self.last_log_dir = log_dir.resolve()
-        task: Callable[..., _R] = target if self.task_context is None else InContext(target, self.task_context)
+        task = target if self.task_context is None else functools.partial(_in_context, self.task_context, target)
         job = NodeJob(self.platform, log_dir, Grace(self.stop_grace_s, self.interrupt_grace_s),
                       max_restarts=self.max_restarts)
         return run_ranks(TaskCall(task, args, kwargs), job, caller_rank=self.caller_rank)
@@ -101,14 +100,8 @@ def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]],
     return decorate
 
 
-@dataclass
-class InContext:
-    """`target` called inside a fresh `context()` (the `task_context` of `Wrapper`)."""
-
-    target: Callable[..., Any]
-    context: Callable[[], AbstractContextManager[Any]]
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Enter `context()`, call `target`, leave the context."""
-        with self.context():
-            return self.target(*args, **kwargs)
+def _in_context(context: Callable[[], AbstractContextManager[Any]], target: Callable[..., _R], *args: Any,
+                **kwargs: Any) -> _R:
+    """`target(*args, **kwargs)` inside a fresh `context()` (the `task_context` of `Wrapper`)."""
+    with context():
+        return target(*args, **kwargs)
