@@ -28,7 +28,7 @@ from ddpw_conf.launcher import LocalLauncherConf
 from ddpw_runtime.errors import Interrupted, Terminated
 from ddpw_runtime.hydra_jobs.job_process import RESULT, JobEnd, JobPayload
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
-from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, not_started
+from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
 from ddpw_runtime.launch import signals
 from ddpw_runtime.launch.devices import Devices, Need, Share, cpu_cores, visible_gpus
@@ -191,15 +191,10 @@ class _Sweep:
         shutil.rmtree(running.folder, ignore_errors=True)
         self.schedule.ended(running.share)
         self.ended[running.job.idx] = end
-        self._note(running, end)
-
-    def _note(self, running: _Running, end: JobEnd) -> None:
-        """Note how a job ended in the sweep summary (an error outside the task is not a job's end)."""
-        if end.error is not None:
-            return
-        job, duration = running.job, time.monotonic() - running.started
-        stopped = {int(signal.SIGINT): "INTERRUPTED", int(signal.SIGTERM): "TERMINATED"}.get(end.stopped_by or 0)
-        self.summary.record(entry(job.idx, job.overrides, job.output_dir, duration, end.job_return, stopped))
+        if end.error is None:  # an error outside the task is not a job's end
+            job, duration = running.job, time.monotonic() - running.started
+            stopped = {int(signal.SIGINT): "INTERRUPTED", int(signal.SIGTERM): "TERMINATED"}.get(end.stopped_by or 0)
+            self.summary.record(entry(job.idx, job.overrides, job.output_dir, duration, end.job_return, stopped))
 
     def _stop_all(self, signum: int) -> None:
         """Ctrl-C or SIGTERM: pass it on to every running job and wait until each has ended (a second
@@ -215,6 +210,6 @@ class _Sweep:
         lines = [signals.stopped_line(idx, end.stopped_by) for idx, end in sorted(self.ended.items()) if end.stopped_by]
         sys.stderr.write("".join(lines) or signals.nothing_running(signum))  # (it may come as a job is started)
         for job in [job for job in self.jobs if job.idx not in self.ended]:
-            self.summary.record(not_started(job.idx, job.overrides, job.output_dir))
+            self.summary.record(entry(job.idx, job.overrides, job.output_dir, 0.0, None, "NOT STARTED"))
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
 

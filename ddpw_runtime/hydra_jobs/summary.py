@@ -78,12 +78,9 @@ def rank_statuses(failure: RankFailure) -> dict[int, str]:
             status = "killed"
         else:
             status = "exited"
-        if code is None:  # it ran in the launching process, or its end was never seen
-            statuses[outcome.rank] = status
-        elif code < 0:
-            statuses[outcome.rank] = f"{status} ({signal_name(-code)}, exit {code})"
-        else:
-            statuses[outcome.rank] = f"{status} (exit {code})"
+        if code is not None:  # None: it ran in the launching process, or its end was never seen
+            status += f" ({signal_name(-code)}, exit {code})" if code < 0 else f" (exit {code})"
+        statuses[outcome.rank] = status
     return statuses
 
 

@@ -54,7 +54,8 @@ class JobEntry:
 
 def entry(job: int, overrides: list[str], output_dir: Path, duration_s: float, ret: JobReturn | None,
           stopped_by: str | None = None) -> JobEntry:
-    """The entry of a job that ended with `ret` (None: it was stopped, `stopped_by` says how)."""
+    """The entry of a job that ended with `ret` (None: it was stopped or never started, `stopped_by` says
+    which)."""
     if ret is None or stopped_by is not None:
         return JobEntry(job, overrides, stopped_by or "INTERRUPTED", round(duration_s, 3), None, str(output_dir))
     failed = ret.status is not JobStatus.COMPLETED
@@ -62,11 +63,6 @@ def entry(job: int, overrides: list[str], output_dir: Path, duration_s: float, r
     cause = _compat.job_error(ret)
     error = (one_line(cause) if isinstance(cause, BaseException) else repr(cause)) if failed else None
     return JobEntry(job, overrides, ret.status.name, round(duration_s, 3), value, str(output_dir), error)
-
-
-def not_started(job: int, overrides: list[str], output_dir: Path) -> JobEntry:
-    """The entry of a job that never started (the sweep was stopped first)."""
-    return JobEntry(job, overrides, "NOT STARTED", 0.0, None, str(output_dir))
 
 
 def _as_json(value: Any) -> Any:
