@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
@@ -20,26 +20,17 @@ if TYPE_CHECKING:  # the options and the runtime are imported when a launcher is
     from ddpw_runtime.hydra_jobs.prepare import PreparedJob
     from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
-Options = TypeVar("Options", bound="LauncherOptions")
+class DdpwLauncher(Launcher):
+    """A Hydra launcher whose `hydra.launcher.*` options become a `LauncherOptions` (each launcher's own
+    subclass, made by its constructor)."""
 
-
-class DdpwLauncher(Launcher, Generic[Options]):
-    """A Hydra launcher whose `hydra.launcher.*` options become an `options_type()` instance."""
-
+    options: LauncherOptions
     # Set by `setup`, which Hydra calls before any `launch`.
     config: DictConfig
     hydra_context: HydraContext
     task_function: TaskFunction
     summary: SweepSummary
     """The sweep's summary: one for the whole sweep, whose batches come one launch at a time."""
-
-    @staticmethod
-    def options_type() -> type[Options]:
-        """The class of this launcher's options."""
-        raise NotImplementedError
-
-    def __init__(self, **options: Any) -> None:
-        self.options: Options = self.options_type().from_mapping(options)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep what `launch` needs; from now on Ctrl-C and SIGTERM end the sweep cleanly (130, 143)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
@@ -15,15 +15,15 @@ if TYPE_CHECKING:  # the options and the runtime are imported when a launcher is
     from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 
 
-class DdpwLocalLauncher(DdpwLauncher["LocalLauncherConf"]):
+class DdpwLocalLauncher(DdpwLauncher):
     """Runs every job of a sweep as a distributed job on this machine (see `ddpw_runtime.hydra_jobs.local`)."""
 
-    @staticmethod
-    def options_type() -> type[LocalLauncherConf]:
-        """`LocalLauncherConf`."""
+    options: LocalLauncherConf
+
+    def __init__(self, **options: Any) -> None:
         from ddpw_conf.launcher import LocalLauncherConf
 
-        return LocalLauncherConf
+        self.options = LocalLauncherConf.from_mapping(options)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep what `launch` needs; the sweep's checks and this launcher compose each job's config

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.utils import JobReturn
 
@@ -13,15 +13,15 @@ if TYPE_CHECKING:  # the options and the runtime are imported when a launcher is
     from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 
 
-class DdpwSlurmLauncher(DdpwLauncher["SlurmLauncherConf"]):
+class DdpwSlurmLauncher(DdpwLauncher):
     """Submits every job of a sweep to SLURM and waits for it (see `ddpw_runtime.slurm.submit`)."""
 
-    @staticmethod
-    def options_type() -> type[SlurmLauncherConf]:
-        """`SlurmLauncherConf`."""
+    options: SlurmLauncherConf
+
+    def __init__(self, **options: Any) -> None:
         from ddpw_conf.launcher import SlurmLauncherConf
 
-        return SlurmLauncherConf
+        self.options = SlurmLauncherConf.from_mapping(options)
 
     def run_jobs(self, jobs: list[PreparedJob]) -> list[JobReturn]:
         """Submit each job (equal resources as one job array) and wait."""
