@@ -123,6 +123,7 @@ _SLURM_NODES = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,\[\]-]{0,1023}")
 """Node lists such as `n[1-3],gpu7`."""
 _SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_\[(!][A-Za-z0-9_.&|,:*()\[\]!-]{0,1023}")
 """Feature expressions such as `v100|a100`, `[rack1|rack2]*2`."""
+_ONE_LINE = re.compile(r"[^\n\r\0]*")
 
 SLURM_MANAGED_KEYS: dict[str, str | None] = {
     "job_name": "platform.name", "partition": "platform.partition", "time": "platform.timeout_min",
@@ -185,11 +186,8 @@ class SlurmLauncherConf(LauncherOptions):
                 "hydra.launcher.setup", self.setup, "use a list of shell lines, such as ['module load cuda']"
             )
         for index, line in enumerate(self.setup):
-            if not isinstance(line, str) or any(c in line for c in "\n\r\0"):
-                raise ConfigError(
-                    f"hydra.launcher.setup[{index}]", line,
-                    "each entry is one shell line; put each command in its own entry",
-                )
+            check_match(f"hydra.launcher.setup[{index}]", line, _ONE_LINE,
+                        "each entry is one shell line; put each command in its own entry")
         check_int("hydra.launcher.array_parallelism", self.array_parallelism, 1)
         check_int("hydra.launcher.signal_delay_s", self.signal_delay_s, 1)
         if self.max_restarts and self.interrupt_grace_s >= self.signal_delay_s:

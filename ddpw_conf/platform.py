@@ -278,12 +278,9 @@ class Platform:
                 "platform.ipc_protocol", "file", "a file rendezvous works on one node only; use tcp",
             )
         ranks = self.console_ranks
-        if isinstance(ranks, str):
-            if ranks != "all":
-                raise ConfigError("platform.console_ranks", ranks, "use 'all' or a list of ranks such as [0]")
-        elif not isinstance(ranks, (list, tuple)) or not all(is_int(r) for r in ranks):
+        if ranks != "all" and (not isinstance(ranks, (list, tuple)) or not all(is_int(r) for r in ranks)):
             raise ConfigError("platform.console_ranks", ranks, "use 'all' or a list of ranks such as [0, 1]")
-        elif outside := [r for r in ranks if not 0 <= r < self.world_size]:
+        if ranks != "all" and (outside := [r for r in ranks if not 0 <= r < self.world_size]):
             raise ConfigError("platform.console_ranks", list(ranks),
                               f"rank(s) {outside} are outside {self._world_text()}")
         if self.master_port is not None and (not is_int(self.master_port) or not 1 <= self.master_port <= 65535):
