@@ -26,13 +26,9 @@ LAUNCHERS: dict[str, tuple[Any, Platform, str]] = {
 }
 """Each launcher option: its options schema, the `platform` node it brings, its plain-run callback."""
 
-CALLBACK_KEY = "ddpw_plain_run"
-"""The key of the plain-run callback under `hydra.callbacks`."""
 OWN_PLATFORM = ("_own_platform", "ddpw_platform")
 """The twin of each launcher option for apps with a `platform` of their own: its name's ending, and the
 key it brings the platform node under."""
-SUMMARY_CALLBACK = {"ddpw_sweep_summary": {"_target_": "ddpw_runtime.hydra_jobs.sweep_summary.PrintSweepSummary"}}
-"""The callback that prints a multirun's summary when it ends."""
 
 
 OPTIONS = (*LAUNCHERS, *(name + OWN_PLATFORM[0] for name in LAUNCHERS))
@@ -54,11 +50,11 @@ def _made(name: str) -> DictConfig:
     ending, own_key = OWN_PLATFORM
     conf, platform, callback = LAUNCHERS[name.removesuffix(ending)]
     key = own_key if name.endswith(ending) else PLATFORM_KEY
-    # The platform node is a plain mapping, so an app's own node of that name merges with it and the launcher's
-    # check names the collision (a `Platform` node would make Hydra refuse to compose, with an error no hook can
-    # add to).
+    # The platform node is a plain mapping, not a `Platform`: docs/architecture.md ("Hydra") says why.
     return OmegaConf.structured({
-        "hydra": {"launcher": conf(platform_key=key),
-                  "callbacks": {CALLBACK_KEY: {"_target_": callback}, **SUMMARY_CALLBACK}},
+        "hydra": {"launcher": conf(platform_key=key), "callbacks": {
+            "ddpw_plain_run": {"_target_": callback},
+            "ddpw_sweep_summary": {"_target_": "ddpw_runtime.hydra_jobs.sweep_summary.PrintSweepSummary"},
+        }},
         key: dataclasses.asdict(platform),
     })
