@@ -300,7 +300,7 @@ def test_slurm_refuses_a_bad_value_before_submitting(
 ) -> None:
     """What the SLURM launcher does with each job before it submits anything (`prepared`, in a plain
     run and a multirun alike), on the config Hydra composes for the test's SLURM app."""
-    from ddpw_runtime.hydra_jobs.prepare import SWEEP_DIR_KEYS, prepared
+    from ddpw_runtime.hydra_jobs.prepare import prepared
 
     monkeypatch.syspath_prepend(str(APPS))
     with initialize_config_dir(config_dir=str(APPS / "conf"), version_base=None):
@@ -308,5 +308,5 @@ def test_slurm_refuses_a_bad_value_before_submitting(
     options = selected_options(config.hydra.launcher)
     assert isinstance(options, SlurmLauncherConf)
     with pytest.raises(ConfigError) as info:
-        prepared(config, 0, [override], options, SWEEP_DIR_KEYS)
+        prepared(config, 0, [override], options)
     refused(str(info.value), key, value, fix)

@@ -16,6 +16,7 @@ import cloudpickle
 
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import Terminated
+from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.launch.engine import NodeJob
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.process_state import ProcessState
@@ -37,7 +38,6 @@ class JobPayload:
     hydra_job: bytes
     """cloudpickle of (hydra_context, task_function, config)."""
     idx: int
-    dir_keys: tuple[str, str | None]
     node_job: NodeJob
 
 
@@ -67,7 +67,7 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
         payload.state.enter({})
         hydra_context, task_function, config = cloudpickle.loads(payload.hydra_job)
         task = JobTask(task_function, payload.node_job, payload.idx)
-        key, subkey = payload.dir_keys
+        key, subkey = PreparedJob.dir_keys
         ret = run_job(hydra_context=hydra_context, task_function=task, config=config, job_dir_key=key,
                       job_subdir_key=subkey)
         error = _compat.job_error(ret)

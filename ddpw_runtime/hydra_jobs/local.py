@@ -170,7 +170,7 @@ class _Sweep:
         job.pin()  # its output dir and ${now:...} as of its start, as Hydra's basic launcher resolves them
         folder = Path(tempfile.mkdtemp(prefix="ddpw-job-"))
         payload = JobPayload(ProcessState.capture(), cloudpickle.dumps((self.hydra_context, self.task_function,
-                                                                        job.config)), job.idx, job.dir_keys, node_job)
+                                                                        job.config)), job.idx, node_job)
         write_private(folder / "payload.pkl", payload)
         log.info(f"#{job.idx} : {job.shown}")
         with signals.held():  # Ctrl-C or SIGTERM comes once the job is known here, so that it is stopped too

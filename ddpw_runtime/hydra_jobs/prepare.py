@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log, filter_overrides, setup_globals
@@ -20,9 +20,6 @@ from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.hydra_jobs.compose_once import forget_unused, job_config
 from ddpw_runtime.launch.checks import check
-
-SWEEP_DIR_KEYS = ("hydra.sweep.dir", "hydra.sweep.subdir")
-"""`run_job`'s output dir keys for a job of a sweep: a subdir of the sweep dir."""
 
 
 @dataclass
@@ -35,17 +32,18 @@ class PreparedJob:
     platform: Platform
     output_dir: Path
     """The job's output dir: once pinned, the one it runs in; before, the one its keys give now."""
-    dir_keys: tuple[str, str | None] = SWEEP_DIR_KEYS
     pinned: bool = False
+    dir_keys: ClassVar[tuple[str, str]] = ("hydra.sweep.dir", "hydra.sweep.subdir")
+    """`run_job`'s output dir keys for a job of a sweep: a subdir of the sweep dir."""
 
     def pin(self) -> None:
         """Resolve the job's output dir (its `dir_keys`, as `run_job` takes them, written back as plain
         values) and every `${now:...}` of its task config now, once (later calls change nothing). Sets
         `HydraConfig` for a moment: call it where the job holds the process's state."""
         if not self.pinned:
-            values = _dir_values(self.config, self.dir_keys)
+            values = _dir_values(self.config)
             with read_write(self.config.hydra), open_dict(self.config.hydra):
-                for key, value in zip([key for key in self.dir_keys if key is not None], values, strict=True):
+                for key, value in zip(self.dir_keys, values, strict=True):
                     OmegaConf.update(self.config, key, value, merge=False)
             self.output_dir = Path(*values).absolute()
             pin_now(self.config)
@@ -85,7 +83,7 @@ def prepare_jobs(
             with open_dict(job_cfg):
                 job_cfg.hydra.job.id = str(idx)  # a str field: an int is converted, with a warning on omegaconf 2.4
                 job_cfg.hydra.job.num = idx
-            jobs.append(prepared(job_cfg, idx, list(overrides), options, SWEEP_DIR_KEYS, pin=not options.runs_here))
+            jobs.append(prepared(job_cfg, idx, list(overrides), options, pin=not options.runs_here))
     finally:
         forget_unused(hydra_context)
     return jobs
@@ -96,7 +94,6 @@ def prepared(
     idx: int,
     overrides: list[str],
     options: LauncherOptions,
-    dir_keys: tuple[str, str | None],
     pin: bool = True,
 ) -> PreparedJob:
     """One composed job config made a `PreparedJob`: platform read and checked with `options`, output
@@ -104,7 +101,7 @@ def prepared(
     with hydra_config_of(config):
         platform = options.platform_of(config)
     job_check(options, platform)
-    job = PreparedJob(idx, overrides, config, platform, output_dir_now(config, dir_keys), dir_keys)
+    job = PreparedJob(idx, overrides, config, platform, output_dir_now(config))
     if pin:
         job.pin()
     return job
@@ -121,19 +118,19 @@ def hydra_config_of(config: DictConfig) -> Iterator[None]:
         HydraConfig.instance().cfg = saved
 
 
-def output_dir_now(config: DictConfig, dir_keys: tuple[str, str | None]) -> Path:
+def output_dir_now(config: DictConfig) -> Path:
     """The output dir a job's keys give now, leaving nothing pinned (the config's resolver cache, where
     `${now:...}` keeps what it resolved, is put back as it was)."""
     saved = copy.deepcopy(OmegaConf.get_cache(config))
     try:
-        return Path(*_dir_values(config, dir_keys)).absolute()
+        return Path(*_dir_values(config)).absolute()
     finally:
         OmegaConf.set_cache(config, saved)
 
 
-def _dir_values(config: DictConfig, dir_keys: tuple[str, str | None]) -> list[str]:
+def _dir_values(config: DictConfig) -> list[str]:
     with hydra_config_of(config):
-        return [str(OmegaConf.select(config, key)) for key in dir_keys if key is not None]
+        return [str(OmegaConf.select(config, key)) for key in PreparedJob.dir_keys]
 
 
 def task_config(config: DictConfig) -> DictConfig:
