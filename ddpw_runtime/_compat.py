@@ -93,8 +93,7 @@ def sbatch_script(command: str, folder: Path, map_count: int | None, **params: A
     `submitit.slurm.slurm._make_sbatch_string`, the function `SlurmExecutor` itself calls."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    text: str = _make_sbatch_string(command=command, folder=folder, map_count=map_count, **params)
-    return text
+    return str(_make_sbatch_string(command=command, folder=folder, map_count=map_count, **params))
 
 
 SUBMITIT_ENTRY = "submitit.core._submit"
@@ -105,8 +104,7 @@ into the sbatch script; the dry run shows the same command. Private module name 
 def sacct_state(job: Any) -> str:
     """The state of a submitted submitit job as submitit last read it from sacct, without asking sacct
     again (`job.state` would). Private: `job.watcher.get_state(..., mode="cache")`."""
-    state: str = job.watcher.get_state(job.job_id, mode="cache")
-    return state
+    return str(job.watcher.get_state(job.job_id, mode="cache"))
 
 
 def refresh_sacct(job: Any) -> None:
