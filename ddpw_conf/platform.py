@@ -291,8 +291,17 @@ class Platform:
 
     def _validate_groups(self) -> None:
         groups = self.ipc_groups
-        if groups is None:
-            self._validate_no_group()
+        if groups is None:  # the task makes the process group itself, through env://; no layout mesh is built
+            if self.ipc_protocol != "tcp":
+                raise ConfigError(
+                    "platform.ipc_protocol", self.ipc_protocol, "with ipc_groups=null the task makes its own "
+                    "process group through env:// (MASTER_ADDR, MASTER_PORT), which needs ipc_protocol=tcp",
+                )
+            if not self.layout.is_data_only:
+                raise ConfigError(
+                    "platform.ipc_groups", None, "a platform.layout with tensor or pipeline above 1 needs the "
+                    "process group that hydra-ddpw makes: use ipc_groups=[] (or leave the layout unset)",
+                )
             return
         if not isinstance(groups, (list, tuple)):
             raise ConfigError(
@@ -328,20 +337,6 @@ class Platform:
 
     def _world_text(self) -> str:
         return f"the world of {self.world_size} rank(s) (0..{self.world_size - 1})"
-
-    def _validate_no_group(self) -> None:
-        """`ipc_groups=None`: the task makes the process group itself through `env://`, which needs the
-        tcp rendezvous, and no layout mesh can be built for it."""
-        if self.ipc_protocol != "tcp":
-            raise ConfigError(
-                "platform.ipc_protocol", self.ipc_protocol, "with ipc_groups=null the task makes its own "
-                "process group through env:// (MASTER_ADDR, MASTER_PORT), which needs ipc_protocol=tcp",
-            )
-        if not self.layout.is_data_only:
-            raise ConfigError(
-                "platform.ipc_groups", None, "a platform.layout with tensor or pipeline above 1 needs the "
-                "process group that hydra-ddpw makes: use ipc_groups=[] (or leave the layout unset)",
-            )
 
     def _validate_slurm_parameters(self) -> None:
         params = self.slurm_additional_parameters
