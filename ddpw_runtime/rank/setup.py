@@ -30,10 +30,8 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
     bound socket. Without a group to make (`ipc_groups=null`) the task makes it through `env://`."""
     global _held_store
     torch.set_num_threads(plan.threads_per_rank)
-    device = torch.device(plan.device)
     gpu = torch.device("cuda", local_rank) if plan.device == "cuda" else None
     if gpu is not None:
-        device = gpu
         torch.cuda.set_device(gpu)
     timeout = timedelta(minutes=plan.platform.collective_timeout_min)
     own_group: Any | None = None
@@ -46,12 +44,15 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
             group = dist.new_group(members)
             if rank in members:
                 own_group = group
-        mesh = _layout_mesh(plan)
+        layout = plan.platform.layout
+        if not layout.is_data_only:  # else the world group is the data group: no mesh (see `context.group`)
+            sizes = layout.sizes(plan.world_size)
+            mesh = init_device_mesh(plan.device, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
         _all_joined(store, plan.world_size)
-        answer_task_init(JobGroup.of(plan, rank, timeout, gpu))
+        answer_task_init(JobGroup(plan, rank, timeout, gpu, dist.group.WORLD))
     elif listen_fd is not None:
         _held_store = _store(plan, listen_fd, timeout)
-    context.enter(plan, rank, local_rank, device, own_group, mesh)
+    context.enter(plan, rank, local_rank, gpu or torch.device(plan.device), own_group, mesh)
     _seed(plan.platform.seed)
 
 
@@ -62,16 +63,6 @@ def _all_joined(store: Any, world_size: int) -> None:
     if store.add("ddpw/joined", 1) == world_size:
         store.set("ddpw/all_joined", "1")
     store.wait(["ddpw/all_joined"])
-
-
-def _layout_mesh(plan: LaunchPlan) -> DeviceMesh | None:
-    """The DeviceMesh of `platform.layout` (axes pipeline, data, tensor); None when every rank is
-    data-parallel: then the world group is the data group and no extra groups are worth creating."""
-    layout = plan.platform.layout
-    if layout.is_data_only:
-        return None
-    sizes = layout.sizes(plan.world_size)
-    return init_device_mesh(plan.device, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
 
 
 def _store(plan: LaunchPlan, listen_fd: int | None, timeout: timedelta) -> Any:
