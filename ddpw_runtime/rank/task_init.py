@@ -97,12 +97,9 @@ def _other_request(group: JobGroup, asked: dict[str, Any]) -> str | None:
     if asked.get("rank", -1) not in (-1, group.rank):
         return f"another rank ({asked['rank']})"
     device_id = asked.get("device_id")
-    if device_id is not None and _as_device(device_id) != group.device:
+    device = torch.device("cuda", device_id) if isinstance(device_id, int) else device_id
+    if device is not None and torch.device(device) != group.device:
         return f"another device ({device_id})"
     if asked.get("pg_options") is not None or asked.get("_ranks") is not None:
         return "other options"
     return None
-
-
-def _as_device(device_id: Any) -> torch.device:
-    return torch.device("cuda", device_id) if isinstance(device_id, int) else torch.device(device_id)

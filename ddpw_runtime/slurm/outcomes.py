@@ -71,7 +71,6 @@ def job_failure(
     ranks: Sequence[RankOutcome] = [rank for node in outcomes.values() for rank in node.ranks]
     cause = root_cause(ranks)
     errors = [node.error for _, node in sorted(outcomes.items()) if node.error is not None]
-    name = state.split()[0] if state else ""
     if cause is not None and not cause.is_secondary:
         return failure(ranks)
     if errors:
@@ -79,7 +78,7 @@ def job_failure(
     if node_errors:
         node = min(node_errors)
         return SlurmJobError(f"the controller of node {node} failed:\n{node_errors[node]}")
-    if name not in ("", "COMPLETED", "FAILED"):
+    if state and state.split()[0] not in ("COMPLETED", "FAILED"):
         return ended
     if cause is not None:
         return failure(ranks)
