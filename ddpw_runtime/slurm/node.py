@@ -112,7 +112,7 @@ class _NodeRun:
         except Preempted:
             self._requeue(submitit_warning)
         self.done = True
-        # Its ranks failed on their own (not only for peers gone elsewhere): SIGTERM to the job's other nodes.
+        # This node failed on its own (not its ranks only losing peers elsewhere): SIGTERM to the other nodes.
         cause = root_cause(outcome.ranks)
         if self.spec.platform.n_nodes > 1 and (outcome.error or (cause is not None and not cause.is_secondary)):
             result = subprocess.run(["scancel", "--signal=TERM", self.env.job_id], capture_output=True, text=True,
