@@ -21,17 +21,13 @@ def average(value: float | torch.Tensor, group: Any | None = None) -> float | to
     import torch
     import torch.distributed as dist
 
-    group = group if group is not None else dist.group.WORLD
-    as_tensor = isinstance(value, torch.Tensor)
-    tensor = (value.detach().clone() if isinstance(value, torch.Tensor)
-              else torch.tensor(float(value), dtype=torch.float64))
+    tensor = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value), dtype=torch.float64)
+    tensor = tensor.to(context.device(), copy=True)
     if not tensor.is_floating_point():
         tensor = tensor.double()
-    original_device = tensor.device
-    tensor = tensor.to(context.device())
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     tensor /= dist.get_world_size(group)
-    return tensor.to(original_device) if as_tensor else tensor.item()
+    return tensor.to(value.device) if isinstance(value, torch.Tensor) else tensor.item()
 
 
 def all_to_all(tensors: Sequence[torch.Tensor], group: Any | None = None) -> list[torch.Tensor]:
@@ -44,30 +40,19 @@ def all_to_all(tensors: Sequence[torch.Tensor], group: Any | None = None) -> lis
     import torch
     import torch.distributed as dist
 
-    group = group if group is not None else dist.group.WORLD
     size = dist.get_world_size(group)
     if len(tensors) != size:
         raise ValueError(f"all_to_all needs one tensor per rank of the group ({size}), got {len(tensors)}")
     device = context.device()
     sending = [t.to(device).contiguous() for t in tensors]
-    shapes = _shapes_from(sending, group)
+    shapes: list[tuple] = [() for _ in sending]  # each rank's shape of what it sends here, exchanged first
+    if sending[0].dim() > 0:
+        shapes_in = torch.empty((size, sending[0].dim()), dtype=torch.int64, device=device)
+        dist.all_to_all_single(shapes_in, torch.tensor([list(t.shape) for t in sending], device=device), group=group)
+        shapes = [tuple(shape.tolist()) for shape in shapes_in]
     sizes = [math.prod(shape) for shape in shapes]
     received = torch.empty(sum(sizes), dtype=sending[0].dtype, device=device)
     dist.all_to_all_single(received, torch.cat([t.flatten() for t in sending]), output_split_sizes=sizes,
                            input_split_sizes=[t.numel() for t in sending], group=group)
     return [piece.reshape(shape) for piece, shape in zip(received.split(sizes), shapes, strict=True)]
 
-
-def _shapes_from(sending: list[torch.Tensor], group: Any) -> list[tuple]:
-    """The shape of the tensor each rank of `group` is about to send to this one."""
-    import torch
-    import torch.distributed as dist
-
-    ndim = sending[0].dim()
-    if ndim == 0:
-        return [() for _ in sending]
-    device = sending[0].device
-    shapes_out = torch.tensor([list(t.shape) for t in sending], dtype=torch.int64, device=device)
-    shapes_in = torch.empty_like(shapes_out)
-    dist.all_to_all_single(shapes_in, shapes_out, group=group)
-    return [tuple(shape.tolist()) for shape in shapes_in]

@@ -7,6 +7,7 @@ descriptor it does not get) or called by the starter after fork.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import io
@@ -22,7 +23,7 @@ import cloudpickle
 from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_atomically
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.rank.environment import rank_environment, tell_imported_libraries
-from ddpw_runtime.rank.own_process import flush_output, libc, open_log
+from ddpw_runtime.rank.own_process import flush_output, open_log
 from ddpw_runtime.rank.setup import setup_rank, teardown_rank
 
 
@@ -88,27 +89,13 @@ def _redirect_output(log_file: Path, terminal: int | None) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    sys.stdout = _unbuffered(1)
-    sys.stderr = _unbuffered(2)
-    _c_stdout_unbuffered()
+    sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                               errors="backslashreplace", write_through=True) for fd in (1, 2))
+    with contextlib.suppress(OSError, AttributeError, ValueError):  # C's stdout, fully buffered on a file
+        found = ctypes.CDLL(None)
+        found.setvbuf(ctypes.c_void_p.in_dll(found, "stdout"), None, 2, 0)  # 2: _IONBF
     faulthandler.enable(file=sys.stderr)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # stack dump on request
-
-
-def _unbuffered(fd: int) -> io.TextIOWrapper:
-    raw = io.FileIO(fd, "w", closefd=False)
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", write_through=True)
-
-
-def _c_stdout_unbuffered() -> None:
-    """Make the C library's stdout unbuffered (it is fully buffered on a file), so a `printf` without a
-    newline reaches the log even when the process ends by `os._exit`."""
-    found = libc()
-    try:
-        stdout = ctypes.c_void_p.in_dll(found, "stdout")
-        found.setvbuf(stdout, None, 2, 0)  # 2: _IONBF
-    except (AttributeError, ValueError, TypeError):
-        pass
 
 
 def configure_logging(rank: int) -> None:

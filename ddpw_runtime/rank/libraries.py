@@ -52,14 +52,10 @@ class FabricCheck:
 
     def on_after_setup(self, fabric: Any, module: Any) -> None:
         """`fabric.setup(model, optimizer)`: before any step."""
-        self._check_strategy(fabric.strategy)
+        self.on_after_optimizer_step(fabric.strategy, None)
 
     def on_after_optimizer_step(self, strategy: Any, optimizer: Any) -> None:
         """Every optimizer step: the first hook a Fabric that set up its model alone calls."""
-        self._check_strategy(strategy)
-
-    @staticmethod
-    def _check_strategy(strategy: Any) -> None:
         devices = int(getattr(strategy, "num_processes", 1))
         check("Fabric", int(getattr(strategy, "world_size", 1)), devices, int(getattr(strategy, "num_nodes", 1)))
 

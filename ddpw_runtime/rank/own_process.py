@@ -6,6 +6,7 @@ was (environment, output, thread count, excepthook, temporary folder).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -14,7 +15,6 @@ import tempfile
 from collections.abc import Container, Mapping
 from pathlib import Path
 from types import CodeType, FrameType
-from typing import Any
 
 from ddpw_runtime.launch.plan import LaunchPlan
 from ddpw_runtime.launch.records import RankResult
@@ -33,9 +33,9 @@ class RankInThisProcess:
         self._saved_env: dict[str, str | None] = {}
         self._saved_fds: tuple[int, int] | None = None
         self._saved_threads: int | None = None
+        """Set while this process is in the job (from its joining on)."""
         self._saved_excepthook = sys.excepthook
         self._faulthandler = faulthandler.is_enabled()
-        self._joined = False
 
     def enter(self) -> None:
         """Take on the rank's variables and output, and join the job (device, process group, groups,
@@ -59,7 +59,6 @@ class RankInThisProcess:
 
             self._saved_threads = torch.get_num_threads()
             tell_imported_libraries(self.rank)
-            self._joined = True
             setup_rank(self.plan, self.rank, self.rank - self.plan.global_ranks[0], None)
         except BaseException:
             self.leave(None)
@@ -68,15 +67,14 @@ class RankInThisProcess:
     def leave(self, result: RankResult | None) -> None:
         """The task ended as `result` (None: it never ran): leave the process group and put the process back
         as it was."""
-        if self._joined:
-            self._joined = False
+        if self._saved_threads is not None:
             import torch
 
             from ddpw_runtime.rank.setup import teardown_rank
 
+            torch.set_num_threads(self._saved_threads)
+            self._saved_threads = None
             teardown_rank()
-            if self._saved_threads is not None:
-                torch.set_num_threads(self._saved_threads)
             sys.excepthook = self._saved_excepthook  # init_process_group installs a `[rank0]` one
         if self._saved_fds is not None:
             flush_output()
@@ -111,21 +109,10 @@ def open_log(log_file: Path) -> int:
     return os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
-def libc() -> Any:
-    """The C library of this process (None where it cannot be loaded)."""
-    try:
-        return ctypes.CDLL(None)
-    except OSError:
-        return None
-
-
 def flush_output() -> None:
     """Flush Python's and the C library's output buffers (a closed `sys.stdout` is skipped)."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(ValueError, OSError, AttributeError):
             stream.flush()
-        except (ValueError, OSError, AttributeError):
-            pass
-    found = libc()
-    if found is not None:
-        found.fflush(None)
+    with contextlib.suppress(OSError):  # no C library to load
+        ctypes.CDLL(None).fflush(None)

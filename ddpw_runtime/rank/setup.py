@@ -6,6 +6,7 @@ Shared by ranks in processes of their own (`entry.py`) and a rank that runs in t
 
 from __future__ import annotations
 
+import contextlib
 import random
 from datetime import timedelta
 from typing import Any
@@ -30,10 +31,8 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
     bound socket. Without a group to make (`ipc_groups=null`) the task makes it through `env://`."""
     global _held_store
     torch.set_num_threads(plan.threads_per_rank)
-    device = torch.device(plan.device)
     gpu = torch.device("cuda", local_rank) if plan.device == "cuda" else None
     if gpu is not None:
-        device = gpu
         torch.cuda.set_device(gpu)
     timeout = timedelta(minutes=plan.platform.collective_timeout_min)
     own_group: Any | None = None
@@ -46,32 +45,26 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
             group = dist.new_group(members)
             if rank in members:
                 own_group = group
-        mesh = _layout_mesh(plan)
-        _all_joined(store, plan.world_size)
-        answer_task_init(JobGroup.of(plan, rank, timeout, gpu))
+        layout = plan.platform.layout
+        if not layout.is_data_only:  # else the world group is the data group: no mesh (see `context.group`)
+            sizes = layout.sizes(plan.world_size)
+            mesh = init_device_mesh(plan.device, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
+        # Every rank waits until all have their groups: else a rank whose task ends at once tears its group
+        # down while a slower peer still connects, and the peer fails with gloo's "Connection closed by peer"
+        # (seen with the caller as rank 0). Store-based, so no device is involved.
+        if store.add("ddpw/joined", 1) == plan.world_size:
+            store.set("ddpw/all_joined", "1")
+        store.wait(["ddpw/all_joined"])
+        answer_task_init(JobGroup(plan, rank, timeout, gpu, dist.group.WORLD))
     elif listen_fd is not None:
         _held_store = _store(plan, listen_fd, timeout)
-    context.enter(plan, rank, local_rank, device, own_group, mesh)
-    _seed(plan.platform.seed)
+    context.enter(plan, rank, local_rank, gpu or torch.device(plan.device), own_group, mesh)
+    random.seed(plan.platform.seed)
+    torch.manual_seed(plan.platform.seed)
+    with contextlib.suppress(ImportError):
+        import numpy
 
-
-def _all_joined(store: Any, world_size: int) -> None:
-    """Wait until every rank has its process group and groups. Without it, a rank whose task ends at
-    once tears its group down while a slower peer is still connecting, and the peer fails with gloo's
-    "Connection closed by peer" (seen with the caller as rank 0). Store-based, so no device is involved."""
-    if store.add("ddpw/joined", 1) == world_size:
-        store.set("ddpw/all_joined", "1")
-    store.wait(["ddpw/all_joined"])
-
-
-def _layout_mesh(plan: LaunchPlan) -> DeviceMesh | None:
-    """The DeviceMesh of `platform.layout` (axes pipeline, data, tensor); None when every rank is
-    data-parallel: then the world group is the data group and no extra groups are worth creating."""
-    layout = plan.platform.layout
-    if layout.is_data_only:
-        return None
-    sizes = layout.sizes(plan.world_size)
-    return init_device_mesh(plan.device, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
+        numpy.random.seed(plan.platform.seed)
 
 
 def _store(plan: LaunchPlan, listen_fd: int | None, timeout: timedelta) -> Any:
@@ -94,20 +87,8 @@ def warm_up() -> None:
     """Import, once in the rank starter, what every rank would otherwise import for itself as it
     starts: torch.distributed, and numpy's random module (torch loads numpy but not it), which seeding
     needs."""
-    try:
+    with contextlib.suppress(ImportError):
         import numpy.random  # noqa: F401
-    except ImportError:
-        pass
-
-
-def _seed(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy
-    except ImportError:
-        return
-    numpy.random.seed(seed)
 
 
 def teardown_rank() -> None:

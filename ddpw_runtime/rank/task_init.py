@@ -27,24 +27,15 @@ _NO_GROUP = "platform.ipc_groups=null, so that hydra-ddpw makes no process group
 
 @dataclass(frozen=True)
 class JobGroup:
-    """The process group hydra-ddpw made for this rank, as a task's call would ask for it."""
+    """The process group hydra-ddpw made for `rank` of `plan`'s job, as a task's call would ask for it."""
 
-    world: Any
-    """The default group itself (a call made after the task replaced it is torch's own)."""
-    backend: str
+    plan: LaunchPlan
     rank: int
-    world_size: int
     timeout: timedelta
-    addresses: tuple[str, ...]
-    """The init methods that name this job's rendezvous."""
     device: torch.device | None
     """The CUDA device the group is bound to, if any."""
-
-    @staticmethod
-    def of(plan: LaunchPlan, rank: int, timeout: timedelta, device: torch.device | None) -> JobGroup:
-        """The group of `rank` in `plan`'s job, just made."""
-        addresses = ("env://", f"tcp://{plan.master_addr}:{plan.master_port}")
-        return JobGroup(dist.group.WORLD, plan.backend, rank, plan.world_size, timeout, addresses, device)
+    world: Any
+    """The default group itself (a call made after the task replaced it is torch's own)."""
 
 
 def answer_task_init(group: JobGroup) -> None:
@@ -75,10 +66,10 @@ def differs(group: JobGroup, asked: dict[str, Any]) -> ConfigError | None:
     """Why a call of `init_process_group` with the arguments `asked` cannot join `group`; None when it can."""
     call = "init_process_group(" + ", ".join(f"{name}={value!r}" for name, value in asked.items()) + ")"
     backend = asked.get("backend")
-    if backend is not None and str(backend).lower() != group.backend:
+    if backend is not None and str(backend).lower() != group.plan.backend:
         matching = f"set platform.backend={backend}, or " if str(backend).lower() in BACKENDS else "set "
-        return ConfigError("platform.backend", group.backend,
-                           f"the task calls {call}, but hydra-ddpw made a {group.backend} group for this job "
+        return ConfigError("platform.backend", group.plan.backend,
+                           f"the task calls {call}, but hydra-ddpw made a {group.plan.backend} group for this job "
                            f"already: {matching}{_NO_GROUP}")
     timeout = asked.get("timeout")
     if timeout is not None and timeout != group.timeout:
@@ -89,7 +80,7 @@ def differs(group: JobGroup, asked: dict[str, Any]) -> ConfigError | None:
     other = _other_request(group, asked)
     if other is not None:
         return ConfigError("platform.ipc_groups", [],
-                           f"the task calls {call}, which asks for {other} than the group of {group.world_size} "
+                           f"the task calls {call}, which asks for {other} than the group of {group.plan.world_size} "
                            f"rank(s) that hydra-ddpw made for this job: set {_NO_GROUP}")
     return None
 
@@ -97,21 +88,18 @@ def differs(group: JobGroup, asked: dict[str, Any]) -> ConfigError | None:
 def _other_request(group: JobGroup, asked: dict[str, Any]) -> str | None:
     """What else than `group` the arguments ask for (rendezvous, store, ranks, device, options)."""
     init_method = asked.get("init_method")
-    if init_method is not None and init_method not in group.addresses:
+    if init_method not in (None, "env://", f"tcp://{group.plan.master_addr}:{group.plan.master_port}"):
         return f"another rendezvous ({init_method})"
     if asked.get("store") is not None:
         return "a store of its own"
-    if asked.get("world_size", -1) not in (-1, group.world_size):
+    if asked.get("world_size", -1) not in (-1, group.plan.world_size):
         return f"another world size ({asked['world_size']})"
     if asked.get("rank", -1) not in (-1, group.rank):
         return f"another rank ({asked['rank']})"
     device_id = asked.get("device_id")
-    if device_id is not None and _as_device(device_id) != group.device:
+    device = torch.device("cuda", device_id) if isinstance(device_id, int) else device_id
+    if device is not None and torch.device(device) != group.device:
         return f"another device ({device_id})"
     if asked.get("pg_options") is not None or asked.get("_ranks") is not None:
         return "other options"
     return None
-
-
-def _as_device(device_id: Any) -> torch.device:
-    return torch.device("cuda", device_id) if isinstance(device_id, int) else torch.device(device_id)

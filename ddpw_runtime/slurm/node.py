@@ -27,6 +27,7 @@ from ddpw_runtime.hydra_jobs.prepare import task_config
 from ddpw_runtime.hydra_jobs.task import JobTask
 from ddpw_runtime.launch.checks import check
 from ddpw_runtime.launch.engine import NodeJob, starter_for
+from ddpw_runtime.launch.outcome import root_cause
 from ddpw_runtime.launch.records import portable
 from ddpw_runtime.launch.supervisor import Grace
 from ddpw_runtime.rank.environment import RESTART_COUNT_ENV
@@ -111,8 +112,13 @@ class _NodeRun:
         except Preempted:
             self._requeue(submitit_warning)
         self.done = True
-        if (outcome.ranks or outcome.error) and self.spec.platform.n_nodes > 1 and not _only_lost_peers(outcome):
-            self._stop_other_nodes()
+        # This node failed on its own (not its ranks only losing peers elsewhere): SIGTERM to the other nodes.
+        cause = root_cause(outcome.ranks)
+        if self.spec.platform.n_nodes > 1 and (outcome.error or (cause is not None and not cause.is_secondary)):
+            result = subprocess.run(["scancel", "--signal=TERM", self.env.job_id], capture_output=True, text=True,
+                                    timeout=60, check=False)
+            if result.returncode != 0:
+                log.warning("could not stop the job's other nodes: %s", result.stderr.strip())
         return outcome
 
     def _load(self) -> tuple[Any, Any, Any]:
@@ -197,22 +203,6 @@ class _NodeRun:
         log.error("SLURM did not stop this node %.0f s after the job was requeued; it ends without a result",
                   _REQUEUE_WAIT_S)
         os._exit(1)
-
-    def _stop_other_nodes(self) -> None:
-        """SIGTERM to every process of the job's other nodes (this node's ranks are gone already)."""
-        result = subprocess.run(
-            ["scancel", "--signal=TERM", self.env.job_id], capture_output=True, text=True, timeout=60, check=False
-        )
-        if result.returncode != 0:
-            log.warning("could not stop the job's other nodes: %s", result.stderr.strip())
-
-
-def _only_lost_peers(outcome: NodeOutcome) -> bool:
-    """Whether this node's ranks failed only because ranks elsewhere went away first."""
-    from ddpw_runtime.launch.outcome import root_cause
-
-    cause = root_cause(outcome.ranks)
-    return outcome.error is None and cause is not None and cause.is_secondary
 
 
 def _start_rank_starter(platform: Platform) -> None:

@@ -53,12 +53,6 @@ class NodeOutcome:
         return NodeOutcome(node, attempt, error=portable(error, SlurmJobError))
 
 
-def latest(outcomes: dict[int, NodeOutcome]) -> dict[int, NodeOutcome]:
-    """The outcomes of the latest run only: a node of a requeued job may have left one from an earlier run."""
-    attempt = max((o.attempt for o in outcomes.values()), default=0)
-    return {node: o for node, o in outcomes.items() if o.attempt == attempt}
-
-
 def state_error(job_id: str, state: str, logs: str, restarts: int) -> SlurmJobError:
     """The error for a job that SLURM ended as `state` (a sacct state) before all its nodes returned."""
     name = state.split()[0] if state else "UNKNOWN"
@@ -77,7 +71,6 @@ def job_failure(
     ranks: Sequence[RankOutcome] = [rank for node in outcomes.values() for rank in node.ranks]
     cause = root_cause(ranks)
     errors = [node.error for _, node in sorted(outcomes.items()) if node.error is not None]
-    name = state.split()[0] if state else ""
     if cause is not None and not cause.is_secondary:
         return failure(ranks)
     if errors:
@@ -85,7 +78,7 @@ def job_failure(
     if node_errors:
         node = min(node_errors)
         return SlurmJobError(f"the controller of node {node} failed:\n{node_errors[node]}")
-    if name not in ("", "COMPLETED", "FAILED"):
+    if state and state.split()[0] not in ("COMPLETED", "FAILED"):
         return ended
     if cause is not None:
         return failure(ranks)
@@ -101,10 +94,8 @@ def job_return(
 ) -> tuple[JobReturn, list[Any]]:
     """The JobReturn of one SLURM job and every rank's value. `ret` is node 0's JobReturn when it sent
     one, else a FAILED shell; see `job_failure` for the rest."""
-    values = [v for node in sorted(outcomes) for v in outcomes[node].values]
     made = job_failure(n_nodes, state, outcomes, node_errors, ended)
-    if made is None and ret.status is JobStatus.COMPLETED:
-        return ret, values
-    ret.status = JobStatus.FAILED
-    ret.return_value = made if made is not None else ended
-    return ret, values
+    if made is not None or ret.status is not JobStatus.COMPLETED:
+        ret.status = JobStatus.FAILED
+        ret.return_value = made if made is not None else ended
+    return ret, [v for node in sorted(outcomes) for v in outcomes[node].values]

@@ -62,9 +62,8 @@ def sbatch_parameters(platform: Platform, options: SlurmLauncherConf) -> dict[st
 
 
 def sbatch_script(params: dict[str, Any], folder: Path, array_size: int = 1) -> str:
-    """The sbatch script submitit submits for `params` (a job array when `array_size` > 1), with the
-    command each node task runs as submitit's `SlurmExecutor` writes it."""
-    folder = Path(folder).expanduser().absolute()
+    """The sbatch script submitit submits for `params` (a job array when `array_size` > 1) from its absolute
+    `folder`, with the command each node task runs as submitit's `SlurmExecutor` writes it."""
     command = " ".join([shlex.quote(sys.executable), f"-u -m {_compat.SUBMITIT_ENTRY}", shlex.quote(str(folder))])
     return _compat.sbatch_script(command, folder, array_size if array_size > 1 else None, **params)
 

@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from ddpw_conf.launcher import SlurmLauncherConf
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import SlurmJobError
-from ddpw_runtime.hydra_jobs.prepare import PreparedJob
+from ddpw_runtime.hydra_jobs.prepare import PreparedJob, task_config
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
 from ddpw_runtime.launch.console import ConsoleEcho, console_of
@@ -73,16 +73,9 @@ def run_jobs(
     # A lone job's console ranks are echoed here while it runs, as a local run shows them.
     shown = sbatch.console_logs(jobs[0].prepared.platform, jobs[0].prepared.output_dir) if len(jobs) == 1 else {}
     echo = ConsoleEcho(shown, console_of(sys.stdout), {rank: f"[rank {rank}] " for rank in shown if len(shown) > 1})
-    returns: dict[int, JobReturn] = {}
-
-    def ended(job: _Job, ret: JobReturn, duration_s: float) -> None:
-        p = job.prepared
-        returns[p.idx] = ret
-        summary.record(entry(p.idx, p.overrides, p.output_dir, duration_s, ret))
-
     try:
         echo.start()
-        _wait(jobs, ended)
+        return _wait(jobs, summary)
     except KeyboardInterrupt:
         for job in jobs:
             job.slurm.cancel(check=False)
@@ -90,7 +83,6 @@ def run_jobs(
         raise SystemExit(130) from None
     finally:
         echo.stop()
-    return [returns[job.prepared.idx] for job in jobs]
 
 
 def _arrays(jobs: list[_Job]) -> list[list[_Job]]:
@@ -180,10 +172,11 @@ def _write_manifest(manifest_dir: Path, jobs: list[_Job]) -> Path:
     return path
 
 
-def _wait(jobs: list[_Job], ended: Callable[[_Job, JobReturn, float], None]) -> None:
+def _wait(jobs: list[_Job], summary: SweepSummary) -> list[JobReturn]:
     """Wait until every job has ended: all its nodes sent their outcome of the same run, or sacct says
-    it ended (cancelled, timed out, failed, ...); `ended(job, its JobReturn, seconds since the wait
-    began)` as each does. Result files are checked often, sacct less and less."""
+    it ended (cancelled, timed out, failed, ...); what each ended with, in job order. Each is noted in
+    `summary` as it ends. Result files are checked often, sacct less and less."""
+    returns: dict[int, JobReturn] = {}
     pending = list(jobs)
     start = time.monotonic()
     next_sacct = start
@@ -196,9 +189,11 @@ def _wait(jobs: list[_Job], ended: Callable[[_Job, JobReturn, float], None]) -> 
             ret = _ended(job)
             if ret is not None:
                 pending.remove(job)
-                ended(job, ret, now - start)
+                p = job.prepared
+                returns[p.idx] = ret
+                summary.record(entry(p.idx, p.overrides, p.output_dir, now - start, ret))
         if not pending:
-            return
+            return [returns[job.prepared.idx] for job in jobs]
         time.sleep(_POLL_S)
 
 
@@ -218,15 +213,14 @@ def _ended(job: _Job) -> JobReturn | None:
             outcomes[node] = task.result()
         except Exception as exc:  # submitit's FailedJobError carries the controller's traceback
             errors[node] = str(exc)
-    outcomes = node_outcomes.latest(outcomes)
+    restarts = max((o.attempt for o in outcomes.values()), default=0)
+    outcomes = {node: o for node, o in outcomes.items() if o.attempt == restarts}  # the latest run's only
     if not ended and (errors or len(outcomes) < len(tasks)):
         return None  # a result left by an earlier run of a requeued job; wait for this run's
     state = state if ended else ""  # every node returned; SLURM may not have recorded the end yet
     log.info(f"#{job.prepared.idx} : SLURM job {job.slurm.job_id} ended ({state or 'every node returned'})")
     node0 = outcomes.get(0)
-    ret = node0.job_return if node0 is not None else None
-    ret = ret if ret is not None else _return(job, JobStatus.FAILED, None)
-    restarts = max([o.attempt for o in outcomes.values()], default=0)
+    ret = node0.job_return if node0 and node0.job_return else _return(job, JobStatus.FAILED, None)
     slurm_end = node_outcomes.state_error(job.slurm.job_id, state, str(job.slurm.paths.folder), restarts)
     if not outcomes and not errors and not state.startswith(("CANCELLED", "TIMEOUT")):
         slurm_end = SlurmJobError(f"{slurm_end}{_stderr_tail(job)}")
@@ -246,10 +240,9 @@ def _stderr_tail(job: _Job) -> str:
 def _return(job: _Job, status: JobStatus, value: Any) -> DdpwJobReturn:
     """A JobReturn made here, for a job whose node 0 sent none (dry run, fire and forget, no result)."""
     config = job.prepared.config
-    task_cfg = OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"])
     return DdpwJobReturn(
         overrides=job.prepared.overrides,
-        cfg=task_cfg,
+        cfg=task_config(config),
         hydra_cfg=OmegaConf.create({"hydra": config.hydra}),
         working_dir=str(job.prepared.output_dir),
         task_name=str(config.hydra.job.name),
