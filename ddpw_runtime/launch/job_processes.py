@@ -43,13 +43,13 @@ def _make_cgroup() -> Path | None:
 
 class JobProcesses:
     """The processes of one job (`key`) on this node (see the module docstring), made in the rank starter.
-    `spared`: pids never counted as the job's (the launching process, whose environment names the job
+    Never counted as the job's: the starter and the launching process (whose environment names the job
     while its own rank runs)."""
 
-    def __init__(self, key: str, spared: frozenset[int] = frozenset()) -> None:
+    def __init__(self, key: str) -> None:
         self.key = key
         self.cgroup = _make_cgroup()
-        self.spared = spared | {os.getpid()}
+        self.spared = {os.getpid(), os.getppid()}
 
     def adopt(self, pid: int) -> None:
         """Put process `pid` (0: the calling one) into the job's cgroup, so what it starts from now on is
@@ -63,7 +63,7 @@ class JobProcesses:
     def release(self, pid: int) -> None:
         """Let an adopted process `pid` go (back into the cgroup the job's cgroup was made in) and never
         count it as the job's, so stopping the job does not stop it."""
-        self.spared = self.spared | {pid}
+        self.spared.add(pid)
         if self.cgroup is not None:
             try:
                 (self.cgroup.parent / "cgroup.procs").write_text(str(pid))
@@ -90,7 +90,8 @@ class JobProcesses:
         return found
 
     def stop(self) -> list[int]:
-        """Stop every process of the job (SIGTERM, a moment, SIGKILL); the pids that are still there."""
+        """Stop every process of the job (SIGTERM, a moment, SIGKILL) and remove its cgroup (once empty); the
+        pids that are still there."""
         for sig, wait_s in ((signal.SIGTERM, _TERM_WAIT_S), (signal.SIGKILL, _KILL_WAIT_S)):
             left = self._signal(sig)
             end = time.monotonic() + wait_s
@@ -98,7 +99,12 @@ class JobProcesses:
                 time.sleep(_POLL_S)
                 left = self.members()
             if not left:
-                return []
+                break
+        if self.cgroup is not None:
+            try:
+                self.cgroup.rmdir()
+            except OSError:
+                pass
         return sorted(left)
 
     def _signal(self, sig: int) -> set[int]:
@@ -113,11 +119,3 @@ class JobProcesses:
             send_to_group(pid, sig)
             send_to_group(pid, sig, group=False)
         return members
-
-    def close(self) -> None:
-        """Remove the job's cgroup (once it is empty)."""
-        if self.cgroup is not None:
-            try:
-                self.cgroup.rmdir()
-            except OSError:
-                pass

@@ -77,7 +77,6 @@ class StartRank(NamedTuple):
     job: JobKey
     payload_path: str
     local_rank: int
-    exec_fresh: bool
     listen_fd: bool = False
     terminal: bool = False
 

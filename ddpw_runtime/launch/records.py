@@ -80,13 +80,10 @@ class RaisedError:
 
     def exception(self) -> BaseException | None:
         """The exception object, when it could be sent and can be rebuilt here."""
-        if self.pickled is None:
-            return None
         try:
-            exc: BaseException = pickle.loads(self.pickled)
+            return None if self.pickled is None else pickle.loads(self.pickled)
         except Exception:  # a class missing here: keep the text form
             return None
-        return exc
 
 
 @dataclass

@@ -9,7 +9,6 @@ import atexit
 import itertools
 import os
 import queue
-import select
 import signal
 import socket
 import subprocess
@@ -17,8 +16,7 @@ import sys
 import threading
 import time
 import warnings
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ddpw_runtime.launch.protocol import (
     Adopt,
@@ -52,54 +50,39 @@ class StarterGone(RuntimeError):
 
 class Inbox:
     """What one job's supervisor waits on: its ranks' exits (from the starter's reader thread) and wake-ups
-    from other threads, through one pipe, so that one `select` sees either."""
+    from other threads, in one queue."""
 
     def __init__(self) -> None:
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-        self._items: deque[RankExited | StarterGone] = deque()
+        self._items: queue.SimpleQueue[RankExited | StarterGone | None] = queue.SimpleQueue()
+        self._gone: StarterGone | None = None
         self._closed = False
-        self._lock = threading.Lock()
 
     def put(self, item: RankExited | StarterGone) -> None:
         """Add `item` and wake the waiting thread (callable from any thread)."""
-        self._items.append(item)
-        self.wake()
+        self._items.put(item)
 
     def wake(self) -> None:
         """Wake the waiting thread (callable from any thread; nothing once closed)."""
-        with self._lock:
-            if not self._closed:
-                try:
-                    os.write(self._w, b"!")
-                except BlockingIOError:  # the pipe is full: the thread will wake anyway
-                    pass
+        if not self._closed:
+            self._items.put(None)
 
     def next(self, timeout: float | None) -> RankExited | None:
         """The next exit; None when `timeout` seconds (None: no limit) pass first, a wake-up comes (the
         caller looks at what it was asked), or `_WAIT_SLICE_S` passed. Raises StarterGone when the
         starter died."""
-        if not self._items:
-            select.select([self._r], [], [], _WAIT_SLICE_S if timeout is None else min(timeout, _WAIT_SLICE_S))
-        try:
-            while os.read(self._r, 4096):
-                pass
-        except BlockingIOError:  # drained: every wake-up so far is seen by this call
-            pass
-        item = self._items.popleft() if self._items else None
-        if isinstance(item, StarterGone):
-            self._items.appendleft(item)  # for every later call too
-            raise item
-        return item
+        if self._gone is None:
+            try:
+                item = self._items.get(timeout=_WAIT_SLICE_S if timeout is None else min(timeout, _WAIT_SLICE_S))
+            except queue.Empty:
+                return None
+            if not isinstance(item, StarterGone):
+                return item
+            self._gone = item  # for every later call too
+        raise self._gone
 
     def close(self) -> None:
-        """Release the pipe; later wake-ups are ignored."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                os.close(self._r)
-                os.close(self._w)
+        """Later wake-ups are ignored."""
+        self._closed = True
 
 
 class RankStarter:
@@ -230,20 +213,19 @@ class RankStarter:
         socket) and `terminal` (where its output goes instead of its log file) if given; returns its pid.
         Call it with Ctrl-C and SIGTERM held (`signals.held`), and note the pid before letting them in: a
         rank must never run unbeknown to the controller."""
-        return self._start(inbox, lambda number: StartRank(
-            number, job, payload_path, local_rank, exec_fresh=not self.preload, listen_fd=listen_fd is not None,
-            terminal=terminal is not None), [fd for fd in (listen_fd, terminal) if fd is not None],
-            f"start rank {local_rank}")
+        request = StartRank(next(self._requests), job, payload_path, local_rank, listen_fd is not None,
+                            terminal is not None)
+        fds = [fd for fd in (listen_fd, terminal) if fd is not None]
+        return self._start(inbox, request, fds, f"start rank {local_rank}")
 
     def start_job(self, inbox: Inbox, payload_path: str) -> int:
         """Start a job process (see `StartJob`), whose exit will go to `inbox`; its pid."""
-        return self._start(inbox, lambda number: StartJob(number, payload_path), [], "start a job process")
+        return self._start(inbox, StartJob(next(self._requests), payload_path), [], "start a job process")
 
-    def _start(self, inbox: Inbox, request: Callable[[int], object], fds: list[int], what: str) -> int:
-        number = next(self._requests)
+    def _start(self, inbox: Inbox, request: StartRank | StartJob, fds: list[int], what: str) -> int:
         with self._state_lock:
-            self._inbox_of_request[number] = inbox
-        answer = self._ask(number, request(number), fds, what)
+            self._inbox_of_request[request.request] = inbox
+        answer = self._ask(request.request, request, fds, what)
         assert isinstance(answer, RankStarted)
         return answer.pid
 

@@ -12,6 +12,7 @@ the controller.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import importlib
@@ -22,7 +23,7 @@ import signal
 import socket
 import sys
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -117,7 +118,9 @@ class _Server:
         if isinstance(request, protocol.EndJob):
             self._end_job(request.job, request.release, channel)
         elif isinstance(request, protocol.Preload):
-            _import_all(request.modules)
+            for name in request.modules:
+                with contextlib.suppress(Exception):  # a module that does not import here is not preloaded
+                    importlib.import_module(name)
         elif isinstance(request, protocol.Adopt):
             self._job(request.job, channel).adopt(request.pid)
         elif isinstance(request, protocol.StartJob):
@@ -140,7 +143,7 @@ class _Server:
     def _job(self, key: JobKey, channel: Channel) -> JobProcesses:
         """The processes of the job `key` (known from its first rank or adopted process on)."""
         if key not in self.jobs:
-            self.jobs[key] = (JobProcesses(key.folder, spared=frozenset({os.getppid()})), channel)
+            self.jobs[key] = (JobProcesses(key.folder), channel)
         return self.jobs[key][0]
 
     def _closed(self, channel: Channel) -> None:
@@ -149,63 +152,72 @@ class _Server:
             self.end()
         self.channels.remove(channel)
         channel.close()
+        self._stop(channel)
+
+    def _stop(self, channel: Channel | None = None) -> None:
+        """Kill the ranks and stop the jobs (removing their private folders) that `channel` asked for (None:
+        every channel)."""
         for pid, (_, owner) in list(self.ranks.items()):
-            if owner is channel:
+            if channel is None or owner is channel:
                 send_to_group(pid, signal.SIGKILL)
         for key, (job, owner) in list(self.jobs.items()):
-            if owner is channel:
+            if channel is None or owner is channel:
                 del self.jobs[key]
-                _stop_job(key, job)
+                job.stop()
+                shutil.rmtree(key.folder, ignore_errors=True)
 
-    def _in_child(self) -> None:
-        """In a process just forked from the starter: its own session, dead with the starter, none of the
-        starter's descriptors and handlers."""
-        os.setsid()
-        die_with_parent()
-        if os.getppid() != self.pid:
-            os._exit(1)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        for fd in (self.wake_r, self.wake_w, *(c.fileno() for c in self.channels)):
-            os.close(fd)
-
-    def _start_job(self, request: protocol.StartJob) -> int:
-        """Fork a job process (`hydra_jobs/job_process.py`), with a channel of its own to this starter."""
-        ours, theirs = socket.socketpair()
-        pid = _fork()
+    def _fork(self, run: Callable[[], int]) -> int:
+        """Fork a process that calls `run` and exits with its code (reporting anything it raises); its pid.
+        The child has its own session, dies with the starter, keeps none of the starter's descriptors and
+        handlers, and starts with Ctrl-C held (it lets it through once its own handler is set)."""
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        pid = os.fork()
         if pid:
-            theirs.close()
-            self.channels.append(Channel(ours))
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
             return pid
         code = 1
         try:
-            ours.close()
-            self._in_child()
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # let through by `run_job_process`
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            from ddpw_runtime.hydra_jobs.job_process import run_job_process
-
-            code = run_job_process(request.payload_path, Channel(theirs), self.pid, self.preload)
+            os.setsid()
+            die_with_parent()
+            if os.getppid() != self.pid:
+                os._exit(1)
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGCHLD, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            for fd in (self.wake_r, self.wake_w, *(c.fileno() for c in self.channels)):
+                os.close(fd)
+            code = run()
         except BaseException:  # report anything, then leave without cleanup handlers
             traceback.print_exc()
         finally:
             os._exit(code)
 
+    def _start_job(self, request: protocol.StartJob) -> int:
+        """Fork a job process (`hydra_jobs/job_process.py`), with a channel of its own to this starter."""
+        ours, theirs = socket.socketpair()
+
+        def job_process() -> int:
+            ours.close()
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # let through by `run_job_process`
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            from ddpw_runtime.hydra_jobs.job_process import run_job_process
+
+            return run_job_process(request.payload_path, Channel(theirs), self.pid, self.preload)
+
+        pid = self._fork(job_process)
+        theirs.close()
+        self.channels.append(Channel(ours))
+        return pid
+
     def _start(
         self, request: protocol.StartRank, job: JobProcesses, listen_fd: int | None, terminal: int | None
     ) -> int:
-        pid = _fork()
-        if pid:
-            return pid
-        code = 1
-        try:
-            self._in_child()
+        def rank() -> int:
             job.adopt(0)
             # Ctrl-C is held (`_fork`) until the rank's output goes to its log (`run_rank` lets it through),
             # so a rank stopped while it starts reports it like any rank, not on the controller's terminal.
-            signal.signal(signal.SIGINT, signal.SIG_DFL if request.exec_fresh else signal.default_int_handler)
-            if request.exec_fresh:
+            signal.signal(signal.SIGINT, signal.default_int_handler if self.preload else signal.SIG_DFL)
+            if not self.preload:  # `spawn`: a fresh interpreter
                 for passed in (listen_fd, terminal):
                     if passed is not None:
                         os.set_inheritable(passed, True)
@@ -214,11 +226,9 @@ class _Server:
                 os.execv(sys.executable, [sys.executable, "-m", "ddpw_runtime.rank.entry", *args])
             from ddpw_runtime.rank.entry import run_rank
 
-            code = run_rank(request.payload_path, request.local_rank, listen_fd, terminal)
-        except BaseException:  # report anything, then leave without cleanup handlers
-            traceback.print_exc()
-        finally:
-            os._exit(code)
+            return run_rank(request.payload_path, request.local_rank, listen_fd, terminal)
+
+        return self._fork(rank)
 
     def _reap(self) -> None:
         """Report the ranks (and job processes) that ended."""
@@ -250,46 +260,18 @@ class _Server:
             for pid in release:
                 job.release(pid)
             left = job.stop()
-            job.close()
         channel.send(protocol.JobEnded(key, tuple(left)))
 
     def end(self, *signal_args: Any) -> NoReturn:
         """The controller is gone: stop every job's processes, remove their private folders, exit (also
         the handler of SIGHUP and SIGTERM)."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        for pid in list(self.ranks):
-            send_to_group(pid, signal.SIGKILL)
-        for key, (job, _) in self.jobs.items():
-            _stop_job(key, job)
+        self._stop()
         for pid in _children():  # left behind by ranks, and not found as any job's (see `serve`)
             send_to_group(pid, signal.SIGKILL, group=False)
         for folder in self.job_folders.values():
             shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
-
-
-def _stop_job(key: JobKey, job: JobProcesses) -> None:
-    job.stop()
-    job.close()
-    shutil.rmtree(key.folder, ignore_errors=True)
-
-
-def _fork() -> int:
-    """`os.fork()`, the child starting with Ctrl-C held (it lets it through once its own handler is set)."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    pid = os.fork()
-    if pid:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-    return pid
-
-
-def _import_all(modules: Iterable[str]) -> None:
-    """Import each of `modules` that imports (see `protocol.Preload`)."""
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a module that does not import here is simply not preloaded
-            continue
 
 
 def _children() -> list[int]:
