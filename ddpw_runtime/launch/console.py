@@ -153,7 +153,6 @@ class TerminalCopy:
         self._log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._lines = _Lines(console_fd, prefix)
         self._frozen = threading.Event()
-        self._ended = threading.Event()
         self._thread = threading.Thread(target=self._copy, name="ddpw-terminal", daemon=True)
         self._thread.start()
 
@@ -171,8 +170,8 @@ class TerminalCopy:
     def stop(self) -> None:
         """Wait (at most `_DRAIN_WAIT_S`) until everything the rank wrote is copied, then close."""
         self.handed_over()
-        if not self._ended.wait(_DRAIN_WAIT_S):
-            self._frozen.set()
+        self._thread.join(_DRAIN_WAIT_S)
+        self._frozen.set()
         self._thread.join(_DRAIN_WAIT_S)
         if not self._thread.is_alive():
             os.close(self.master_fd)
@@ -195,7 +194,6 @@ class TerminalCopy:
         finally:
             if not self._frozen.is_set():
                 self._lines.end()
-            self._ended.set()
 
 
 class ConsoleRanks:

@@ -88,8 +88,8 @@ def install() -> None:
     """Handle Ctrl-C and SIGTERM as a multirun's controller (see the module docstring), from now on (main
     thread only)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _on_interrupt)
-        signal.signal(signal.SIGTERM, _on_terminate)
+        for sig in STOPPING_SIGNALS:
+            signal.signal(sig, _on_signal)
 
 
 @contextmanager
@@ -102,19 +102,14 @@ def jobs_running() -> Iterator[None]:
         _state["jobs running"] = False
 
 
-def _on_interrupt(signum: int, frame: FrameType | None) -> None:
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if signum == signal.SIGTERM:
+        if _state["terminating"]:
+            return
+        _state["terminating"] = True
     if not _state["jobs running"]:
-        sys.stderr.write(nothing_running(signal.SIGINT))
-    raise Interrupted()
-
-
-def _on_terminate(signum: int, frame: FrameType | None) -> None:
-    if _state["terminating"]:
-        return
-    _state["terminating"] = True
-    if not _state["jobs running"]:
-        sys.stderr.write(nothing_running(signal.SIGTERM))
-    raise Terminated()
+        sys.stderr.write(nothing_running(signum))
+    raise Interrupted() if signum == signal.SIGINT else Terminated()
 
 
 def stopped_line(job: int, signum: int) -> str:

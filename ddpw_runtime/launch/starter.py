@@ -96,8 +96,8 @@ class RankStarter:
         self._requests = itertools.count()
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._answers: dict[object, queue.SimpleQueue[object]] = {}
-        """Who waits for which answer: a StartRank's number, or ("end", job)."""
+        self._answers: dict[int, queue.SimpleQueue[object]] = {}
+        """Who waits for the answer to which request (by its number)."""
         self._inbox_of_request: dict[int, Inbox] = {}
         self._inbox_of_pid: dict[int, Inbox] = {}
         self._gone: StarterGone | None = None
@@ -158,9 +158,10 @@ class RankStarter:
                     inbox = self._inbox_of_request.pop(message.request, None)
                     if inbox is not None:
                         self._inbox_of_pid[message.pid] = inbox
-                    self._answer(message.request, message)
-                elif isinstance(message, JobEnded):
-                    self._answer(("end", message.job), message)
+                if isinstance(message, (RankStarted, JobEnded)):
+                    waiting = self._answers.get(message.request)
+                    if waiting is not None:
+                        waiting.put(message)
                 elif isinstance(message, RankExited):
                     inbox = self._inbox_of_pid.pop(message.pid, None)
                     if inbox is not None:
@@ -172,18 +173,17 @@ class RankStarter:
             for inbox in {*self._inbox_of_request.values(), *self._inbox_of_pid.values()}:
                 inbox.put(self._gone)
 
-    def _answer(self, key: object, message: object) -> None:
-        waiting = self._answers.get(key)
-        if waiting is not None:
-            waiting.put(message)
-
-    def _ask(self, key: object, request: object, fds: Sequence[int], what: str) -> object:
-        """Send `request` and wait for its answer (filed under `key`), at most `_ANSWER_WAIT_S`."""
+    def _ask(self, request: StartRank | StartJob | EndJob, fds: Sequence[int], what: str,
+             inbox: Inbox | None = None) -> object:
+        """Send `request` and wait for its answer, at most `_ANSWER_WAIT_S`; the exit of the process it
+        starts goes to `inbox`."""
         waiting: queue.SimpleQueue[object] = queue.SimpleQueue()
         with self._state_lock:
             if self._gone is not None:
                 raise self._gone
-            self._answers[key] = waiting
+            self._answers[request.request] = waiting
+            if inbox is not None:
+                self._inbox_of_request[request.request] = inbox
         try:
             with self._send_lock:
                 self.channel.send(request, fds)
@@ -196,7 +196,7 @@ class RankStarter:
             raise StarterGone(f"the rank starter (pid {self.pid}) died") from exc
         finally:
             with self._state_lock:
-                self._answers.pop(key, None)
+                self._answers.pop(request.request, None)
         if isinstance(answer, StarterGone):
             raise answer
         return answer
@@ -223,9 +223,7 @@ class RankStarter:
         return self._start(inbox, StartJob(next(self._requests), payload_path), [], "start a job process")
 
     def _start(self, inbox: Inbox, request: StartRank | StartJob, fds: list[int], what: str) -> int:
-        with self._state_lock:
-            self._inbox_of_request[request.request] = inbox
-        answer = self._ask(request.request, request, fds, what)
+        answer = self._ask(request, fds, what, inbox)
         assert isinstance(answer, RankStarted)
         return answer.pid
 
@@ -251,7 +249,7 @@ class RankStarter:
         would not die. Ctrl-C and SIGTERM wait until the answer is in (at most a few seconds: see
         `job_processes.py`)."""
         with held():
-            answer = self._ask(("end", job), EndJob(job, release), (), "stop a job's processes")
+            answer = self._ask(EndJob(next(self._requests), job, release), (), "stop a job's processes")
         assert isinstance(answer, JobEnded)
         return answer.left
 

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from ddpw_runtime.launch import protocol
 from ddpw_runtime.launch.job_processes import JobProcesses
 from ddpw_runtime.launch.protocol import Channel, JobKey
-from ddpw_runtime.launch.signals import send_to_group
+from ddpw_runtime.launch.signals import blocked, send_to_group
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -116,7 +116,7 @@ class _Server:
 
     def _handle(self, channel: Channel, request: object, fds: list[int]) -> None:
         if isinstance(request, protocol.EndJob):
-            self._end_job(request.job, request.release, channel)
+            self._end_job(request, channel)
         elif isinstance(request, protocol.Preload):
             for name in request.modules:
                 with contextlib.suppress(Exception):  # a module that does not import here is not preloaded
@@ -170,27 +170,26 @@ class _Server:
         """Fork a process that calls `run` and exits with its code (reporting anything it raises); its pid.
         The child has its own session, dies with the starter, keeps none of the starter's descriptors and
         handlers, and starts with Ctrl-C held (it lets it through once its own handler is set)."""
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        pid = os.fork()
-        if pid:
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)
-            return pid
-        code = 1
-        try:
-            os.setsid()
-            die_with_parent()
-            if os.getppid() != self.pid:
-                os._exit(1)
-            signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGCHLD, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_DFL)
-            for fd in (self.wake_r, self.wake_w, *(c.fileno() for c in self.channels)):
-                os.close(fd)
-            code = run()
-        except BaseException:  # report anything, then leave without cleanup handlers
-            traceback.print_exc()
-        finally:
-            os._exit(code)
+        with blocked((signal.SIGINT,)):
+            pid = os.fork()
+            if pid:
+                return pid
+            code = 1
+            try:
+                os.setsid()
+                die_with_parent()
+                if os.getppid() != self.pid:
+                    os._exit(1)
+                signal.set_wakeup_fd(-1)
+                for sig in (signal.SIGCHLD, signal.SIGHUP):
+                    signal.signal(sig, signal.SIG_DFL)
+                for fd in (self.wake_r, self.wake_w, *(c.fileno() for c in self.channels)):
+                    os.close(fd)
+                code = run()
+            except BaseException:  # report anything, then leave without cleanup handlers
+                traceback.print_exc()
+            finally:
+                os._exit(code)
 
     def _start_job(self, request: protocol.StartJob) -> int:
         """Fork a job process (`hydra_jobs/job_process.py`), with a channel of its own to this starter."""
@@ -253,18 +252,17 @@ class _Server:
             except OSError:  # that channel's process is gone
                 pass
 
-    def _end_job(self, key: JobKey, release: tuple[int, ...], channel: Channel) -> None:
-        job, _ = self.jobs.pop(key, (None, None))
+    def _end_job(self, request: protocol.EndJob, channel: Channel) -> None:
+        job, _ = self.jobs.pop(request.job, (None, None))
         left: list[int] = []
         if job is not None:
-            for pid in release:
+            for pid in request.release:
                 job.release(pid)
             left = job.stop()
-        channel.send(protocol.JobEnded(key, tuple(left)))
+        channel.send(protocol.JobEnded(request.request, tuple(left)))
 
     def end(self, *signal_args: Any) -> NoReturn:
-        """The controller is gone: stop every job's processes, remove their private folders, exit (also
-        the handler of SIGHUP and SIGTERM)."""
+        """The controller is gone (see the module docstring); also the handler of SIGHUP and SIGTERM."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self._stop()
         for pid in _children():  # left behind by ranks, and not found as any job's (see `serve`)
