@@ -6,6 +6,7 @@ stopped ranks write afterwards stays in their logs (docs/architecture.md, "Conso
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -60,15 +61,13 @@ class _Lines:
 
 
 def _write_all(console: Console, data: bytes) -> None:
-    try:
+    with contextlib.suppress(OSError, ValueError):  # a console that went away: the log still gets everything
         if isinstance(console, int):
             while data:
                 data = data[os.write(console, data):]
         else:
             console.write(data.decode("utf-8", "backslashreplace"))
             console.flush()
-    except (OSError, ValueError):
-        pass  # a console that went away: the log still gets everything
 
 
 class ConsoleEcho:
@@ -144,11 +143,9 @@ class TerminalCopy:
     def __init__(self, log_file: Path, console_fd: int, prefix: str) -> None:
         self.master_fd, self.slave_fd = os.openpty()
         tty.setraw(self.slave_fd)  # bytes pass as written; the console terminal does its own translation
-        try:
+        with contextlib.suppress(OSError):
             size = fcntl.ioctl(console_fd, termios.TIOCGWINSZ, b"\0" * 8)
             fcntl.ioctl(self.slave_fd, termios.TIOCSWINSZ, size)
-        except OSError:
-            pass
         log_file.parent.mkdir(parents=True, exist_ok=True)
         self._log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._lines = _Lines(console_fd, prefix)
@@ -213,10 +210,8 @@ class ConsoleRanks:
             rank: TerminalCopy(path, tty_fd, prefixes[rank]) for rank, path in log_files.items() if tty_fd is not None
         }
         self.echo = ConsoleEcho({} if tty_fd is not None else log_files, console, prefixes)
-        try:
+        with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()
-        except (OSError, ValueError):
-            pass
 
     def terminal_of(self, rank: int) -> int | None:
         """The descriptor that rank `rank` writes its output to, when it gets a terminal."""

@@ -7,10 +7,12 @@ moment (so the `multiprocessing` resource tracker can clean /dev/shm), then SIGK
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ddpw_runtime.launch.payload import JOB_ENV
@@ -41,6 +43,19 @@ def _make_cgroup() -> Path | None:
     return None
 
 
+def processes(matches: Callable[[Path], bool]) -> set[int]:
+    """The pids of the processes whose `/proc` entry `matches` (not those gone meanwhile, zombies, or
+    another user's that cannot be read)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and matches(entry):
+                found.add(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
 class JobProcesses:
     """The processes of one job (`key`) on this node (see the module docstring), made in the rank starter.
     Never counted as the job's: the starter and the launching process (whose environment names the job
@@ -55,20 +70,16 @@ class JobProcesses:
         """Put process `pid` (0: the calling one) into the job's cgroup, so what it starts from now on is
         the job's; without a cgroup, its environment names the job (`JOB_ENV`) for what it starts."""
         if self.cgroup is not None:
-            try:
+            with contextlib.suppress(OSError):
                 (self.cgroup / "cgroup.procs").write_text(str(pid))
-            except OSError:
-                pass
 
     def release(self, pid: int) -> None:
         """Let an adopted process `pid` go (back into the cgroup the job's cgroup was made in) and never
         count it as the job's, so stopping the job does not stop it."""
         self.spared.add(pid)
         if self.cgroup is not None:
-            try:
+            with contextlib.suppress(OSError):
                 (self.cgroup.parent / "cgroup.procs").write_text(str(pid))
-            except OSError:
-                pass
 
     def members(self) -> set[int]:
         """The job's live processes: its cgroup's, or those whose environment names the job."""
@@ -78,16 +89,7 @@ class JobProcesses:
             except OSError:
                 return set()
         marker = f"{JOB_ENV}={self.key}".encode()
-        found = set()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) in self.spared:
-                continue
-            try:
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.add(int(entry.name))
-            except OSError:  # gone, a zombie, or another user's
-                continue
-        return found
+        return processes(lambda entry: marker in (entry / "environ").read_bytes().split(b"\0")) - self.spared
 
     def stop(self) -> list[int]:
         """Stop every process of the job (SIGTERM, a moment, SIGKILL) and remove its cgroup (once empty); the
@@ -101,20 +103,16 @@ class JobProcesses:
             if not left:
                 break
         if self.cgroup is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self.cgroup.rmdir()
-            except OSError:
-                pass
         return sorted(left)
 
     def _signal(self, sig: int) -> set[int]:
         members = self.members()
-        if self.cgroup is not None and sig == signal.SIGKILL and (self.cgroup / "cgroup.kill").exists():
-            try:
+        if self.cgroup is not None and sig == signal.SIGKILL:
+            with contextlib.suppress(OSError):  # no cgroup.kill before Linux 5.14
                 (self.cgroup / "cgroup.kill").write_text("1")
                 return members
-            except OSError:
-                pass
         for pid in members:
             send_to_group(pid, sig)
             send_to_group(pid, sig, group=False)

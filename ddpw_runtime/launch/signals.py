@@ -7,6 +7,7 @@ them and says which were stopped; outside them the handler says so itself."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -23,13 +24,11 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def send_to_group(pid: int, sig: int, group: bool = True) -> None:
     """Send `sig` to the process group led by `pid` (with `group`), or to `pid` alone; a process that is
     already gone is not an error."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         if group:
             os.killpg(pid, sig)
         else:
             os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def signal_of(stop: BaseException) -> int:

@@ -6,6 +6,7 @@ and each exit to the `Inbox` of the job the rank belongs to."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import queue
@@ -239,10 +240,8 @@ class RankStarter:
     def _send(self, message: object) -> None:
         """Send a message that has no answer (a starter that is gone is seen by the next request)."""
         with self._send_lock:
-            try:
+            with contextlib.suppress(OSError):
                 self.channel.send(message)
-            except OSError:
-                pass
 
     def end_job(self, job: JobKey, release: tuple[int, ...] = ()) -> tuple[int, ...]:
         """Stop every process the ranks of `job` started, but the adopted ones in `release`; the pids that
@@ -256,12 +255,10 @@ class RankStarter:
     def close(self) -> None:
         """Stop the starter (it kills any rank still running); kill it if it has not exited within
         `_CLOSE_WAIT_S`."""
-        try:
+        with contextlib.suppress(OSError):
             self.channel.sock.shutdown(socket.SHUT_RDWR)  # the starter sees the end; the reader wakes
             if self._owned:
                 os.kill(self.pid, signal.SIGHUP)  # the same, even while it imports modules (`Preload`)
-        except OSError:
-            pass
         self._reader.join(_CLOSE_WAIT_S)
         self.channel.close()
         if not self._owned:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ddpw_runtime.launch import protocol
-from ddpw_runtime.launch.job_processes import JobProcesses
+from ddpw_runtime.launch.job_processes import JobProcesses, processes
 from ddpw_runtime.launch.protocol import Channel, JobKey
 from ddpw_runtime.launch.signals import blocked, send_to_group
 
@@ -37,11 +37,9 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 def _prctl(option: int, value: int) -> None:
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(option, value, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux
-        pass
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -247,10 +245,8 @@ class _Server:
                 # What the rank started gets SIGTERM now (helpers that clean up after it, such as the
                 # multiprocessing resource tracker, ignore it and finish their work); `protocol.EndJob` sweeps the rest.
                 send_to_group(pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(OSError):  # that channel's process is gone
                 channel.send(protocol.RankExited(pid, os.waitstatus_to_exitcode(status)))
-            except OSError:  # that channel's process is gone
-                pass
 
     def _end_job(self, request: protocol.EndJob, channel: Channel) -> None:
         job, _ = self.jobs.pop(request.job, (None, None))
@@ -265,23 +261,13 @@ class _Server:
         """The controller is gone (see the module docstring); also the handler of SIGHUP and SIGTERM."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self._stop()
-        for pid in _children():  # left behind by ranks, and not found as any job's (see `serve`)
+        me = os.getpid()
+        children = processes(lambda entry: int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me)
+        for pid in children:  # left behind by ranks, and not found as any job's (see `serve`)
             send_to_group(pid, signal.SIGKILL, group=False)
         for folder in self.job_folders.values():
             shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
-
-
-def _children() -> list[int]:
-    """The pids of this process's children."""
-    me, found = os.getpid(), []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
-                found.append(int(entry.name))
-        except (OSError, IndexError, ValueError):  # gone meanwhile
-            continue
-    return found
 
 
 if __name__ == "__main__":
