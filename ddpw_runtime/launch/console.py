@@ -55,9 +55,8 @@ class _Lines:
             _write_all(self.console, b"".join(self.prefix + line + b"\n" for line in lines))
 
     def end(self) -> None:
-        if self.prefix and self.partial:
+        if self.partial:
             _write_all(self.console, self.prefix + self.partial + b"\n")
-        self.partial = b""
 
 
 def _write_all(console: Console, data: bytes) -> None:
@@ -194,8 +193,7 @@ class TerminalCopy:
 
 
 class ConsoleRanks:
-    """The console of one node's job: a `TerminalCopy` for each console rank when the console is a
-    terminal, else a `ConsoleEcho` of their log files. `job_prefix` goes before every line (a job's
+    """The console of one node's job (see the module docstring). `job_prefix` goes before every line (a job's
     number when jobs run side by side); `[rank k]` too when `ranked` (more than one rank is shown)."""
 
     def __init__(self, log_files: dict[int, Path], job_prefix: str = "", ranked: bool = False) -> None:

@@ -18,15 +18,10 @@ class Share:
     cpus: tuple[int, ...] | None = None
     """Its CPU cores, as `os.sched_setaffinity` takes them (None: every core this program may use)."""
     n_cpus: int | None = None
-    """How many cores its ranks' threads count on when it shares every core (a GPU job that does not set
-    `n_cpus_per_node`: its part of the cores, as many as its part of the GPUs)."""
+    """How many cores its ranks' threads count on (None: the machine's): its `cpus`, or when it shares every
+    core (a GPU job that does not set `n_cpus_per_node`) its part of them, as many as its part of the GPUs."""
     whole: bool = False
     """It has the whole machine (nothing runs beside it)."""
-
-    @property
-    def cores(self) -> int | None:
-        """How many cores its ranks' threads count on (None: the machine's)."""
-        return len(self.cpus) if self.cpus else self.n_cpus
 
 
 @dataclass(frozen=True)
@@ -82,7 +77,7 @@ class Devices:
             gpus, self._free_gpus = self._free_gpus[:need.gpus], self._free_gpus[need.gpus:]
             cpus, self._free_cpus = self._free_cpus[:need.cpus], self._free_cpus[need.cpus:]
             if need.cpus:
-                share = Share(tuple(gpus) if need.gpus else None, tuple(cpus))
+                share = Share(tuple(gpus) if need.gpus else None, tuple(cpus), need.cpus)
             else:
                 share = Share(tuple(gpus), None, max(1, len(self.cpus) * need.gpus // len(self.gpus)))
         self._taken.append(share)

@@ -115,8 +115,7 @@ class EndJob(NamedTuple):
 
 
 class JobEnded(NamedTuple):
-    """Answer to `EndJob` number `request`: the pids of the job's processes that would not die (none,
-    normally)."""
+    """Answer to `EndJob` number `request`: the pids of the job's processes that would not die (none, normally)."""
 
     request: int
     left: tuple[int, ...]

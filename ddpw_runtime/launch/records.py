@@ -100,7 +100,7 @@ class RankResult:
     """The qualified name of the return value's class."""
     imported: tuple[str, ...] = ()
     """The torch modules this rank imported that the process it was forked from did not hold: the rank
-    starter imports them once, so that the next jobs' ranks find them loaded (see `starter.Preload`)."""
+    starter imports them once, so that the next jobs' ranks find them loaded (see `protocol.Preload`)."""
     finished_at: float = field(default_factory=time.time)
 
     @property

@@ -68,8 +68,7 @@ def held() -> Iterator[None]:
     previous = {}
     try:
         for sig in STOPPING_SIGNALS:
-            handler = signal.getsignal(sig)
-            if handler is not None:
+            if signal.getsignal(sig) is not None:
                 previous[sig] = signal.signal(sig, lambda signum, frame: arrived.append(signum))
         yield
     finally:

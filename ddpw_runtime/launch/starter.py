@@ -102,28 +102,23 @@ class RankStarter:
         self._inbox_of_request: dict[int, Inbox] = {}
         self._inbox_of_pid: dict[int, Inbox] = {}
         self._gone: StarterGone | None = None
-        if attached_to is not None:
-            self.channel, self.pid = attached_to
-        else:
-            self.channel, self.pid = self._launch(preload)
+        self.channel, self.pid = attached_to if attached_to is not None else self._launch()
         self._reader = threading.Thread(target=self._read, name="ddpw-rank-starter", daemon=True)
         self._reader.start()
 
-    def _launch(self, preload: bool) -> tuple[Channel, int]:
+    def _launch(self) -> tuple[Channel, int]:
         """Start the starter process; the channel to it and its pid."""
         ours, theirs = socket.socketpair()
         controller = os.getpid()
-        if preload and _can_fork_controller():
-            # A forked copy of this process has the user's imports (and torch, when loaded here) and
-            # skips an interpreter's start-up; it imports torch itself if need be.
-            # What the starter would import for every rank, imported here when torch is (a fork's imports
-            # are slower: each page Python touches is copied).
+        if self.preload and _can_fork_controller():
+            # A forked copy of this process has the user's imports (and torch, when loaded here) and skips an
+            # interpreter's start-up. What the starter imports for every rank is imported here first when torch
+            # is (a fork's imports are slower: each page Python touches is copied).
             if "torch" in sys.modules:
                 from ddpw_runtime.rank.setup import warm_up
 
                 warm_up()
-            # Ctrl-C and SIGTERM are held back over the fork; they come right after, in this process; the
-            # starter sets its own handlers before it lets them in.
+            # Ctrl-C and SIGTERM are held over the fork: here they come right after it (and see `serve`).
             with blocked(STOPPING_SIGNALS) as before:
                 with warnings.catch_warnings():  # Python 3.12+ warns about native threads; see above
                     warnings.simplefilter("ignore", DeprecationWarning)
@@ -139,7 +134,7 @@ class RankStarter:
         else:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "ddpw_runtime.launch.starter_process", str(theirs.fileno()),
-                 "1" if preload else "0", str(controller)],
+                 "1" if self.preload else "0", str(controller)],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
             )
