@@ -209,9 +209,9 @@ def test_what_a_job_takes_from_the_machine() -> None:
     assert whole is not None and devices.take(Need(cpus=1)) is None  # nothing beside a whole-machine job
     devices.give_back(whole)
     part = devices.take(Need(cpus=2))
-    assert part == Share(cpus=(0, 1)) and devices.take(Need(whole=True)) is None
+    assert part == Share(cpus=(0, 1), n_cpus=2) and devices.take(Need(whole=True)) is None
     assert devices.take(Need(gpus=1)) == Share(gpus=("0",), n_cpus=3)  # one GPU of one: every core counted
-    assert devices.take(Need(cpus=2)) is None and devices.take(Need(cpus=1)) == Share(cpus=(2,))
+    assert devices.take(Need(cpus=2)) is None and devices.take(Need(cpus=1)) == Share(cpus=(2,), n_cpus=1)
 
 
 @pytest.mark.subprocess

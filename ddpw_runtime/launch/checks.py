@@ -16,8 +16,7 @@ from ddpw_runtime.launch.devices import cpu_cores
 
 BUILT_WITH = {"mpi": "is_mpi_available", "nccl": "is_nccl_available"}
 """The backends a torch build may lack, with the `torch.distributed` function that says whether it has
-them. mpi is used only when asked for, nccl only with GPUs; gloo is in every build for Linux and macOS
-(and is not checked, so the CPU default imports no torch)."""
+them (mpi is used only when asked for, nccl only with GPUs; gloo is in every build for Linux and macOS)."""
 
 
 def gpus_available(platform: Platform) -> int | None:
@@ -30,9 +29,8 @@ def gpus_available(platform: Platform) -> int | None:
 
 
 def check(platform: Platform, here: bool = True) -> Platform:
-    """Validate `platform` and resolve `upon_finish`, before anything starts. `here`: the ranks run on
-    this machine (its GPUs, cores, MPS device, torch build and ports are what they get); else only
-    what holds anywhere is checked (a SLURM job, from the host that submits it)."""
+    """Check `platform` (see the module docstring). `here`: the ranks run on this machine; else only what
+    holds anywhere is checked (a SLURM job, from the host that submits it)."""
     platform.validate(gpus_available(platform) if here else None)
     if here:
         check_torch(platform)

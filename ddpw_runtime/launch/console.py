@@ -6,6 +6,7 @@ stopped ranks write afterwards stays in their logs (docs/architecture.md, "Conso
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -54,21 +55,18 @@ class _Lines:
             _write_all(self.console, b"".join(self.prefix + line + b"\n" for line in lines))
 
     def end(self) -> None:
-        if self.prefix and self.partial:
+        if self.partial:
             _write_all(self.console, self.prefix + self.partial + b"\n")
-        self.partial = b""
 
 
 def _write_all(console: Console, data: bytes) -> None:
-    try:
+    with contextlib.suppress(OSError, ValueError):  # a console that went away: the log still gets everything
         if isinstance(console, int):
             while data:
                 data = data[os.write(console, data):]
         else:
             console.write(data.decode("utf-8", "backslashreplace"))
             console.flush()
-    except (OSError, ValueError):
-        pass  # a console that went away: the log still gets everything
 
 
 class ConsoleEcho:
@@ -144,16 +142,13 @@ class TerminalCopy:
     def __init__(self, log_file: Path, console_fd: int, prefix: str) -> None:
         self.master_fd, self.slave_fd = os.openpty()
         tty.setraw(self.slave_fd)  # bytes pass as written; the console terminal does its own translation
-        try:
+        with contextlib.suppress(OSError):
             size = fcntl.ioctl(console_fd, termios.TIOCGWINSZ, b"\0" * 8)
             fcntl.ioctl(self.slave_fd, termios.TIOCSWINSZ, size)
-        except OSError:
-            pass
         log_file.parent.mkdir(parents=True, exist_ok=True)
         self._log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._lines = _Lines(console_fd, prefix)
         self._frozen = threading.Event()
-        self._ended = threading.Event()
         self._thread = threading.Thread(target=self._copy, name="ddpw-terminal", daemon=True)
         self._thread.start()
 
@@ -171,8 +166,8 @@ class TerminalCopy:
     def stop(self) -> None:
         """Wait (at most `_DRAIN_WAIT_S`) until everything the rank wrote is copied, then close."""
         self.handed_over()
-        if not self._ended.wait(_DRAIN_WAIT_S):
-            self._frozen.set()
+        self._thread.join(_DRAIN_WAIT_S)
+        self._frozen.set()
         self._thread.join(_DRAIN_WAIT_S)
         if not self._thread.is_alive():
             os.close(self.master_fd)
@@ -195,12 +190,10 @@ class TerminalCopy:
         finally:
             if not self._frozen.is_set():
                 self._lines.end()
-            self._ended.set()
 
 
 class ConsoleRanks:
-    """The console of one node's job: a `TerminalCopy` for each console rank when the console is a
-    terminal, else a `ConsoleEcho` of their log files. `job_prefix` goes before every line (a job's
+    """The console of one node's job (see the module docstring). `job_prefix` goes before every line (a job's
     number when jobs run side by side); `[rank k]` too when `ranked` (more than one rank is shown)."""
 
     def __init__(self, log_files: dict[int, Path], job_prefix: str = "", ranked: bool = False) -> None:
@@ -215,10 +208,8 @@ class ConsoleRanks:
             rank: TerminalCopy(path, tty_fd, prefixes[rank]) for rank, path in log_files.items() if tty_fd is not None
         }
         self.echo = ConsoleEcho({} if tty_fd is not None else log_files, console, prefixes)
-        try:
+        with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()
-        except (OSError, ValueError):
-            pass
 
     def terminal_of(self, rank: int) -> int | None:
         """The descriptor that rank `rank` writes its output to, when it gets a terminal."""

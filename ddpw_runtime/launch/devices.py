@@ -18,15 +18,10 @@ class Share:
     cpus: tuple[int, ...] | None = None
     """Its CPU cores, as `os.sched_setaffinity` takes them (None: every core this program may use)."""
     n_cpus: int | None = None
-    """How many cores its ranks' threads count on when it shares every core (a GPU job that does not set
-    `n_cpus_per_node`: its part of the cores, as many as its part of the GPUs)."""
+    """How many cores its ranks' threads count on (None: the machine's): its `cpus`, or when it shares every
+    core (a GPU job that does not set `n_cpus_per_node`) its part of them, as many as its part of the GPUs."""
     whole: bool = False
     """It has the whole machine (nothing runs beside it)."""
-
-    @property
-    def cores(self) -> int | None:
-        """How many cores its ranks' threads count on (None: the machine's)."""
-        return len(self.cpus) if self.cpus else self.n_cpus
 
 
 @dataclass(frozen=True)
@@ -68,30 +63,28 @@ class Devices:
         self.cpus = cpus
         self._free_gpus = list(gpus)
         self._free_cpus = list(cpus)
-        self._jobs = 0
-        self._whole_taken = False
+        self._taken: list[Share] = []
 
     def take(self, need: Need) -> Share | None:
         """Devices for a job that needs `need`, or None while they are not free."""
-        if self._whole_taken or (need.whole and self._jobs):
+        if any(share.whole for share in self._taken) or (need.whole and self._taken):
             return None
         if need.whole:
-            self._whole_taken = True
-            self._jobs += 1
-            return Share(whole=True)
-        if need.gpus > len(self._free_gpus) or need.cpus > len(self._free_cpus):
+            share = Share(whole=True)
+        elif need.gpus > len(self._free_gpus) or need.cpus > len(self._free_cpus):
             return None
-        gpus, self._free_gpus = self._free_gpus[:need.gpus], self._free_gpus[need.gpus:]
-        cpus, self._free_cpus = self._free_cpus[:need.cpus], self._free_cpus[need.cpus:]
-        self._jobs += 1
-        if need.cpus:
-            return Share(tuple(gpus) if need.gpus else None, tuple(cpus))
-        return Share(tuple(gpus), None, max(1, len(self.cpus) * need.gpus // len(self.gpus)))
+        else:
+            gpus, self._free_gpus = self._free_gpus[:need.gpus], self._free_gpus[need.gpus:]
+            cpus, self._free_cpus = self._free_cpus[:need.cpus], self._free_cpus[need.cpus:]
+            if need.cpus:
+                share = Share(tuple(gpus) if need.gpus else None, tuple(cpus), need.cpus)
+            else:
+                share = Share(tuple(gpus), None, max(1, len(self.cpus) * need.gpus // len(self.gpus)))
+        self._taken.append(share)
+        return share
 
     def give_back(self, share: Share) -> None:
         """The job that had `share` ended."""
-        self._jobs -= 1
-        if share.whole:
-            self._whole_taken = False
+        self._taken.remove(share)
         self._free_gpus = [gpu for gpu in self.gpus if gpu in {*self._free_gpus, *(share.gpus or ())}]
         self._free_cpus = [cpu for cpu in self.cpus if cpu in {*self._free_cpus, *(share.cpus or ())}]

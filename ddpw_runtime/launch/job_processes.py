@@ -7,10 +7,12 @@ moment (so the `multiprocessing` resource tracker can clean /dev/shm), then SIGK
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ddpw_runtime.launch.payload import JOB_ENV
@@ -41,34 +43,43 @@ def _make_cgroup() -> Path | None:
     return None
 
 
+def processes(matches: Callable[[Path], bool]) -> set[int]:
+    """The pids of the processes whose `/proc` entry `matches` (not those gone meanwhile, zombies, or
+    another user's that cannot be read)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and matches(entry):
+                found.add(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
 class JobProcesses:
     """The processes of one job (`key`) on this node (see the module docstring), made in the rank starter.
-    `spared`: pids never counted as the job's (the launching process, whose environment names the job
+    Never counted as the job's: the starter and the launching process (whose environment names the job
     while its own rank runs)."""
 
-    def __init__(self, key: str, spared: frozenset[int] = frozenset()) -> None:
+    def __init__(self, key: str) -> None:
         self.key = key
         self.cgroup = _make_cgroup()
-        self.spared = spared | {os.getpid()}
+        self.spared = {os.getpid(), os.getppid()}
 
     def adopt(self, pid: int) -> None:
         """Put process `pid` (0: the calling one) into the job's cgroup, so what it starts from now on is
         the job's; without a cgroup, its environment names the job (`JOB_ENV`) for what it starts."""
         if self.cgroup is not None:
-            try:
+            with contextlib.suppress(OSError):
                 (self.cgroup / "cgroup.procs").write_text(str(pid))
-            except OSError:
-                pass
 
     def release(self, pid: int) -> None:
         """Let an adopted process `pid` go (back into the cgroup the job's cgroup was made in) and never
         count it as the job's, so stopping the job does not stop it."""
-        self.spared = self.spared | {pid}
+        self.spared.add(pid)
         if self.cgroup is not None:
-            try:
+            with contextlib.suppress(OSError):
                 (self.cgroup.parent / "cgroup.procs").write_text(str(pid))
-            except OSError:
-                pass
 
     def members(self) -> set[int]:
         """The job's live processes: its cgroup's, or those whose environment names the job."""
@@ -78,19 +89,11 @@ class JobProcesses:
             except OSError:
                 return set()
         marker = f"{JOB_ENV}={self.key}".encode()
-        found = set()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) in self.spared:
-                continue
-            try:
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.add(int(entry.name))
-            except OSError:  # gone, a zombie, or another user's
-                continue
-        return found
+        return processes(lambda entry: marker in (entry / "environ").read_bytes().split(b"\0")) - self.spared
 
     def stop(self) -> list[int]:
-        """Stop every process of the job (SIGTERM, a moment, SIGKILL); the pids that are still there."""
+        """Stop every process of the job (SIGTERM, a moment, SIGKILL) and remove its cgroup (once empty); the
+        pids that are still there."""
         for sig, wait_s in ((signal.SIGTERM, _TERM_WAIT_S), (signal.SIGKILL, _KILL_WAIT_S)):
             left = self._signal(sig)
             end = time.monotonic() + wait_s
@@ -98,26 +101,19 @@ class JobProcesses:
                 time.sleep(_POLL_S)
                 left = self.members()
             if not left:
-                return []
+                break
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                self.cgroup.rmdir()
         return sorted(left)
 
     def _signal(self, sig: int) -> set[int]:
         members = self.members()
-        if self.cgroup is not None and sig == signal.SIGKILL and (self.cgroup / "cgroup.kill").exists():
-            try:
+        if self.cgroup is not None and sig == signal.SIGKILL:
+            with contextlib.suppress(OSError):  # no cgroup.kill before Linux 5.14
                 (self.cgroup / "cgroup.kill").write_text("1")
                 return members
-            except OSError:
-                pass
         for pid in members:
             send_to_group(pid, sig)
             send_to_group(pid, sig, group=False)
         return members
-
-    def close(self) -> None:
-        """Remove the job's cgroup (once it is empty)."""
-        if self.cgroup is not None:
-            try:
-                self.cgroup.rmdir()
-            except OSError:
-                pass

@@ -98,7 +98,7 @@ def plan_local(platform: Platform, log_dir: Path, rendezvous_dir: Path, run_id: 
         init_method = f"file://{rendezvous_dir / 'rendezvous'}"
     else:
         init_method = f"tcp://{addr}:{port}"
-    cpus = (share.cores if share is not None else None) or platform.n_cpus_per_node or os.cpu_count() or 1
+    cpus = (share.n_cpus if share is not None else None) or platform.n_cpus_per_node or os.cpu_count() or 1
     return LaunchPlan(
         platform=platform,
         node_rank=node_rank,

@@ -77,7 +77,6 @@ class StartRank(NamedTuple):
     job: JobKey
     payload_path: str
     local_rank: int
-    exec_fresh: bool
     listen_fd: bool = False
     terminal: bool = False
 
@@ -107,21 +106,23 @@ class Preload(NamedTuple):
 
 class EndJob(NamedTuple):
     """Every rank of `job` has ended: stop whatever they started (processes in new sessions included, see
-    `job_processes.py`), but not the adopted processes in `release`, which are let go first."""
+    `job_processes.py`), but not the adopted processes in `release`, which are let go first; `request`
+    numbers the request, for the answer."""
 
+    request: int
     job: JobKey
     release: tuple[int, ...] = ()
 
 
 class JobEnded(NamedTuple):
-    """Answer to `EndJob`: the pids of the job's processes that would not die (none, normally)."""
+    """Answer to `EndJob` number `request`: the pids of the job's processes that would not die (none, normally)."""
 
-    job: JobKey
+    request: int
     left: tuple[int, ...]
 
 
 class RankStarted(NamedTuple):
-    """Answer to `StartRank` number `request`: the rank's pid."""
+    """Answer to `StartRank` or `StartJob` number `request`: the process's pid."""
 
     request: int
     pid: int

@@ -80,13 +80,10 @@ class RaisedError:
 
     def exception(self) -> BaseException | None:
         """The exception object, when it could be sent and can be rebuilt here."""
-        if self.pickled is None:
-            return None
         try:
-            exc: BaseException = pickle.loads(self.pickled)
+            return None if self.pickled is None else pickle.loads(self.pickled)
         except Exception:  # a class missing here: keep the text form
             return None
-        return exc
 
 
 @dataclass
@@ -103,7 +100,7 @@ class RankResult:
     """The qualified name of the return value's class."""
     imported: tuple[str, ...] = ()
     """The torch modules this rank imported that the process it was forked from did not hold: the rank
-    starter imports them once, so that the next jobs' ranks find them loaded (see `starter.Preload`)."""
+    starter imports them once, so that the next jobs' ranks find them loaded (see `protocol.Preload`)."""
     finished_at: float = field(default_factory=time.time)
 
     @property

@@ -7,6 +7,7 @@ them and says which were stopped; outside them the handler says so itself."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -23,13 +24,11 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def send_to_group(pid: int, sig: int, group: bool = True) -> None:
     """Send `sig` to the process group led by `pid` (with `group`), or to `pid` alone; a process that is
     already gone is not an error."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         if group:
             os.killpg(pid, sig)
         else:
             os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def signal_of(stop: BaseException) -> int:
@@ -69,8 +68,7 @@ def held() -> Iterator[None]:
     previous = {}
     try:
         for sig in STOPPING_SIGNALS:
-            handler = signal.getsignal(sig)
-            if handler is not None:
+            if signal.getsignal(sig) is not None:
                 previous[sig] = signal.signal(sig, lambda signum, frame: arrived.append(signum))
         yield
     finally:
@@ -88,8 +86,8 @@ def install() -> None:
     """Handle Ctrl-C and SIGTERM as a multirun's controller (see the module docstring), from now on (main
     thread only)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _on_interrupt)
-        signal.signal(signal.SIGTERM, _on_terminate)
+        for sig in STOPPING_SIGNALS:
+            signal.signal(sig, _on_signal)
 
 
 @contextmanager
@@ -102,19 +100,14 @@ def jobs_running() -> Iterator[None]:
         _state["jobs running"] = False
 
 
-def _on_interrupt(signum: int, frame: FrameType | None) -> None:
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if signum == signal.SIGTERM:
+        if _state["terminating"]:
+            return
+        _state["terminating"] = True
     if not _state["jobs running"]:
-        sys.stderr.write(nothing_running(signal.SIGINT))
-    raise Interrupted()
-
-
-def _on_terminate(signum: int, frame: FrameType | None) -> None:
-    if _state["terminating"]:
-        return
-    _state["terminating"] = True
-    if not _state["jobs running"]:
-        sys.stderr.write(nothing_running(signal.SIGTERM))
-    raise Terminated()
+        sys.stderr.write(nothing_running(signum))
+    raise Interrupted() if signum == signal.SIGINT else Terminated()
 
 
 def stopped_line(job: int, signum: int) -> str:

@@ -6,10 +6,10 @@ and each exit to the `Inbox` of the job the rank belongs to."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import queue
-import select
 import signal
 import socket
 import subprocess
@@ -17,8 +17,7 @@ import sys
 import threading
 import time
 import warnings
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ddpw_runtime.launch.protocol import (
     Adopt,
@@ -52,54 +51,39 @@ class StarterGone(RuntimeError):
 
 class Inbox:
     """What one job's supervisor waits on: its ranks' exits (from the starter's reader thread) and wake-ups
-    from other threads, through one pipe, so that one `select` sees either."""
+    from other threads, in one queue."""
 
     def __init__(self) -> None:
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-        self._items: deque[RankExited | StarterGone] = deque()
+        self._items: queue.SimpleQueue[RankExited | StarterGone | None] = queue.SimpleQueue()
+        self._gone: StarterGone | None = None
         self._closed = False
-        self._lock = threading.Lock()
 
     def put(self, item: RankExited | StarterGone) -> None:
         """Add `item` and wake the waiting thread (callable from any thread)."""
-        self._items.append(item)
-        self.wake()
+        self._items.put(item)
 
     def wake(self) -> None:
         """Wake the waiting thread (callable from any thread; nothing once closed)."""
-        with self._lock:
-            if not self._closed:
-                try:
-                    os.write(self._w, b"!")
-                except BlockingIOError:  # the pipe is full: the thread will wake anyway
-                    pass
+        if not self._closed:
+            self._items.put(None)
 
     def next(self, timeout: float | None) -> RankExited | None:
         """The next exit; None when `timeout` seconds (None: no limit) pass first, a wake-up comes (the
         caller looks at what it was asked), or `_WAIT_SLICE_S` passed. Raises StarterGone when the
         starter died."""
-        if not self._items:
-            select.select([self._r], [], [], _WAIT_SLICE_S if timeout is None else min(timeout, _WAIT_SLICE_S))
-        try:
-            while os.read(self._r, 4096):
-                pass
-        except BlockingIOError:  # drained: every wake-up so far is seen by this call
-            pass
-        item = self._items.popleft() if self._items else None
-        if isinstance(item, StarterGone):
-            self._items.appendleft(item)  # for every later call too
-            raise item
-        return item
+        if self._gone is None:
+            try:
+                item = self._items.get(timeout=_WAIT_SLICE_S if timeout is None else min(timeout, _WAIT_SLICE_S))
+            except queue.Empty:
+                return None
+            if not isinstance(item, StarterGone):
+                return item
+            self._gone = item  # for every later call too
+        raise self._gone
 
     def close(self) -> None:
-        """Release the pipe; later wake-ups are ignored."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                os.close(self._r)
-                os.close(self._w)
+        """Later wake-ups are ignored."""
+        self._closed = True
 
 
 class RankStarter:
@@ -113,33 +97,28 @@ class RankStarter:
         self._requests = itertools.count()
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._answers: dict[object, queue.SimpleQueue[object]] = {}
-        """Who waits for which answer: a StartRank's number, or ("end", job)."""
+        self._answers: dict[int, queue.SimpleQueue[object]] = {}
+        """Who waits for the answer to which request (by its number)."""
         self._inbox_of_request: dict[int, Inbox] = {}
         self._inbox_of_pid: dict[int, Inbox] = {}
         self._gone: StarterGone | None = None
-        if attached_to is not None:
-            self.channel, self.pid = attached_to
-        else:
-            self.channel, self.pid = self._launch(preload)
+        self.channel, self.pid = attached_to if attached_to is not None else self._launch()
         self._reader = threading.Thread(target=self._read, name="ddpw-rank-starter", daemon=True)
         self._reader.start()
 
-    def _launch(self, preload: bool) -> tuple[Channel, int]:
+    def _launch(self) -> tuple[Channel, int]:
         """Start the starter process; the channel to it and its pid."""
         ours, theirs = socket.socketpair()
         controller = os.getpid()
-        if preload and _can_fork_controller():
-            # A forked copy of this process has the user's imports (and torch, when loaded here) and
-            # skips an interpreter's start-up; it imports torch itself if need be.
-            # What the starter would import for every rank, imported here when torch is (a fork's imports
-            # are slower: each page Python touches is copied).
+        if self.preload and _can_fork_controller():
+            # A forked copy of this process has the user's imports (and torch, when loaded here) and skips an
+            # interpreter's start-up. What the starter imports for every rank is imported here first when torch
+            # is (a fork's imports are slower: each page Python touches is copied).
             if "torch" in sys.modules:
                 from ddpw_runtime.rank.setup import warm_up
 
                 warm_up()
-            # Ctrl-C and SIGTERM are held back over the fork; they come right after, in this process; the
-            # starter sets its own handlers before it lets them in.
+            # Ctrl-C and SIGTERM are held over the fork: here they come right after it (and see `serve`).
             with blocked(STOPPING_SIGNALS) as before:
                 with warnings.catch_warnings():  # Python 3.12+ warns about native threads; see above
                     warnings.simplefilter("ignore", DeprecationWarning)
@@ -155,7 +134,7 @@ class RankStarter:
         else:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "ddpw_runtime.launch.starter_process", str(theirs.fileno()),
-                 "1" if preload else "0", str(controller)],
+                 "1" if self.preload else "0", str(controller)],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
             )
@@ -175,9 +154,10 @@ class RankStarter:
                     inbox = self._inbox_of_request.pop(message.request, None)
                     if inbox is not None:
                         self._inbox_of_pid[message.pid] = inbox
-                    self._answer(message.request, message)
-                elif isinstance(message, JobEnded):
-                    self._answer(("end", message.job), message)
+                if isinstance(message, (RankStarted, JobEnded)):
+                    waiting = self._answers.get(message.request)
+                    if waiting is not None:
+                        waiting.put(message)
                 elif isinstance(message, RankExited):
                     inbox = self._inbox_of_pid.pop(message.pid, None)
                     if inbox is not None:
@@ -189,18 +169,17 @@ class RankStarter:
             for inbox in {*self._inbox_of_request.values(), *self._inbox_of_pid.values()}:
                 inbox.put(self._gone)
 
-    def _answer(self, key: object, message: object) -> None:
-        waiting = self._answers.get(key)
-        if waiting is not None:
-            waiting.put(message)
-
-    def _ask(self, key: object, request: object, fds: Sequence[int], what: str) -> object:
-        """Send `request` and wait for its answer (filed under `key`), at most `_ANSWER_WAIT_S`."""
+    def _ask(self, request: StartRank | StartJob | EndJob, fds: Sequence[int], what: str,
+             inbox: Inbox | None = None) -> object:
+        """Send `request` and wait for its answer, at most `_ANSWER_WAIT_S`; the exit of the process it
+        starts goes to `inbox`."""
         waiting: queue.SimpleQueue[object] = queue.SimpleQueue()
         with self._state_lock:
             if self._gone is not None:
                 raise self._gone
-            self._answers[key] = waiting
+            self._answers[request.request] = waiting
+            if inbox is not None:
+                self._inbox_of_request[request.request] = inbox
         try:
             with self._send_lock:
                 self.channel.send(request, fds)
@@ -213,7 +192,7 @@ class RankStarter:
             raise StarterGone(f"the rank starter (pid {self.pid}) died") from exc
         finally:
             with self._state_lock:
-                self._answers.pop(key, None)
+                self._answers.pop(request.request, None)
         if isinstance(answer, StarterGone):
             raise answer
         return answer
@@ -230,20 +209,17 @@ class RankStarter:
         socket) and `terminal` (where its output goes instead of its log file) if given; returns its pid.
         Call it with Ctrl-C and SIGTERM held (`signals.held`), and note the pid before letting them in: a
         rank must never run unbeknown to the controller."""
-        return self._start(inbox, lambda number: StartRank(
-            number, job, payload_path, local_rank, exec_fresh=not self.preload, listen_fd=listen_fd is not None,
-            terminal=terminal is not None), [fd for fd in (listen_fd, terminal) if fd is not None],
-            f"start rank {local_rank}")
+        request = StartRank(next(self._requests), job, payload_path, local_rank, listen_fd is not None,
+                            terminal is not None)
+        fds = [fd for fd in (listen_fd, terminal) if fd is not None]
+        return self._start(inbox, request, fds, f"start rank {local_rank}")
 
     def start_job(self, inbox: Inbox, payload_path: str) -> int:
         """Start a job process (see `StartJob`), whose exit will go to `inbox`; its pid."""
-        return self._start(inbox, lambda number: StartJob(number, payload_path), [], "start a job process")
+        return self._start(inbox, StartJob(next(self._requests), payload_path), [], "start a job process")
 
-    def _start(self, inbox: Inbox, request: Callable[[int], object], fds: list[int], what: str) -> int:
-        number = next(self._requests)
-        with self._state_lock:
-            self._inbox_of_request[number] = inbox
-        answer = self._ask(number, request(number), fds, what)
+    def _start(self, inbox: Inbox, request: StartRank | StartJob, fds: list[int], what: str) -> int:
+        answer = self._ask(request, fds, what, inbox)
         assert isinstance(answer, RankStarted)
         return answer.pid
 
@@ -259,29 +235,25 @@ class RankStarter:
     def _send(self, message: object) -> None:
         """Send a message that has no answer (a starter that is gone is seen by the next request)."""
         with self._send_lock:
-            try:
+            with contextlib.suppress(OSError):
                 self.channel.send(message)
-            except OSError:
-                pass
 
     def end_job(self, job: JobKey, release: tuple[int, ...] = ()) -> tuple[int, ...]:
         """Stop every process the ranks of `job` started, but the adopted ones in `release`; the pids that
         would not die. Ctrl-C and SIGTERM wait until the answer is in (at most a few seconds: see
         `job_processes.py`)."""
         with held():
-            answer = self._ask(("end", job), EndJob(job, release), (), "stop a job's processes")
+            answer = self._ask(EndJob(next(self._requests), job, release), (), "stop a job's processes")
         assert isinstance(answer, JobEnded)
         return answer.left
 
     def close(self) -> None:
         """Stop the starter (it kills any rank still running); kill it if it has not exited within
         `_CLOSE_WAIT_S`."""
-        try:
+        with contextlib.suppress(OSError):
             self.channel.sock.shutdown(socket.SHUT_RDWR)  # the starter sees the end; the reader wakes
             if self._owned:
                 os.kill(self.pid, signal.SIGHUP)  # the same, even while it imports modules (`Preload`)
-        except OSError:
-            pass
         self._reader.join(_CLOSE_WAIT_S)
         self.channel.close()
         if not self._owned:

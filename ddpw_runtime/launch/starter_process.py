@@ -12,6 +12,7 @@ the controller.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import importlib
@@ -22,25 +23,23 @@ import signal
 import socket
 import sys
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
 from ddpw_runtime.launch import protocol
-from ddpw_runtime.launch.job_processes import JobProcesses
+from ddpw_runtime.launch.job_processes import JobProcesses, processes
 from ddpw_runtime.launch.protocol import Channel, JobKey
-from ddpw_runtime.launch.signals import send_to_group
+from ddpw_runtime.launch.signals import blocked, send_to_group
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
 def _prctl(option: int, value: int) -> None:
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(option, value, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux
-        pass
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -115,9 +114,11 @@ class _Server:
 
     def _handle(self, channel: Channel, request: object, fds: list[int]) -> None:
         if isinstance(request, protocol.EndJob):
-            self._end_job(request.job, request.release, channel)
+            self._end_job(request, channel)
         elif isinstance(request, protocol.Preload):
-            _import_all(request.modules)
+            for name in request.modules:
+                with contextlib.suppress(Exception):  # a module that does not import here is not preloaded
+                    importlib.import_module(name)
         elif isinstance(request, protocol.Adopt):
             self._job(request.job, channel).adopt(request.pid)
         elif isinstance(request, protocol.StartJob):
@@ -140,7 +141,7 @@ class _Server:
     def _job(self, key: JobKey, channel: Channel) -> JobProcesses:
         """The processes of the job `key` (known from its first rank or adopted process on)."""
         if key not in self.jobs:
-            self.jobs[key] = (JobProcesses(key.folder, spared=frozenset({os.getppid()})), channel)
+            self.jobs[key] = (JobProcesses(key.folder), channel)
         return self.jobs[key][0]
 
     def _closed(self, channel: Channel) -> None:
@@ -149,63 +150,71 @@ class _Server:
             self.end()
         self.channels.remove(channel)
         channel.close()
+        self._stop(channel)
+
+    def _stop(self, channel: Channel | None = None) -> None:
+        """Kill the ranks and stop the jobs (removing their private folders) that `channel` asked for (None:
+        every channel)."""
         for pid, (_, owner) in list(self.ranks.items()):
-            if owner is channel:
+            if channel is None or owner is channel:
                 send_to_group(pid, signal.SIGKILL)
         for key, (job, owner) in list(self.jobs.items()):
-            if owner is channel:
+            if channel is None or owner is channel:
                 del self.jobs[key]
-                _stop_job(key, job)
+                job.stop()
+                shutil.rmtree(key.folder, ignore_errors=True)
 
-    def _in_child(self) -> None:
-        """In a process just forked from the starter: its own session, dead with the starter, none of the
-        starter's descriptors and handlers."""
-        os.setsid()
-        die_with_parent()
-        if os.getppid() != self.pid:
-            os._exit(1)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        for fd in (self.wake_r, self.wake_w, *(c.fileno() for c in self.channels)):
-            os.close(fd)
+    def _fork(self, run: Callable[[], int]) -> int:
+        """Fork a process that calls `run` and exits with its code (reporting anything it raises); its pid.
+        The child has its own session, dies with the starter, keeps none of the starter's descriptors and
+        handlers, and starts with Ctrl-C held (it lets it through once its own handler is set)."""
+        with blocked((signal.SIGINT,)):
+            pid = os.fork()
+            if pid:
+                return pid
+            code = 1
+            try:
+                os.setsid()
+                die_with_parent()
+                if os.getppid() != self.pid:
+                    os._exit(1)
+                signal.set_wakeup_fd(-1)
+                for sig in (signal.SIGCHLD, signal.SIGHUP):
+                    signal.signal(sig, signal.SIG_DFL)
+                for fd in (self.wake_r, self.wake_w, *(c.fileno() for c in self.channels)):
+                    os.close(fd)
+                code = run()
+            except BaseException:  # report anything, then leave without cleanup handlers
+                traceback.print_exc()
+            finally:
+                os._exit(code)
 
     def _start_job(self, request: protocol.StartJob) -> int:
         """Fork a job process (`hydra_jobs/job_process.py`), with a channel of its own to this starter."""
         ours, theirs = socket.socketpair()
-        pid = _fork()
-        if pid:
-            theirs.close()
-            self.channels.append(Channel(ours))
-            return pid
-        code = 1
-        try:
+
+        def job_process() -> int:
             ours.close()
-            self._in_child()
             signal.signal(signal.SIGINT, signal.default_int_handler)  # let through by `run_job_process`
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             from ddpw_runtime.hydra_jobs.job_process import run_job_process
 
-            code = run_job_process(request.payload_path, Channel(theirs), self.pid, self.preload)
-        except BaseException:  # report anything, then leave without cleanup handlers
-            traceback.print_exc()
-        finally:
-            os._exit(code)
+            return run_job_process(request.payload_path, Channel(theirs), self.pid, self.preload)
+
+        pid = self._fork(job_process)
+        theirs.close()
+        self.channels.append(Channel(ours))
+        return pid
 
     def _start(
         self, request: protocol.StartRank, job: JobProcesses, listen_fd: int | None, terminal: int | None
     ) -> int:
-        pid = _fork()
-        if pid:
-            return pid
-        code = 1
-        try:
-            self._in_child()
+        def rank() -> int:
             job.adopt(0)
             # Ctrl-C is held (`_fork`) until the rank's output goes to its log (`run_rank` lets it through),
             # so a rank stopped while it starts reports it like any rank, not on the controller's terminal.
-            signal.signal(signal.SIGINT, signal.SIG_DFL if request.exec_fresh else signal.default_int_handler)
-            if request.exec_fresh:
+            signal.signal(signal.SIGINT, signal.default_int_handler if self.preload else signal.SIG_DFL)
+            if not self.preload:  # `spawn`: a fresh interpreter
                 for passed in (listen_fd, terminal):
                     if passed is not None:
                         os.set_inheritable(passed, True)
@@ -214,11 +223,9 @@ class _Server:
                 os.execv(sys.executable, [sys.executable, "-m", "ddpw_runtime.rank.entry", *args])
             from ddpw_runtime.rank.entry import run_rank
 
-            code = run_rank(request.payload_path, request.local_rank, listen_fd, terminal)
-        except BaseException:  # report anything, then leave without cleanup handlers
-            traceback.print_exc()
-        finally:
-            os._exit(code)
+            return run_rank(request.payload_path, request.local_rank, listen_fd, terminal)
+
+        return self._fork(rank)
 
     def _reap(self) -> None:
         """Report the ranks (and job processes) that ended."""
@@ -238,70 +245,29 @@ class _Server:
                 # What the rank started gets SIGTERM now (helpers that clean up after it, such as the
                 # multiprocessing resource tracker, ignore it and finish their work); `protocol.EndJob` sweeps the rest.
                 send_to_group(pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(OSError):  # that channel's process is gone
                 channel.send(protocol.RankExited(pid, os.waitstatus_to_exitcode(status)))
-            except OSError:  # that channel's process is gone
-                pass
 
-    def _end_job(self, key: JobKey, release: tuple[int, ...], channel: Channel) -> None:
-        job, _ = self.jobs.pop(key, (None, None))
+    def _end_job(self, request: protocol.EndJob, channel: Channel) -> None:
+        job, _ = self.jobs.pop(request.job, (None, None))
         left: list[int] = []
         if job is not None:
-            for pid in release:
+            for pid in request.release:
                 job.release(pid)
             left = job.stop()
-            job.close()
-        channel.send(protocol.JobEnded(key, tuple(left)))
+        channel.send(protocol.JobEnded(request.request, tuple(left)))
 
     def end(self, *signal_args: Any) -> NoReturn:
-        """The controller is gone: stop every job's processes, remove their private folders, exit (also
-        the handler of SIGHUP and SIGTERM)."""
+        """The controller is gone (see the module docstring); also the handler of SIGHUP and SIGTERM."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        for pid in list(self.ranks):
-            send_to_group(pid, signal.SIGKILL)
-        for key, (job, _) in self.jobs.items():
-            _stop_job(key, job)
-        for pid in _children():  # left behind by ranks, and not found as any job's (see `serve`)
+        self._stop()
+        me = os.getpid()
+        children = processes(lambda entry: int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me)
+        for pid in children:  # left behind by ranks, and not found as any job's (see `serve`)
             send_to_group(pid, signal.SIGKILL, group=False)
         for folder in self.job_folders.values():
             shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
-
-
-def _stop_job(key: JobKey, job: JobProcesses) -> None:
-    job.stop()
-    job.close()
-    shutil.rmtree(key.folder, ignore_errors=True)
-
-
-def _fork() -> int:
-    """`os.fork()`, the child starting with Ctrl-C held (it lets it through once its own handler is set)."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    pid = os.fork()
-    if pid:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-    return pid
-
-
-def _import_all(modules: Iterable[str]) -> None:
-    """Import each of `modules` that imports (see `protocol.Preload`)."""
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a module that does not import here is simply not preloaded
-            continue
-
-
-def _children() -> list[int]:
-    """The pids of this process's children."""
-    me, found = os.getpid(), []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
-                found.append(int(entry.name))
-        except (OSError, IndexError, ValueError):  # gone meanwhile
-            continue
-    return found
 
 
 if __name__ == "__main__":
