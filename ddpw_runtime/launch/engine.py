@@ -67,21 +67,13 @@ def starter_for(platform: Platform) -> RankStarter:
     return get_starter(preload=platform.spawn_method == "forkserver")
 
 
-@dataclass(frozen=True)
-class JobInput:
-    """What every rank of a job takes from the process that launched it: the task (a packed `TaskCall`)
-    and that process's state."""
-
-    task: bytes
-    state: ProcessState
-
-
 class LocalJob:
     """The ranks of one node of one job, ready to start: the rank starter, the rendezvous socket (bound before
-    any rank starts, on the node that hosts the store), the plan, the payload and a private folder for the
-    results; leaving it as a context manager closes the socket and removes the folder."""
+    any rank starts, on the node that hosts the store), the plan, the payload (`task`, a packed `TaskCall`, and
+    `state`, the launching process's) and a private folder for the results; leaving it as a context manager
+    closes the socket and removes the folder."""
 
-    def __init__(self, task: JobInput, job: NodeJob) -> None:
+    def __init__(self, task: bytes, state: ProcessState, job: NodeJob) -> None:
         platform = job.platform
         self.job = job
         self.starter = starter_for(platform)
@@ -94,7 +86,7 @@ class LocalJob:
                 platform, Path(job.log_dir).resolve(), self.workdir, job.run_id or uuid.uuid4().hex[:12],
                 job.node_rank, job.master_addr, port, job.max_restarts, job.restart_count, job.share,
             )
-            self.payload = RankPayload(self.plan, task.task, task.state, str(self.workdir))
+            self.payload = RankPayload(self.plan, task, state, str(self.workdir))
             self.payload_path = self.workdir / "payload.pkl"
             write_private(self.payload_path, self.payload)
         except BaseException:
@@ -172,40 +164,33 @@ def run_ranks(task: TaskCall, job: NodeJob, caller_rank: bool = False) -> list[A
 
     if caller_rank:
         check_caller_rank(job.platform)
-    given = JobInput(task.pack(), ProcessState.capture())
-    return with_restarts(job, lambda attempt: _run_once(task, given, attempt, caller_rank))
+    packed, state = task.pack(), ProcessState.capture()
+    return with_restarts(job, lambda attempt: _run_once(task, packed, state, attempt, caller_rank))
 
 
 def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
-    """`run(job)`, and while it fails and restarts are left (`job.max_restarts`), `run` of the job again,
-    in the same log dir with the same run id and the next restart count; a time limit or an
-    interruption is not restarted."""
+    """`run(job)`, and while it fails and restarts are left (`restart_on_failure`, `max_restarts`), says so
+    and runs the job again, in the same log dir with the same run id and the next restart count; a time
+    limit or an interruption is not restarted."""
     job = replace(job, run_id=job.run_id or uuid.uuid4().hex[:12])
     while True:
         try:
             return run(job)
         except RankFailure as failure:
-            if not restart_after(job, failure):
+            if not job.restart_on_failure or job.restart_count >= job.max_restarts:
                 raise
+            log.warning(
+                "%sattempt %d of %d failed: rank %d (node %d) failed: %s; starting the job again (restart %d of "
+                "%d), in the same output dir", job.console_prefix, job.restart_count + 1, job.max_restarts + 1,
+                failure.rank, failure.node, failure.cause, job.restart_count + 1, job.max_restarts,
+            )
             job = replace(job, restart_count=job.restart_count + 1)
 
 
-def restart_after(job: NodeJob, failure: RankFailure) -> bool:
-    """Whether a run of `job` that failed with `failure` is started again; says so on the console."""
-    if not job.restart_on_failure or job.restart_count >= job.max_restarts:
-        return False
-    log.warning(
-        "%sattempt %d of %d failed: rank %d (node %d) failed: %s; starting the job again (restart %d of %d), "
-        "in the same output dir", job.console_prefix, job.restart_count + 1, job.max_restarts + 1, failure.rank,
-        failure.node, failure.cause, job.restart_count + 1, job.max_restarts,
-    )
-    return True
-
-
-def _run_once(task: TaskCall, given: JobInput, job: NodeJob, caller_rank: bool) -> list[Any]:
+def _run_once(task: TaskCall, packed: bytes, state: ProcessState, job: NodeJob, caller_rank: bool) -> list[Any]:
     from ddpw_runtime.launch.caller_rank import CallerRank
 
-    with LocalJob(given, job) as local:
+    with LocalJob(packed, state, job) as local:
         if not caller_rank:
             with local.console() as console:
                 outcomes = supervise(local.ranks(local.plan.global_ranks, console))
