@@ -20,7 +20,7 @@ from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.stacks import where_in
-from ddpw_runtime.launch.supervisor import STOP_SIGNAL, supervise
+from ddpw_runtime.launch.supervisor import STOP_SIGNAL, NodeRanks, supervise
 from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack
 
 
@@ -58,7 +58,7 @@ class CallerRank:
         self.interrupted: int | None = None
         """The signal (SIGINT, SIGTERM) passed on to the ranks when the caller got one."""
         self._console = local.console(skip=0)
-        self._ranks = local.ranks(self.plan.global_ranks[1:], self._console, on_stop=self._stop_rank_zero)
+        self._ranks = NodeRanks(local, self.plan.global_ranks[1:], self._console, self._stop_rank_zero)
         self._others: list[RankOutcome] | BaseException = []
         self._thread = threading.Thread(target=self._supervise, name="ddpw-other-ranks", daemon=True)
         self._task_over = threading.Event()

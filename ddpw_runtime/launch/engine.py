@@ -27,7 +27,7 @@ from ddpw_runtime.launch.payload import RankPayload, TaskCall, write_private
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.starter import RankStarter, get_starter
-from ddpw_runtime.launch.supervisor import Grace, NodeRanks, OutsideRank, supervise
+from ddpw_runtime.launch.supervisor import Grace, NodeRanks, supervise
 
 log = logging.getLogger("ddpw")
 
@@ -126,12 +126,6 @@ class LocalJob:
         files = {rank: self.plan.log_file(rank) for rank in shown if rank != skip}
         return ConsoleRanks(files, self.job.console_prefix, ranked=len(shown) > 1)
 
-    def ranks(self, ranks: list[int], console: ConsoleRanks, on_stop: Callable[[], None] = lambda: None,
-              outside: OutsideRank | None = None) -> NodeRanks:
-        """`ranks` of this node, to start as processes of their own but `outside` (see `supervise`)."""
-        return NodeRanks(self.starter, self.payload, self.payload_path, self.job.grace, ranks, console,
-                         self.listen_fd, on_stop, outside)
-
     def close(self) -> None:
         """Close the rendezvous socket and remove the private folder."""
         if self.listener is not None:
@@ -193,7 +187,7 @@ def _run_once(task: TaskCall, packed: bytes, state: ProcessState, job: NodeJob, 
     with LocalJob(packed, state, job) as local:
         if not caller_rank:
             with local.console() as console:
-                outcomes = supervise(local.ranks(local.plan.global_ranks, console))
+                outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console))
             settle(job, outcomes)
             return [o.result.value() for o in outcomes if o.result is not None]
         with CallerRank(local) as rank_zero:

@@ -164,7 +164,7 @@ class RunSupervisor:
             terminal = console.terminal_of(0)
             stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
             outside = OutsideRank(0, self.pid, self.sees_ctrl_c, REPORT_S)
-            ranks = self.ranks = local.ranks(local.plan.global_ranks, console, on_stop=stores.clear, outside=outside)
+            ranks = self.ranks = NodeRanks(local, local.plan.global_ranks, console, stores.clear, outside)
             if self.exited is not None:  # rank 0 died while the job was being prepared
                 ranks.inbox.put(RankExited(self.pid, self.exited))
             self.awaiting.clear()

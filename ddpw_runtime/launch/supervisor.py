@@ -14,16 +14,19 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.console import ConsoleRanks, file_size
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
-from ddpw_runtime.launch.payload import RankPayload
 from ddpw_runtime.launch.protocol import JobKey, RankExited
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import held, raise_terminated, send_to_group, signal_of
 from ddpw_runtime.launch.stacks import where
-from ddpw_runtime.launch.starter import Inbox, RankStarter
+from ddpw_runtime.launch.starter import Inbox
+
+if TYPE_CHECKING:
+    from ddpw_runtime.launch.engine import LocalJob
 
 log = logging.getLogger(__name__)
 
@@ -67,30 +70,28 @@ class OutsideRank:
 
 
 class NodeRanks:
-    """The ranks of one node as they start, run and end: their pids, how each ended, how to stop them. One
+    """`ranks` of `local`'s node as they start, run and end: their pids, how each ended, how to stop them. One
     thread supervises them (`supervise`); another may ask for them to be stopped (`request_stop`).
-    `outside`: a rank among `ranks` that this node did not start (`OutsideRank`)."""
+    `on_stop`: called when the job is being stopped; `outside`: a rank among `ranks` that this node did not
+    start (`OutsideRank`)."""
 
-    def __init__(self, starter: RankStarter, payload: RankPayload, payload_path: Path, grace: Grace,
-                 ranks: Sequence[int], console: ConsoleRanks, listen_fd: int | None, on_stop: Callable[[], None],
-                 outside: OutsideRank | None) -> None:
-        self.starter = starter
-        self.key = JobKey(str(payload_path.parent))
+    def __init__(self, local: LocalJob, ranks: Sequence[int], console: ConsoleRanks,
+                 on_stop: Callable[[], None] = lambda: None, outside: OutsideRank | None = None) -> None:
+        self.local = local
+        self.starter = local.starter
+        self.key = JobKey(str(local.workdir))
         self.outside = outside
-        self.payload = payload
-        self.payload_path = payload_path
-        self.grace = grace
+        self.payload = local.payload
+        self.grace = local.job.grace
         self.ranks = list(ranks)
         self.console = console
         self.on_stop = on_stop
-        self.listen_fd = listen_fd
         self.pids: dict[int, int] = {}
         """rank by pid"""
         self.codes: dict[int, int] = {}
         self.ended_at: dict[int, float] = {}
         self.stopped: set[int] = set()
         """Ranks that were still running when the job was stopped."""
-        self._reported = False
         self.left_behind: set[int] = set()
         """Pids of ranks that did not exit after SIGKILL (stuck in the kernel); no longer waited for."""
         self.signals_sent: set[int] = set()
@@ -110,16 +111,15 @@ class NodeRanks:
             if self.outside is not None and rank == self.outside.rank:
                 continue
             with held():  # Ctrl-C or SIGTERM comes once the rank is known here, so that it is stopped too
-                pid = self.starter.start(
-                    self.inbox, self.key, str(self.payload_path), rank - first, self.listen_fd if rank == 0 else None,
-                    self.console.terminal_of(rank),
-                )
+                pid = self.starter.start(self.inbox, self.key, str(self.local.payload_path), rank - first,
+                                         self.local.listen_fd if rank == 0 else None, self.console.terminal_of(rank))
                 self.console.handed_over(rank)
                 self.pids[pid] = rank
 
-    def running(self) -> list[int]:
-        """The pids of the ranks still running."""
-        return [pid for pid, rank in self.pids.items() if rank not in self.codes and pid not in self.left_behind]
+    def running(self, spare: int | None = None) -> list[int]:
+        """The pids of the ranks still running, but `spare`."""
+        return [pid for pid, rank in self.pids.items()
+                if rank not in self.codes and pid not in self.left_behind and pid != spare]
 
     def request_stop(self, sig: int | None = None) -> None:
         """Ask the supervising thread (from any thread) to stop the ranks: as after a failure, or with `sig`
@@ -128,25 +128,25 @@ class NodeRanks:
             self._requests.append(sig)
         self.inbox.wake()  # nothing once supervision is over: there is nothing left to stop
 
-    def send(self, sig: int, group: bool = True, stopping: bool = False) -> None:
-        """Send `sig` to every running rank (and, with `group`, to what it started); `stopping`: the job is
-        being stopped (an outside rank gets `STOP_SIGNAL` instead, see `OutsideRank`)."""
+    def send(self, sig: int, group: bool = True, stopping: bool = False, spare: int | None = None) -> None:
+        """Send `sig` to every running rank but `spare` (and, with `group`, to what it started); `stopping`: the
+        job is being stopped (an outside rank gets `STOP_SIGNAL` instead, see `OutsideRank`)."""
         self.signals_sent.add(sig)
-        for pid in self.running():
+        for pid in self.running(spare):
             if self.outside is None or pid != self.outside.pid:
                 send_to_group(pid, sig, group)
             elif not (sig == signal.SIGINT and self.outside.sees_ctrl_c):
                 send_to_group(pid, STOP_SIGNAL if stopping else sig, group=False)
 
-    def _record(self, event: RankExited) -> int | None:
-        """Note how a rank ended; its rank, or None for a process of an earlier job (one that outlived
+    def _record(self, event: RankExited) -> bool:
+        """Note how a rank ended; whether it failed (False for a process of an earlier job, one that outlived
         its job's bounded stop, see `kill`)."""
         rank = self.pids.get(event.pid)
         if rank is None:
-            return None
+            return False
         self.codes[rank] = event.exit_code
         self.ended_at[rank] = time.time()
-        return rank
+        return event.exit_code != 0
 
     def _begin_stop(self) -> float:
         """Stop showing the ranks' output, dump the running ranks' stacks into their logs (where each
@@ -168,21 +168,18 @@ class NodeRanks:
         SIGKILL after `grace.stop_s`). Returns whether the job hit its time limit and was stopped."""
         grace_end = float("inf")
         limit_end = time.monotonic() + self.payload.plan.platform.timeout_min * 60.0
-        timed_out = False
+        timed_out = reported = False
         while self.running():
             timeout = min(grace_end, limit_end) - time.monotonic()
             event = self.inbox.next(None if timeout == float("inf") else max(0.0, timeout))
-            rank = self._record(event) if event is not None else None
-            failed = rank is not None and self.codes[rank] != 0
+            failed = event is not None and self._record(event)
             if (self._take_requests() or failed) and not self.stopped:
                 grace_end = self._begin_stop()
             if time.monotonic() >= grace_end:  # an outside rank still running gets its `report_s` first (once)
-                outside = None if self._reported else self.outside
-                if outside is not None and outside.pid not in self.running():
-                    outside = None
-                self._reported = True
-                self.kill(spare=outside.pid if outside is not None else None)
-                grace_end = float("inf") if outside is None else time.monotonic() + outside.report_s
+                spare = self.outside if self.outside and not reported and self.outside.pid in self.running() else None
+                reported = True
+                self.kill(spare=spare.pid if spare is not None else None)
+                grace_end = float("inf") if spare is None else time.monotonic() + spare.report_s
             elif time.monotonic() >= limit_end:
                 timed_out, limit_end = True, float("inf")
                 grace_end = self._begin_stop()
@@ -203,12 +200,8 @@ class NodeRanks:
         self.stopped.update(self.pids[pid] for pid in self.running())
         self.console.freeze()  # what the ranks print as they stop stays in their logs
         self.send(sig)
-        end = time.monotonic() + self.grace.interrupt_s
         try:
-            while self.running() and time.monotonic() < end and not self._requests:  # asked again: kill now
-                event = self.inbox.next(max(0.0, end - time.monotonic()))
-                if event is not None:
-                    self._record(event)
+            self._reap(time.monotonic() + self.grace.interrupt_s, until_asked=True)  # asked again: kill now
         except (KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM: kill now
             pass
         self.kill()
@@ -219,22 +212,23 @@ class NodeRanks:
         if self.outside is not None and self.outside.pid in self.running() and spare != self.outside.pid:
             sys.stderr.write(f"[ddpw] rank {self.outside.rank} (pid {self.outside.pid}, the program's task) did "
                              "not end in the time it was given; killed\n")
-        self.signals_sent.add(signal.SIGKILL)
-        for pid in self.running():
-            if pid != spare:
-                send_to_group(pid, signal.SIGKILL, group=self.outside is None or pid != self.outside.pid)
-        end = time.monotonic() + KILL_WAIT_S
-        while [pid for pid in self.running() if pid != spare]:
+        self.send(signal.SIGKILL, spare=spare)
+        self._reap(time.monotonic() + KILL_WAIT_S, spare)
+        for pid in self.running(spare):
+            log.error(
+                "rank %d (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a hung GPU call); "
+                "it is left behind", self.pids[pid], pid, KILL_WAIT_S,
+            )
+            self.left_behind.add(pid)
+
+    def _reap(self, end: float, spare: int | None = None, until_asked: bool = False) -> None:
+        """Note the ranks' exits until every rank but `spare` has exited or `end` (monotonic) passed; with
+        `until_asked`, also until another thread asks for something."""
+        while self.running(spare) and not (until_asked and self._requests):
             event = self.inbox.next(max(0.0, end - time.monotonic()))
             if event is not None:
                 self._record(event)
             elif time.monotonic() >= end:
-                for pid in [pid for pid in self.running() if pid != spare]:
-                    log.error(
-                        "rank %d (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a "
-                        "hung GPU call); it is left behind", self.pids[pid], pid, KILL_WAIT_S,
-                    )
-                    self.left_behind.add(pid)
                 return
 
     def outcomes(self) -> list[RankOutcome]:
