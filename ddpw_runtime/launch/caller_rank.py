@@ -19,6 +19,7 @@ from ddpw_runtime.launch.engine import LocalJob
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.records import RankResult
+from ddpw_runtime.launch.signals import signal_of
 from ddpw_runtime.launch.stacks import where_in
 from ddpw_runtime.launch.supervisor import STOP_SIGNAL, NodeRanks, supervise
 from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack
@@ -88,7 +89,7 @@ class CallerRank:
             self._ranks.request_stop()
             self._thread.join()
         elif self._thread.ident is None:  # never started (interrupted as it entered)
-            self._ranks.close()
+            self._ranks.inbox.close()
         self._console.stop()
         self._store = None
         for sig, handler in self._saved_handlers.items():
@@ -135,10 +136,8 @@ class CallerRank:
     def _abort(self, exc: BaseException) -> None:
         """Rank 0 ended by `exc` (not an Exception: Ctrl-C, SIGTERM, `sys.exit`): stop the other ranks
         (passing the signal on, with the grace) and wait for them."""
-        if self.interrupted is None and isinstance(exc, (KeyboardInterrupt, Terminated)):
-            self._ranks.request_stop(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
-        elif self.interrupted is None:
-            self._ranks.request_stop()
+        if self.interrupted is None:
+            self._ranks.request_stop(signal_of(exc) if isinstance(exc, (KeyboardInterrupt, Terminated)) else None)
         if self._thread.ident is not None:  # started
             self._thread.join()
         if isinstance(self._others, list):
@@ -150,7 +149,7 @@ class CallerRank:
             if self._ranks.ranks:
                 self._others = supervise(self._ranks)
             else:  # the caller's is the only rank: wait for its task, at most until the time limit
-                self._ranks.close()
+                self._ranks.inbox.close()
                 if not self._task_over.wait(self.plan.platform.timeout_min * 60.0):
                     self._stop_rank_zero()
                     raise JobTimedOut(self.plan.platform.timeout_min, {})

@@ -10,9 +10,9 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 from ddpw_conf import Platform
@@ -70,8 +70,7 @@ def starter_for(platform: Platform) -> RankStarter:
 class LocalJob:
     """The ranks of one node of one job, ready to start: the rank starter, the rendezvous socket (bound before
     any rank starts, on the node that hosts the store), the plan, the payload (`task`, a packed `TaskCall`, and
-    `state`, the launching process's) and a private folder for the results; leaving it as a context manager
-    closes the socket and removes the folder."""
+    `state`, the launching process's) and a private folder for the results, until `close`."""
 
     def __init__(self, task: bytes, state: ProcessState, job: NodeJob) -> None:
         platform = job.platform
@@ -79,6 +78,8 @@ class LocalJob:
         self.starter = starter_for(platform)
         hosts_store = job.node_rank == 0 and platform.ipc_protocol == "tcp"
         self.listener = rendezvous.listen(platform, job.master_addr, job.master_port) if hosts_store else None
+        self.listen_fd = self.listener.fileno() if self.listener is not None else None
+        """The bound rendezvous socket's descriptor, on the node that hosts the store."""
         self.workdir = Path(tempfile.mkdtemp(prefix="ddpw-"))
         try:
             port = self.listener.getsockname()[1] if self.listener is not None else job.master_port
@@ -114,11 +115,6 @@ class LocalJob:
             os.close(own_fd)
             raise
 
-    @property
-    def listen_fd(self) -> int | None:
-        """The bound rendezvous socket's descriptor, on the node that hosts the store."""
-        return self.listener.fileno() if self.listener is not None else None
-
     def console(self, skip: int | None = None) -> ConsoleRanks:
         """The console of this node's console ranks (`platform.console_ranks`), but `skip` (a rank that runs
         in this process)."""
@@ -131,12 +127,6 @@ class LocalJob:
         if self.listener is not None:
             self.listener.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> LocalJob:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
 
 
 def settle(job: NodeJob, outcomes: list[RankOutcome]) -> None:
@@ -184,7 +174,7 @@ def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
 def _run_once(task: TaskCall, packed: bytes, state: ProcessState, job: NodeJob, caller_rank: bool) -> list[Any]:
     from ddpw_runtime.launch.caller_rank import CallerRank
 
-    with LocalJob(packed, state, job) as local:
+    with closing(LocalJob(packed, state, job)) as local:
         if not caller_rank:
             with local.console() as console:
                 outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console))

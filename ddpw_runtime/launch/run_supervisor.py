@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import closing
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -33,9 +34,6 @@ from ddpw_runtime.launch.starter_process import die_with_parent
 from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, OutsideRank, supervise
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-REPORT_S = 5.0
-"""Rank 0's `OutsideRank.report_s`: its time, beyond the others' grace, to end its task through Hydra."""
 
 
 class ThreadsBeforeTheRun(RuntimeError):
@@ -158,12 +156,12 @@ class RunSupervisor:
             self.awaiting.set()  # rank 0 waits for the next `RankZero` now
         from ddpw_runtime.rank.environment import rank_environment
 
-        with LocalJob(starting.task, starting.state, job) as local, local.console() as console:
+        with closing(LocalJob(starting.task, starting.state, job)) as local, local.console() as console:
             self.result_file = local.payload.result_file(0)
             env = {**rank_environment(local.plan, 0, 0), **local.payload.job_environment()}
             terminal = console.terminal_of(0)
             stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
-            outside = OutsideRank(0, self.pid, self.sees_ctrl_c, REPORT_S)
+            outside = OutsideRank(self.pid, self.sees_ctrl_c)
             ranks = self.ranks = NodeRanks(local, local.plan.global_ranks, console, stores.clear, outside)
             if self.exited is not None:  # rank 0 died while the job was being prepared
                 ranks.inbox.put(RankExited(self.pid, self.exited))

@@ -57,23 +57,23 @@ library uses, where there are such signals). A process a rank starts itself gets
 
 @dataclass(frozen=True)
 class OutsideRank:
-    """A rank of this node that this node did not start: rank 0 of a plain run, the user's own process. It is
-    signalled alone (its process group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`:
-    the terminal's Ctrl-C reaches it directly, so an interrupt is not passed on to it again."""
+    """Rank 0 when this node did not start it: a plain run's, the user's own process. It is signalled alone
+    (its process group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`: the terminal's
+    Ctrl-C reaches it directly, so an interrupt is not passed on to it again. When the job is stopped it gets
+    `_REPORT_S` (5 s) beyond the others' grace to end its task (through Hydra: the user's callbacks run
+    before it says its task ended)."""
 
-    rank: int
     pid: int
     sees_ctrl_c: bool
-    report_s: float
-    """Seconds it gets, beyond the others' grace, to end its task when the job is stopped: rank 0 of a
-    plain run then ends through Hydra (the user's callbacks run before it says its task ended)."""
+
+
+_REPORT_S = 5.0
 
 
 class NodeRanks:
     """`ranks` of `local`'s node as they start, run and end: their pids, how each ended, how to stop them. One
     thread supervises them (`supervise`); another may ask for them to be stopped (`request_stop`).
-    `on_stop`: called when the job is being stopped; `outside`: a rank among `ranks` that this node did not
-    start (`OutsideRank`)."""
+    `on_stop`: called when the job is being stopped; `outside`: rank 0, which this node did not start."""
 
     def __init__(self, local: LocalJob, ranks: Sequence[int], console: ConsoleRanks,
                  on_stop: Callable[[], None] = lambda: None, outside: OutsideRank | None = None) -> None:
@@ -99,16 +99,17 @@ class NodeRanks:
         """What other threads asked for (`request_stop`)."""
         self._lock = threading.Lock()
         self.inbox = Inbox()
-        """Where this node's rank exits arrive, and what wakes the supervising thread."""
+        """Where this node's rank exits arrive, and what wakes the supervising thread; closed, it ignores
+        later requests."""
 
     def start(self) -> None:
         """Start every rank."""
         first = self.payload.plan.global_ranks[0]
         if self.outside is not None:
-            self.pids[self.outside.pid] = self.outside.rank
+            self.pids[self.outside.pid] = 0
             self.starter.adopt(self.key, self.outside.pid)
         for rank in self.ranks:
-            if self.outside is not None and rank == self.outside.rank:
+            if self.outside is not None and rank == 0:
                 continue
             with held():  # Ctrl-C or SIGTERM comes once the rank is known here, so that it is stopped too
                 pid = self.starter.start(self.inbox, self.key, str(self.local.payload_path), rank - first,
@@ -175,11 +176,11 @@ class NodeRanks:
             failed = event is not None and self._record(event)
             if (self._take_requests() or failed) and not self.stopped:
                 grace_end = self._begin_stop()
-            if time.monotonic() >= grace_end:  # an outside rank still running gets its `report_s` first (once)
+            if time.monotonic() >= grace_end:  # an outside rank still running gets `_REPORT_S` more (once)
                 spare = self.outside if self.outside and not reported and self.outside.pid in self.running() else None
                 reported = True
                 self.kill(spare=spare.pid if spare is not None else None)
-                grace_end = float("inf") if spare is None else time.monotonic() + spare.report_s
+                grace_end = float("inf") if spare is None else time.monotonic() + _REPORT_S
             elif time.monotonic() >= limit_end:
                 timed_out, limit_end = True, float("inf")
                 grace_end = self._begin_stop()
@@ -210,8 +211,8 @@ class NodeRanks:
         """SIGKILL every running rank (but `spare`) and wait until each has exited, at most `KILL_WAIT_S`."""
         self.stopped.update(self.pids[pid] for pid in self.running())
         if self.outside is not None and self.outside.pid in self.running() and spare != self.outside.pid:
-            sys.stderr.write(f"[ddpw] rank {self.outside.rank} (pid {self.outside.pid}, the program's task) did "
-                             "not end in the time it was given; killed\n")
+            sys.stderr.write(f"[ddpw] rank 0 (pid {self.outside.pid}, the program's task) did not end in the time it "
+                             "was given; killed\n")
         self.send(signal.SIGKILL, spare=spare)
         self._reap(time.monotonic() + KILL_WAIT_S, spare)
         for pid in self.running(spare):
@@ -257,10 +258,6 @@ class NodeRanks:
         if left:
             log.error("processes the ranks started would not die 6 s after SIGTERM and SIGKILL (stuck in the "
                       "kernel?); left behind: pids %s", ", ".join(map(str, left)))
-
-    def close(self) -> None:
-        """Release the inbox; later requests are ignored."""
-        self.inbox.close()
 
 
 def _wait_for_dumps(logs: list[Path], before: list[int]) -> None:
@@ -313,7 +310,7 @@ def supervise(ranks: NodeRanks) -> list[RankOutcome]:
             raise
         finally:
             ranks.end()
-            ranks.close()
+            ranks.inbox.close()
     if timed_out:
         raise JobTimedOut(plan.platform.timeout_min, {rank: where(plan.log_file(rank)) for rank in ranks.ranks})
     outcomes = ranks.outcomes()
