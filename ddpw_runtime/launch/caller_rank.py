@@ -1,8 +1,6 @@
-"""`Wrapper(caller_rank=True)`: rank 0 runs in the calling process (`rank/own_process.py`), so what it builds
-stays in the caller's memory; a thread of the caller supervises the other ranks (docs/architecture.md,
-"`Wrapper(caller_rank=True)`"). Ctrl-C and SIGTERM to the caller reach every rank: the caller's task gets
-KeyboardInterrupt (or `Terminated`), the other ranks the signal and `grace.interrupt_s` to finish.
-"""
+"""`Wrapper(caller_rank=True)` (docs/architecture.md): rank 0 in the calling process, which keeps what it builds.
+Ctrl-C and SIGTERM to the caller reach every rank: the caller's task gets KeyboardInterrupt (or
+`Terminated`), the other ranks the signal and `grace.interrupt_s` to finish."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""A plain run's supervisor: the program's own process, once it has handed Hydra's run to rank 0 (a fork
-of it). It starts and supervises the other ranks and watches rank 0 like any rank (docs/architecture.md,
+"""A plain run's supervisor: the program's own process, once its fork goes on as rank 0 (docs/architecture.md,
 "A plain run is Hydra's own run mode"). The program exits with rank 0's exit code, or 130/143 after
-Ctrl-C/SIGTERM, or 1 when rank 0 had to be killed (the supervisor then shows the job's error itself).
-"""
+Ctrl-C/SIGTERM, or 1 when rank 0 had to be killed (the supervisor then shows the job's error itself)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ import sys
 import threading
 import time
 import traceback
-from contextlib import closing
+from contextlib import closing, suppress
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -196,10 +194,8 @@ class RunSupervisor:
     def _answer(self, settled: JobSettled) -> None:
         """Tell rank 0's process, which waits for it, how the job ended."""
         self.awaiting.clear()
-        try:
+        with suppress(OSError):  # it is gone
             self.channel.send(settled)
-        except OSError:  # it is gone
-            pass
 
     def _end_of_run(self) -> int:
         """Wait for rank 0's process to end (Hydra finishing the run); its exit code. Ctrl-C and SIGTERM
@@ -242,12 +238,10 @@ class RunSupervisor:
             self._answer(JobSettled(None, stopped=self.interrupted or sig))
         elif self.interrupted is None and not (sig == signal.SIGINT and self.sees_ctrl_c):
             send_to_group(self.pid, sig, group=False)
-        try:
+        with suppress(KeyboardInterrupt, Terminated):  # asked again: at once
             if not self._exited_within(self.grace.interrupt_s if len(self.received) < 2 else 0.0):
                 sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}, the program's task) did not end in the time "
                                  "it was given; killed\n")
-        except (KeyboardInterrupt, Terminated):  # asked again: at once
-            pass
         self._kill_rank_zero()
         return 128 + (self.interrupted or sig)
 
@@ -306,10 +300,8 @@ def _in_foreground() -> bool:
     """Whether this process is in its terminal's foreground process group (a Ctrl-C typed there reaches
     every process of the group, rank 0 among them)."""
     for fd in (0, 1, 2):
-        try:
+        with suppress(OSError):
             return os.tcgetpgrp(fd) == os.getpgrp()
-        except OSError:
-            continue
     return False
 
 

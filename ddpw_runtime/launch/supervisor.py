@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,11 +78,8 @@ class NodeRanks:
     def __init__(self, local: LocalJob, ranks: Sequence[int], console: ConsoleRanks,
                  on_stop: Callable[[], None] = lambda: None, outside: OutsideRank | None = None) -> None:
         self.local = local
-        self.starter = local.starter
         self.key = JobKey(str(local.workdir))
         self.outside = outside
-        self.payload = local.payload
-        self.grace = local.job.grace
         self.ranks = list(ranks)
         self.console = console
         self.on_stop = on_stop
@@ -104,16 +101,18 @@ class NodeRanks:
 
     def start(self) -> None:
         """Start every rank."""
-        first = self.payload.plan.global_ranks[0]
+        first = self.local.plan.global_ranks[0]
         if self.outside is not None:
             self.pids[self.outside.pid] = 0
-            self.starter.adopt(self.key, self.outside.pid)
+            self.local.starter.adopt(self.key, self.outside.pid)
         for rank in self.ranks:
             if self.outside is not None and rank == 0:
                 continue
             with held():  # Ctrl-C or SIGTERM comes once the rank is known here, so that it is stopped too
-                pid = self.starter.start(self.inbox, self.key, str(self.local.payload_path), rank - first,
-                                         self.local.listen_fd if rank == 0 else None, self.console.terminal_of(rank))
+                pid = self.local.starter.start(
+                    self.inbox, self.key, str(self.local.payload_path), rank - first,
+                    self.local.listen_fd if rank == 0 else None, self.console.terminal_of(rank),
+                )
                 self.console.handed_over(rank)
                 self.pids[pid] = rank
 
@@ -157,18 +156,18 @@ class NodeRanks:
         running = [self.pids[pid] for pid in self.running()]
         self.stopped.update(running)
         if running:
-            logs = [self.payload.plan.log_file(rank) for rank in running]
+            logs = [self.local.plan.log_file(rank) for rank in running]
             before = [file_size(log) for log in logs]
             self.send(signal.SIGUSR1, group=False)
             _wait_for_dumps(logs, before)
         self.send(signal.SIGTERM, stopping=True)
-        return time.monotonic() + self.grace.stop_s
+        return time.monotonic() + self.local.job.grace.stop_s
 
     def wait(self) -> bool:
         """Wait for every rank; on the first failure (or a stop request) stop the others (SIGTERM,
         SIGKILL after `grace.stop_s`). Returns whether the job hit its time limit and was stopped."""
         grace_end = float("inf")
-        limit_end = time.monotonic() + self.payload.plan.platform.timeout_min * 60.0
+        limit_end = time.monotonic() + self.local.plan.platform.timeout_min * 60.0
         timed_out = reported = False
         while self.running():
             timeout = min(grace_end, limit_end) - time.monotonic()
@@ -201,10 +200,8 @@ class NodeRanks:
         self.stopped.update(self.pids[pid] for pid in self.running())
         self.console.freeze()  # what the ranks print as they stop stays in their logs
         self.send(sig)
-        try:
-            self._reap(time.monotonic() + self.grace.interrupt_s, until_asked=True)  # asked again: kill now
-        except (KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM: kill now
-            pass
+        with suppress(KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM (or a request): kill now
+            self._reap(time.monotonic() + self.local.job.grace.interrupt_s, until_asked=True)
         self.kill()
 
     def kill(self, spare: int | None = None) -> None:
@@ -234,12 +231,12 @@ class NodeRanks:
 
     def outcomes(self) -> list[RankOutcome]:
         """How each rank ended, in rank order."""
-        plan = self.payload.plan
+        plan = self.local.plan
         return [
             RankOutcome(
                 rank=rank,
                 node=plan.node_rank,
-                result=_read_result(self.payload.result_file(rank)),
+                result=_read_result(self.local.payload.result_file(rank)),
                 exit_code=self.codes.get(rank),
                 stopped=rank in self.stopped,
                 signals_sent=frozenset(self.signals_sent),
@@ -252,7 +249,7 @@ class NodeRanks:
     def end(self) -> None:
         """After the ranks ended: have the starter stop whatever they started (`job_processes.py`)."""
         try:
-            left = self.starter.end_job(self.key, (self.outside.pid,) if self.outside is not None else ())
+            left = self.local.starter.end_job(self.key, (self.outside.pid,) if self.outside is not None else ())
         except RuntimeError:  # the starter is gone, and every process of the job with it
             return
         if left:
@@ -296,7 +293,7 @@ def sigterm_raises() -> Iterator[None]:
 def supervise(ranks: NodeRanks) -> list[RankOutcome]:
     """Start `ranks`, wait for them, and tell how each ended, in rank order; JobTimedOut past the time limit.
     Ctrl-C or SIGTERM here (main thread) is passed on to the ranks, with `grace.interrupt_s`, then propagates."""
-    plan = ranks.payload.plan
+    plan = ranks.local.plan
     with sigterm_raises():
         try:
             ranks.start()
@@ -314,7 +311,7 @@ def supervise(ranks: NodeRanks) -> list[RankOutcome]:
     if timed_out:
         raise JobTimedOut(plan.platform.timeout_min, {rank: where(plan.log_file(rank)) for rank in ranks.ranks})
     outcomes = ranks.outcomes()
-    ranks.starter.preload_modules(sorted({name for o in outcomes if o.result for name in o.result.imported}))
+    ranks.local.starter.preload_modules(sorted({name for o in outcomes if o.result for name in o.result.imported}))
     return outcomes
 
 
