@@ -1,8 +1,6 @@
-"""`Wrapper(caller_rank=True)`: rank 0 runs in the calling process (`rank/own_process.py`), so what it builds
-stays in the caller's memory; a thread of the caller supervises the other ranks (docs/architecture.md,
-"`Wrapper(caller_rank=True)`"). Ctrl-C and SIGTERM to the caller reach every rank: the caller's task gets
-KeyboardInterrupt (or `Terminated`), the other ranks the signal and `grace.interrupt_s` to finish.
-"""
+"""`Wrapper(caller_rank=True)` (docs/architecture.md): rank 0 in the calling process, which keeps what it builds.
+Ctrl-C and SIGTERM to the caller reach every rank: the caller's task gets KeyboardInterrupt (or
+`Terminated`), the other ranks the signal and `grace.interrupt_s` to finish."""
 
 from __future__ import annotations
 
@@ -19,8 +17,9 @@ from ddpw_runtime.launch.engine import LocalJob
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.records import RankResult
+from ddpw_runtime.launch.signals import signal_of
 from ddpw_runtime.launch.stacks import where_in
-from ddpw_runtime.launch.supervisor import STOP_SIGNAL, supervise
+from ddpw_runtime.launch.supervisor import STOP_SIGNAL, NodeRanks, supervise
 from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack
 
 
@@ -58,7 +57,7 @@ class CallerRank:
         self.interrupted: int | None = None
         """The signal (SIGINT, SIGTERM) passed on to the ranks when the caller got one."""
         self._console = local.console(skip=0)
-        self._ranks = local.ranks(self.plan.global_ranks[1:], self._console, on_stop=self._stop_rank_zero)
+        self._ranks = NodeRanks(local, self.plan.global_ranks[1:], self._console, self._stop_rank_zero)
         self._others: list[RankOutcome] | BaseException = []
         self._thread = threading.Thread(target=self._supervise, name="ddpw-other-ranks", daemon=True)
         self._task_over = threading.Event()
@@ -88,7 +87,7 @@ class CallerRank:
             self._ranks.request_stop()
             self._thread.join()
         elif self._thread.ident is None:  # never started (interrupted as it entered)
-            self._ranks.close()
+            self._ranks.inbox.close()
         self._console.stop()
         self._store = None
         for sig, handler in self._saved_handlers.items():
@@ -135,10 +134,8 @@ class CallerRank:
     def _abort(self, exc: BaseException) -> None:
         """Rank 0 ended by `exc` (not an Exception: Ctrl-C, SIGTERM, `sys.exit`): stop the other ranks
         (passing the signal on, with the grace) and wait for them."""
-        if self.interrupted is None and isinstance(exc, (KeyboardInterrupt, Terminated)):
-            self._ranks.request_stop(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
-        elif self.interrupted is None:
-            self._ranks.request_stop()
+        if self.interrupted is None:
+            self._ranks.request_stop(signal_of(exc) if isinstance(exc, (KeyboardInterrupt, Terminated)) else None)
         if self._thread.ident is not None:  # started
             self._thread.join()
         if isinstance(self._others, list):
@@ -150,7 +147,7 @@ class CallerRank:
             if self._ranks.ranks:
                 self._others = supervise(self._ranks)
             else:  # the caller's is the only rank: wait for its task, at most until the time limit
-                self._ranks.close()
+                self._ranks.inbox.close()
                 if not self._task_over.wait(self.plan.platform.timeout_min * 60.0):
                     self._stop_rank_zero()
                     raise JobTimedOut(self.plan.platform.timeout_min, {})

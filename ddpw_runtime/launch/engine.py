@@ -10,9 +10,9 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 from ddpw_conf import Platform
@@ -27,7 +27,7 @@ from ddpw_runtime.launch.payload import RankPayload, TaskCall, write_private
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.starter import RankStarter, get_starter
-from ddpw_runtime.launch.supervisor import Grace, NodeRanks, OutsideRank, supervise
+from ddpw_runtime.launch.supervisor import Grace, NodeRanks, supervise
 
 log = logging.getLogger("ddpw")
 
@@ -67,26 +67,19 @@ def starter_for(platform: Platform) -> RankStarter:
     return get_starter(preload=platform.spawn_method == "forkserver")
 
 
-@dataclass(frozen=True)
-class JobInput:
-    """What every rank of a job takes from the process that launched it: the task (a packed `TaskCall`)
-    and that process's state."""
-
-    task: bytes
-    state: ProcessState
-
-
 class LocalJob:
     """The ranks of one node of one job, ready to start: the rank starter, the rendezvous socket (bound before
-    any rank starts, on the node that hosts the store), the plan, the payload and a private folder for the
-    results; leaving it as a context manager closes the socket and removes the folder."""
+    any rank starts, on the node that hosts the store), the plan, the payload (`task`, a packed `TaskCall`, and
+    `state`, the launching process's) and a private folder for the results, until `close`."""
 
-    def __init__(self, task: JobInput, job: NodeJob) -> None:
+    def __init__(self, task: bytes, state: ProcessState, job: NodeJob) -> None:
         platform = job.platform
         self.job = job
         self.starter = starter_for(platform)
         hosts_store = job.node_rank == 0 and platform.ipc_protocol == "tcp"
         self.listener = rendezvous.listen(platform, job.master_addr, job.master_port) if hosts_store else None
+        self.listen_fd = self.listener.fileno() if self.listener is not None else None
+        """The bound rendezvous socket's descriptor, on the node that hosts the store."""
         self.workdir = Path(tempfile.mkdtemp(prefix="ddpw-"))
         try:
             port = self.listener.getsockname()[1] if self.listener is not None else job.master_port
@@ -94,7 +87,7 @@ class LocalJob:
                 platform, Path(job.log_dir).resolve(), self.workdir, job.run_id or uuid.uuid4().hex[:12],
                 job.node_rank, job.master_addr, port, job.max_restarts, job.restart_count, job.share,
             )
-            self.payload = RankPayload(self.plan, task.task, task.state, str(self.workdir))
+            self.payload = RankPayload(self.plan, task, state, str(self.workdir))
             self.payload_path = self.workdir / "payload.pkl"
             write_private(self.payload_path, self.payload)
         except BaseException:
@@ -122,11 +115,6 @@ class LocalJob:
             os.close(own_fd)
             raise
 
-    @property
-    def listen_fd(self) -> int | None:
-        """The bound rendezvous socket's descriptor, on the node that hosts the store."""
-        return self.listener.fileno() if self.listener is not None else None
-
     def console(self, skip: int | None = None) -> ConsoleRanks:
         """The console of this node's console ranks (`platform.console_ranks`), but `skip` (a rank that runs
         in this process)."""
@@ -134,23 +122,11 @@ class LocalJob:
         files = {rank: self.plan.log_file(rank) for rank in shown if rank != skip}
         return ConsoleRanks(files, self.job.console_prefix, ranked=len(shown) > 1)
 
-    def ranks(self, ranks: list[int], console: ConsoleRanks, on_stop: Callable[[], None] = lambda: None,
-              outside: OutsideRank | None = None) -> NodeRanks:
-        """`ranks` of this node, to start as processes of their own but `outside` (see `supervise`)."""
-        return NodeRanks(self.starter, self.payload, self.payload_path, self.job.grace, ranks, console,
-                         self.listen_fd, on_stop, outside)
-
     def close(self) -> None:
         """Close the rendezvous socket and remove the private folder."""
         if self.listener is not None:
             self.listener.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> LocalJob:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
 
 
 def settle(job: NodeJob, outcomes: list[RankOutcome]) -> None:
@@ -172,43 +148,36 @@ def run_ranks(task: TaskCall, job: NodeJob, caller_rank: bool = False) -> list[A
 
     if caller_rank:
         check_caller_rank(job.platform)
-    given = JobInput(task.pack(), ProcessState.capture())
-    return with_restarts(job, lambda attempt: _run_once(task, given, attempt, caller_rank))
+    packed, state = task.pack(), ProcessState.capture()
+    return with_restarts(job, lambda attempt: _run_once(task, packed, state, attempt, caller_rank))
 
 
 def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
-    """`run(job)`, and while it fails and restarts are left (`job.max_restarts`), `run` of the job again,
-    in the same log dir with the same run id and the next restart count; a time limit or an
-    interruption is not restarted."""
+    """`run(job)`, and while it fails and restarts are left (`restart_on_failure`, `max_restarts`), says so
+    and runs the job again, in the same log dir with the same run id and the next restart count; a time
+    limit or an interruption is not restarted."""
     job = replace(job, run_id=job.run_id or uuid.uuid4().hex[:12])
     while True:
         try:
             return run(job)
         except RankFailure as failure:
-            if not restart_after(job, failure):
+            if not job.restart_on_failure or job.restart_count >= job.max_restarts:
                 raise
+            log.warning(
+                "%sattempt %d of %d failed: rank %d (node %d) failed: %s; starting the job again (restart %d of "
+                "%d), in the same output dir", job.console_prefix, job.restart_count + 1, job.max_restarts + 1,
+                failure.rank, failure.node, failure.cause, job.restart_count + 1, job.max_restarts,
+            )
             job = replace(job, restart_count=job.restart_count + 1)
 
 
-def restart_after(job: NodeJob, failure: RankFailure) -> bool:
-    """Whether a run of `job` that failed with `failure` is started again; says so on the console."""
-    if not job.restart_on_failure or job.restart_count >= job.max_restarts:
-        return False
-    log.warning(
-        "%sattempt %d of %d failed: rank %d (node %d) failed: %s; starting the job again (restart %d of %d), "
-        "in the same output dir", job.console_prefix, job.restart_count + 1, job.max_restarts + 1, failure.rank,
-        failure.node, failure.cause, job.restart_count + 1, job.max_restarts,
-    )
-    return True
-
-
-def _run_once(task: TaskCall, given: JobInput, job: NodeJob, caller_rank: bool) -> list[Any]:
+def _run_once(task: TaskCall, packed: bytes, state: ProcessState, job: NodeJob, caller_rank: bool) -> list[Any]:
     from ddpw_runtime.launch.caller_rank import CallerRank
 
-    with LocalJob(given, job) as local:
+    with closing(LocalJob(packed, state, job)) as local:
         if not caller_rank:
             with local.console() as console:
-                outcomes = supervise(local.ranks(local.plan.global_ranks, console))
+                outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console))
             settle(job, outcomes)
             return [o.result.value() for o in outcomes if o.result is not None]
         with CallerRank(local) as rank_zero:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,8 +139,5 @@ def note_failures(outcomes: Iterable[RankOutcome]) -> None:
         error = outcome.result.error if outcome.result is not None else None
         if error is None or outcome.log_file is None:
             continue
-        try:
-            with open(outcome.log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
-                log.write(f"--- rank {outcome.rank} failed: {error.headline}\n{error.traceback}")
-        except OSError:
-            pass
+        with suppress(OSError), open(outcome.log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
+            log.write(f"--- rank {outcome.rank} failed: {error.headline}\n{error.traceback}")

@@ -1,8 +1,6 @@
-"""A plain run's supervisor: the program's own process, once it has handed Hydra's run to rank 0 (a fork
-of it). It starts and supervises the other ranks and watches rank 0 like any rank (docs/architecture.md,
+"""A plain run's supervisor: the program's own process, once its fork goes on as rank 0 (docs/architecture.md,
 "A plain run is Hydra's own run mode"). The program exits with rank 0's exit code, or 130/143 after
-Ctrl-C/SIGTERM, or 1 when rank 0 had to be killed (the supervisor then shows the job's error itself).
-"""
+Ctrl-C/SIGTERM, or 1 when rank 0 had to be killed (the supervisor then shows the job's error itself)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from contextlib import closing, suppress
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -24,18 +22,16 @@ from typing import NoReturn
 from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.errors import RankFailure, Terminated
-from ddpw_runtime.launch.engine import JobInput, LocalJob, NodeJob, settle, starter_for, with_restarts
+from ddpw_runtime.launch.engine import LocalJob, NodeJob, settle, starter_for, with_restarts
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
+from ddpw_runtime.launch.records import portable_pickle
 from ddpw_runtime.launch.signals import blocked, send_to_group, signal_of, stopped_line
 from ddpw_runtime.launch.starter import close_starters
 from ddpw_runtime.launch.starter_process import die_with_parent
 from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, OutsideRank, supervise
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-REPORT_S = 5.0
-"""Rank 0's `OutsideRank.report_s`: its time, beyond the others' grace, to end its task through Hydra."""
 
 
 class ThreadsBeforeTheRun(RuntimeError):
@@ -55,10 +51,7 @@ def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
         )
     ours, theirs = socket.socketpair()
     parent = os.getpid()
-    # What the program holds now stays shared with the supervisor: the cyclic garbage collector of either
-    # process no longer walks it, so neither copies every page of it (rank 0's last collection, at exit,
-    # would; ~0.3 s with torch loaded). This is what Python's documentation of `gc.freeze` advises.
-    gc.freeze()
+    gc.freeze()  # neither process's garbage collector copies what the program holds (~0.3 s with torch loaded)
     with blocked(_SIGNALS) as before:  # none is handled half-way through the fork
         pid = os.fork()
         if pid == 0:
@@ -79,13 +72,6 @@ def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
             os._exit(code)
 
 
-@dataclass(frozen=True)
-class _RankZeroExited:
-    """Rank 0's process ended with `code` (negative: killed by that signal)."""
-
-    code: int
-
-
 class _Hangup(BaseException):
     """The terminal went away (SIGHUP): every process of the job ends at once."""
 
@@ -101,7 +87,8 @@ class RunSupervisor:
         self.options = options
         self.grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
         self.signal_mask = signal_mask
-        self.events: queue.SimpleQueue[JobStarting | RunEnded | _RankZeroExited] = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[JobStarting | RunEnded | None] = queue.SimpleQueue()
+        """What rank 0's process said; None once it ended (`exited`)."""
         self.result_file: Path | None = None
         self.ranks: NodeRanks | None = None
         """The ranks of the attempt that runs (what a second Ctrl-C or SIGTERM kills at once; its inbox
@@ -131,7 +118,7 @@ class RunSupervisor:
             first = self.events.get()
             if isinstance(first, JobStarting):
                 return self._after_job(self._job(first))
-            return _exit_code(first.code) if isinstance(first, _RankZeroExited) else self._end_of_run()
+            return self._end_of_run()
         except (KeyboardInterrupt, Terminated) as stop:
             return self._interrupt_rank_zero(signal_of(stop))
         except _Hangup:
@@ -148,19 +135,18 @@ class RunSupervisor:
         log_dir = Path(starting.log_dir)
         console = JobConsole(0, self.platform, log_dir, Path.cwd())
         job = NodeJob(self.platform, log_dir, self.grace, max_restarts=self.options.max_restarts)
-        given = JobInput(starting.task, starting.state)
         console.started()
         self.job_started = True
         started = time.monotonic()
         try:
-            with_restarts(job, lambda attempt: self._attempt(given, attempt))
+            with_restarts(job, lambda attempt: self._attempt(starting, attempt))
         except Exception as failure:  # noqa: BLE001 - any failure is the job's, shown where it can be
             console.failed(failure, time.monotonic() - started)
             return failure
         console.completed(time.monotonic() - started)
         return None
 
-    def _attempt(self, given: JobInput, job: NodeJob) -> None:
+    def _attempt(self, starting: JobStarting, job: NodeJob) -> None:
         """One attempt of the job: rank 0 told to join it, the other ranks started, every rank supervised."""
         if job.restart_count:
             self.task_ended.clear()
@@ -168,13 +154,13 @@ class RunSupervisor:
             self.awaiting.set()  # rank 0 waits for the next `RankZero` now
         from ddpw_runtime.rank.environment import rank_environment
 
-        with LocalJob(given, job) as local, local.console() as console:
+        with closing(LocalJob(starting.task, starting.state, job)) as local, local.console() as console:
             self.result_file = local.payload.result_file(0)
             env = {**rank_environment(local.plan, 0, 0), **local.payload.job_environment()}
             terminal = console.terminal_of(0)
             stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
-            outside = OutsideRank(0, self.pid, self.sees_ctrl_c, REPORT_S)
-            ranks = self.ranks = local.ranks(local.plan.global_ranks, console, on_stop=stores.clear, outside=outside)
+            outside = OutsideRank(self.pid, self.sees_ctrl_c)
+            ranks = self.ranks = NodeRanks(local, local.plan.global_ranks, console, stores.clear, outside)
             if self.exited is not None:  # rank 0 died while the job was being prepared
                 ranks.inbox.put(RankExited(self.pid, self.exited))
             self.awaiting.clear()
@@ -196,7 +182,7 @@ class RunSupervisor:
         """Tell rank 0 how the job ended (when it waits to hear it), then wait for its process to end."""
         if self.awaiting.is_set() and self.exited is None:  # rank 0's Hydra run shows its own error itself
             own = isinstance(failure, RankFailure) and failure.rank == 0 and bool(failure.traceback_text)
-            self._answer(JobSettled(None if own else _pickled(failure)))
+            self._answer(JobSettled(None if own or failure is None else _pickled(failure)))
             close_starters()  # the run's one job is over: the starter exits while rank 0 finishes the run
             return self._end_of_run()
         if failure is not None:  # rank 0 cannot say it (it died or was killed): say it here
@@ -208,10 +194,8 @@ class RunSupervisor:
     def _answer(self, settled: JobSettled) -> None:
         """Tell rank 0's process, which waits for it, how the job ended."""
         self.awaiting.clear()
-        try:
+        with suppress(OSError):  # it is gone
             self.channel.send(settled)
-        except OSError:  # it is gone
-            pass
 
     def _end_of_run(self) -> int:
         """Wait for rank 0's process to end (Hydra finishing the run); its exit code. Ctrl-C and SIGTERM
@@ -254,12 +238,10 @@ class RunSupervisor:
             self._answer(JobSettled(None, stopped=self.interrupted or sig))
         elif self.interrupted is None and not (sig == signal.SIGINT and self.sees_ctrl_c):
             send_to_group(self.pid, sig, group=False)
-        try:
+        with suppress(KeyboardInterrupt, Terminated):  # asked again: at once
             if not self._exited_within(self.grace.interrupt_s if len(self.received) < 2 else 0.0):
                 sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}, the program's task) did not end in the time "
                                  "it was given; killed\n")
-        except (KeyboardInterrupt, Terminated):  # asked again: at once
-            pass
         self._kill_rank_zero()
         return 128 + (self.interrupted or sig)
 
@@ -306,27 +288,20 @@ class RunSupervisor:
         ranks = self.ranks
         if ranks is not None and not self.task_ended.is_set():
             ranks.inbox.put(RankExited(self.pid, self.exited))
-        self.events.put(_RankZeroExited(self.exited))
+        self.events.put(None)
 
 
-def _pickled(error: BaseException | None) -> bytes | None:
+def _pickled(error: BaseException) -> bytes:
     """`error` pickled to travel to rank 0's process (its text when it cannot be pickled)."""
-    if error is None:
-        return None
-    try:
-        return pickle.dumps(error)
-    except Exception:  # noqa: BLE001 - any error can still be told as text
-        return pickle.dumps(RuntimeError(str(error)))
+    return portable_pickle(error) or pickle.dumps(RuntimeError(str(error)))
 
 
 def _in_foreground() -> bool:
     """Whether this process is in its terminal's foreground process group (a Ctrl-C typed there reaches
     every process of the group, rank 0 among them)."""
     for fd in (0, 1, 2):
-        try:
+        with suppress(OSError):
             return os.tcgetpgrp(fd) == os.getpgrp()
-        except OSError:
-            continue
     return False
 
 

@@ -11,19 +11,22 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.console import ConsoleRanks, file_size
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
-from ddpw_runtime.launch.payload import RankPayload
 from ddpw_runtime.launch.protocol import JobKey, RankExited
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import held, raise_terminated, send_to_group, signal_of
 from ddpw_runtime.launch.stacks import where
-from ddpw_runtime.launch.starter import Inbox, RankStarter
+from ddpw_runtime.launch.starter import Inbox
+
+if TYPE_CHECKING:
+    from ddpw_runtime.launch.engine import LocalJob
 
 log = logging.getLogger(__name__)
 
@@ -54,43 +57,38 @@ library uses, where there are such signals). A process a rank starts itself gets
 
 @dataclass(frozen=True)
 class OutsideRank:
-    """A rank of this node that this node did not start: rank 0 of a plain run, the user's own process. It is
-    signalled alone (its process group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`:
-    the terminal's Ctrl-C reaches it directly, so an interrupt is not passed on to it again."""
+    """Rank 0 when this node did not start it: a plain run's, the user's own process. It is signalled alone
+    (its process group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`: the terminal's
+    Ctrl-C reaches it directly, so an interrupt is not passed on to it again. When the job is stopped it gets
+    `_REPORT_S` (5 s) beyond the others' grace to end its task (through Hydra: the user's callbacks run
+    before it says its task ended)."""
 
-    rank: int
     pid: int
     sees_ctrl_c: bool
-    report_s: float
-    """Seconds it gets, beyond the others' grace, to end its task when the job is stopped: rank 0 of a
-    plain run then ends through Hydra (the user's callbacks run before it says its task ended)."""
+
+
+_REPORT_S = 5.0
 
 
 class NodeRanks:
-    """The ranks of one node as they start, run and end: their pids, how each ended, how to stop them. One
+    """`ranks` of `local`'s node as they start, run and end: their pids, how each ended, how to stop them. One
     thread supervises them (`supervise`); another may ask for them to be stopped (`request_stop`).
-    `outside`: a rank among `ranks` that this node did not start (`OutsideRank`)."""
+    `on_stop`: called when the job is being stopped; `outside`: rank 0, which this node did not start."""
 
-    def __init__(self, starter: RankStarter, payload: RankPayload, payload_path: Path, grace: Grace,
-                 ranks: Sequence[int], console: ConsoleRanks, listen_fd: int | None, on_stop: Callable[[], None],
-                 outside: OutsideRank | None) -> None:
-        self.starter = starter
-        self.key = JobKey(str(payload_path.parent))
+    def __init__(self, local: LocalJob, ranks: Sequence[int], console: ConsoleRanks,
+                 on_stop: Callable[[], None] = lambda: None, outside: OutsideRank | None = None) -> None:
+        self.local = local
+        self.key = JobKey(str(local.workdir))
         self.outside = outside
-        self.payload = payload
-        self.payload_path = payload_path
-        self.grace = grace
         self.ranks = list(ranks)
         self.console = console
         self.on_stop = on_stop
-        self.listen_fd = listen_fd
         self.pids: dict[int, int] = {}
         """rank by pid"""
         self.codes: dict[int, int] = {}
         self.ended_at: dict[int, float] = {}
         self.stopped: set[int] = set()
         """Ranks that were still running when the job was stopped."""
-        self._reported = False
         self.left_behind: set[int] = set()
         """Pids of ranks that did not exit after SIGKILL (stuck in the kernel); no longer waited for."""
         self.signals_sent: set[int] = set()
@@ -98,28 +96,30 @@ class NodeRanks:
         """What other threads asked for (`request_stop`)."""
         self._lock = threading.Lock()
         self.inbox = Inbox()
-        """Where this node's rank exits arrive, and what wakes the supervising thread."""
+        """Where this node's rank exits arrive, and what wakes the supervising thread; closed, it ignores
+        later requests."""
 
     def start(self) -> None:
         """Start every rank."""
-        first = self.payload.plan.global_ranks[0]
+        first = self.local.plan.global_ranks[0]
         if self.outside is not None:
-            self.pids[self.outside.pid] = self.outside.rank
-            self.starter.adopt(self.key, self.outside.pid)
+            self.pids[self.outside.pid] = 0
+            self.local.starter.adopt(self.key, self.outside.pid)
         for rank in self.ranks:
-            if self.outside is not None and rank == self.outside.rank:
+            if self.outside is not None and rank == 0:
                 continue
             with held():  # Ctrl-C or SIGTERM comes once the rank is known here, so that it is stopped too
-                pid = self.starter.start(
-                    self.inbox, self.key, str(self.payload_path), rank - first, self.listen_fd if rank == 0 else None,
-                    self.console.terminal_of(rank),
+                pid = self.local.starter.start(
+                    self.inbox, self.key, str(self.local.payload_path), rank - first,
+                    self.local.listen_fd if rank == 0 else None, self.console.terminal_of(rank),
                 )
                 self.console.handed_over(rank)
                 self.pids[pid] = rank
 
-    def running(self) -> list[int]:
-        """The pids of the ranks still running."""
-        return [pid for pid, rank in self.pids.items() if rank not in self.codes and pid not in self.left_behind]
+    def running(self, spare: int | None = None) -> list[int]:
+        """The pids of the ranks still running, but `spare`."""
+        return [pid for pid, rank in self.pids.items()
+                if rank not in self.codes and pid not in self.left_behind and pid != spare]
 
     def request_stop(self, sig: int | None = None) -> None:
         """Ask the supervising thread (from any thread) to stop the ranks: as after a failure, or with `sig`
@@ -128,25 +128,25 @@ class NodeRanks:
             self._requests.append(sig)
         self.inbox.wake()  # nothing once supervision is over: there is nothing left to stop
 
-    def send(self, sig: int, group: bool = True, stopping: bool = False) -> None:
-        """Send `sig` to every running rank (and, with `group`, to what it started); `stopping`: the job is
-        being stopped (an outside rank gets `STOP_SIGNAL` instead, see `OutsideRank`)."""
+    def send(self, sig: int, group: bool = True, stopping: bool = False, spare: int | None = None) -> None:
+        """Send `sig` to every running rank but `spare` (and, with `group`, to what it started); `stopping`: the
+        job is being stopped (an outside rank gets `STOP_SIGNAL` instead, see `OutsideRank`)."""
         self.signals_sent.add(sig)
-        for pid in self.running():
+        for pid in self.running(spare):
             if self.outside is None or pid != self.outside.pid:
                 send_to_group(pid, sig, group)
             elif not (sig == signal.SIGINT and self.outside.sees_ctrl_c):
                 send_to_group(pid, STOP_SIGNAL if stopping else sig, group=False)
 
-    def _record(self, event: RankExited) -> int | None:
-        """Note how a rank ended; its rank, or None for a process of an earlier job (one that outlived
+    def _record(self, event: RankExited) -> bool:
+        """Note how a rank ended; whether it failed (False for a process of an earlier job, one that outlived
         its job's bounded stop, see `kill`)."""
         rank = self.pids.get(event.pid)
         if rank is None:
-            return None
+            return False
         self.codes[rank] = event.exit_code
         self.ended_at[rank] = time.time()
-        return rank
+        return event.exit_code != 0
 
     def _begin_stop(self) -> float:
         """Stop showing the ranks' output, dump the running ranks' stacks into their logs (where each
@@ -156,33 +156,30 @@ class NodeRanks:
         running = [self.pids[pid] for pid in self.running()]
         self.stopped.update(running)
         if running:
-            logs = [self.payload.plan.log_file(rank) for rank in running]
+            logs = [self.local.plan.log_file(rank) for rank in running]
             before = [file_size(log) for log in logs]
             self.send(signal.SIGUSR1, group=False)
             _wait_for_dumps(logs, before)
         self.send(signal.SIGTERM, stopping=True)
-        return time.monotonic() + self.grace.stop_s
+        return time.monotonic() + self.local.job.grace.stop_s
 
     def wait(self) -> bool:
         """Wait for every rank; on the first failure (or a stop request) stop the others (SIGTERM,
         SIGKILL after `grace.stop_s`). Returns whether the job hit its time limit and was stopped."""
         grace_end = float("inf")
-        limit_end = time.monotonic() + self.payload.plan.platform.timeout_min * 60.0
-        timed_out = False
+        limit_end = time.monotonic() + self.local.plan.platform.timeout_min * 60.0
+        timed_out = reported = False
         while self.running():
             timeout = min(grace_end, limit_end) - time.monotonic()
             event = self.inbox.next(None if timeout == float("inf") else max(0.0, timeout))
-            rank = self._record(event) if event is not None else None
-            failed = rank is not None and self.codes[rank] != 0
+            failed = event is not None and self._record(event)
             if (self._take_requests() or failed) and not self.stopped:
                 grace_end = self._begin_stop()
-            if time.monotonic() >= grace_end:  # an outside rank still running gets its `report_s` first (once)
-                outside = None if self._reported else self.outside
-                if outside is not None and outside.pid not in self.running():
-                    outside = None
-                self._reported = True
-                self.kill(spare=outside.pid if outside is not None else None)
-                grace_end = float("inf") if outside is None else time.monotonic() + outside.report_s
+            if time.monotonic() >= grace_end:  # an outside rank still running gets `_REPORT_S` more (once)
+                spare = self.outside if self.outside and not reported and self.outside.pid in self.running() else None
+                reported = True
+                self.kill(spare=spare.pid if spare is not None else None)
+                grace_end = float("inf") if spare is None else time.monotonic() + _REPORT_S
             elif time.monotonic() >= limit_end:
                 timed_out, limit_end = True, float("inf")
                 grace_end = self._begin_stop()
@@ -203,48 +200,43 @@ class NodeRanks:
         self.stopped.update(self.pids[pid] for pid in self.running())
         self.console.freeze()  # what the ranks print as they stop stays in their logs
         self.send(sig)
-        end = time.monotonic() + self.grace.interrupt_s
-        try:
-            while self.running() and time.monotonic() < end and not self._requests:  # asked again: kill now
-                event = self.inbox.next(max(0.0, end - time.monotonic()))
-                if event is not None:
-                    self._record(event)
-        except (KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM: kill now
-            pass
+        with suppress(KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM (or a request): kill now
+            self._reap(time.monotonic() + self.local.job.grace.interrupt_s, until_asked=True)
         self.kill()
 
     def kill(self, spare: int | None = None) -> None:
         """SIGKILL every running rank (but `spare`) and wait until each has exited, at most `KILL_WAIT_S`."""
         self.stopped.update(self.pids[pid] for pid in self.running())
         if self.outside is not None and self.outside.pid in self.running() and spare != self.outside.pid:
-            sys.stderr.write(f"[ddpw] rank {self.outside.rank} (pid {self.outside.pid}, the program's task) did "
-                             "not end in the time it was given; killed\n")
-        self.signals_sent.add(signal.SIGKILL)
-        for pid in self.running():
-            if pid != spare:
-                send_to_group(pid, signal.SIGKILL, group=self.outside is None or pid != self.outside.pid)
-        end = time.monotonic() + KILL_WAIT_S
-        while [pid for pid in self.running() if pid != spare]:
+            sys.stderr.write(f"[ddpw] rank 0 (pid {self.outside.pid}, the program's task) did not end in the time it "
+                             "was given; killed\n")
+        self.send(signal.SIGKILL, spare=spare)
+        self._reap(time.monotonic() + KILL_WAIT_S, spare)
+        for pid in self.running(spare):
+            log.error(
+                "rank %d (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a hung GPU call); "
+                "it is left behind", self.pids[pid], pid, KILL_WAIT_S,
+            )
+            self.left_behind.add(pid)
+
+    def _reap(self, end: float, spare: int | None = None, until_asked: bool = False) -> None:
+        """Note the ranks' exits until every rank but `spare` has exited or `end` (monotonic) passed; with
+        `until_asked`, also until another thread asks for something."""
+        while self.running(spare) and not (until_asked and self._requests):
             event = self.inbox.next(max(0.0, end - time.monotonic()))
             if event is not None:
                 self._record(event)
             elif time.monotonic() >= end:
-                for pid in [pid for pid in self.running() if pid != spare]:
-                    log.error(
-                        "rank %d (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a "
-                        "hung GPU call); it is left behind", self.pids[pid], pid, KILL_WAIT_S,
-                    )
-                    self.left_behind.add(pid)
                 return
 
     def outcomes(self) -> list[RankOutcome]:
         """How each rank ended, in rank order."""
-        plan = self.payload.plan
+        plan = self.local.plan
         return [
             RankOutcome(
                 rank=rank,
                 node=plan.node_rank,
-                result=_read_result(self.payload.result_file(rank)),
+                result=_read_result(self.local.payload.result_file(rank)),
                 exit_code=self.codes.get(rank),
                 stopped=rank in self.stopped,
                 signals_sent=frozenset(self.signals_sent),
@@ -257,16 +249,12 @@ class NodeRanks:
     def end(self) -> None:
         """After the ranks ended: have the starter stop whatever they started (`job_processes.py`)."""
         try:
-            left = self.starter.end_job(self.key, (self.outside.pid,) if self.outside is not None else ())
+            left = self.local.starter.end_job(self.key, (self.outside.pid,) if self.outside is not None else ())
         except RuntimeError:  # the starter is gone, and every process of the job with it
             return
         if left:
             log.error("processes the ranks started would not die 6 s after SIGTERM and SIGKILL (stuck in the "
                       "kernel?); left behind: pids %s", ", ".join(map(str, left)))
-
-    def close(self) -> None:
-        """Release the inbox; later requests are ignored."""
-        self.inbox.close()
 
 
 def _wait_for_dumps(logs: list[Path], before: list[int]) -> None:
@@ -305,7 +293,7 @@ def sigterm_raises() -> Iterator[None]:
 def supervise(ranks: NodeRanks) -> list[RankOutcome]:
     """Start `ranks`, wait for them, and tell how each ended, in rank order; JobTimedOut past the time limit.
     Ctrl-C or SIGTERM here (main thread) is passed on to the ranks, with `grace.interrupt_s`, then propagates."""
-    plan = ranks.payload.plan
+    plan = ranks.local.plan
     with sigterm_raises():
         try:
             ranks.start()
@@ -319,11 +307,11 @@ def supervise(ranks: NodeRanks) -> list[RankOutcome]:
             raise
         finally:
             ranks.end()
-            ranks.close()
+            ranks.inbox.close()
     if timed_out:
         raise JobTimedOut(plan.platform.timeout_min, {rank: where(plan.log_file(rank)) for rank in ranks.ranks})
     outcomes = ranks.outcomes()
-    ranks.starter.preload_modules(sorted({name for o in outcomes if o.result for name in o.result.imported}))
+    ranks.local.starter.preload_modules(sorted({name for o in outcomes if o.result for name in o.result.imported}))
     return outcomes
 
 
