@@ -155,7 +155,7 @@ class RankZeroSide:
             output = fds[0] if message.terminal else open_log(message.plan.log_file(0))
             os.dup2(output, self._dumps, inheritable=False)
             _stopped.clear()
-            self.rank = RankInThisProcess(message.plan, 0, message.env, output=output)
+            self.rank = RankInThisProcess(message.plan, message.env, output=output)
             try:
                 self.rank.enter()
                 return
@@ -188,7 +188,7 @@ class RankZeroSide:
         """Leave the process group, say how the task ended, and hear how the job ended."""
         result = RankResult(0) if ok else None if _stopped.is_set() else RankResult.failure(0, error or Exception())
         if self.rank is not None:
-            self.rank.leave(result)
+            self.rank.leave()
             self.rank = None
         self._no_dumps()
         self.channel.send(TaskEnded(result))

@@ -46,7 +46,7 @@ class CallerRank:
         self.local = local
         self.plan = local.plan
         env = {**rank_environment(self.plan, 0, 0), **local.payload.job_environment()}
-        self.rank = RankInThisProcess(self.plan, 0, env)
+        self.rank = RankInThisProcess(self.plan, env)
         self._store: Any = None
         """The job's store, served here while the job runs (see `LocalJob.host_store`)."""
         self.own_error: BaseException | None = None
@@ -110,7 +110,7 @@ class CallerRank:
             raise
         finally:
             self._task_over.set()
-            self.rank.leave(own)
+            self.rank.leave()
             self.own = own
         return value
 

@@ -17,17 +17,15 @@ from pathlib import Path
 from types import CodeType, FrameType
 
 from ddpw_runtime.launch.plan import LaunchPlan
-from ddpw_runtime.launch.records import RankResult
 
 
 class RankInThisProcess:
-    """This process as `rank` of `plan`'s job (it joins the store that the launching side serves). `env`:
+    """This process as rank 0 of `plan`'s job (it joins the store that the launching side serves). `env`:
     the variables it takes on (torchrun's and the job's). `output`: where fds 1 and 2 go while it is a rank
     (a terminal of its own, or its log file); None: they stay where they are."""
 
-    def __init__(self, plan: LaunchPlan, rank: int, env: Mapping[str, str], output: int | None = None) -> None:
+    def __init__(self, plan: LaunchPlan, env: Mapping[str, str], output: int | None = None) -> None:
         self.plan = plan
-        self.rank = rank
         self.env = dict(env)
         self.output = output
         self._saved_env: dict[str, str | None] = {}
@@ -58,15 +56,14 @@ class RankInThisProcess:
             from ddpw_runtime.rank.setup import setup_rank
 
             self._saved_threads = torch.get_num_threads()
-            tell_imported_libraries(self.rank)
-            setup_rank(self.plan, self.rank, self.rank - self.plan.global_ranks[0], None)
+            tell_imported_libraries(0)
+            setup_rank(self.plan, 0, 0, None)
         except BaseException:
-            self.leave(None)
+            self.leave()
             raise
 
-    def leave(self, result: RankResult | None) -> None:
-        """The task ended as `result` (None: it never ran): leave the process group and put the process back
-        as it was."""
+    def leave(self) -> None:
+        """The task ended (or never ran): leave the process group and put the process back as it was."""
         if self._saved_threads is not None:
             import torch
 
