@@ -42,8 +42,7 @@ class PlainRun(Callback):
     """The callback the ddpw launcher options install (see the module docstring). It acts only in a
     plain run with a ddpw launcher selected; in a multirun the launcher does the work."""
 
-    def __init__(self) -> None:
-        self._rank_zero: RankZeroSide | None = None
+    _rank_zero: RankZeroSide | None = None
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Check the platform and the launcher options (a bad value ends the run as Hydra ends it on a

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log, filter_overrides, setup_globals
 from hydra.types import HydraContext
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
@@ -101,7 +101,11 @@ def prepared(
     with hydra_config_of(config):
         platform = options.platform_of(config)
     job_check(options, platform)
-    job = PreparedJob(idx, overrides, config, platform, output_dir_now(config))
+    saved = copy.deepcopy(OmegaConf.get_cache(config))  # where `${now:...}` keeps what it resolved: put back
+    try:  # the output dir its keys give now, leaving nothing pinned
+        job = PreparedJob(idx, overrides, config, platform, Path(*_dir_values(config)).absolute())
+    finally:
+        OmegaConf.set_cache(config, saved)
     if pin:
         job.pin()
     return job
@@ -116,16 +120,6 @@ def hydra_config_of(config: DictConfig) -> Iterator[None]:
         yield
     finally:
         HydraConfig.instance().cfg = saved
-
-
-def output_dir_now(config: DictConfig) -> Path:
-    """The output dir a job's keys give now, leaving nothing pinned (the config's resolver cache, where
-    `${now:...}` keeps what it resolved, is put back as it was)."""
-    saved = copy.deepcopy(OmegaConf.get_cache(config))
-    try:
-        return Path(*_dir_values(config)).absolute()
-    finally:
-        OmegaConf.set_cache(config, saved)
 
 
 def _dir_values(config: DictConfig) -> list[str]:
@@ -154,7 +148,7 @@ def pin_now(config: DictConfig) -> None:
 def _paths_using_now(node: Any, prefix: str = "") -> list[str]:
     if isinstance(node, dict):
         items: Any = node.items()
-    elif isinstance(node, (list, ListConfig)):
+    elif isinstance(node, list):
         items = enumerate(node)
     else:
         return [prefix] if isinstance(node, str) and "${now:" in node else []

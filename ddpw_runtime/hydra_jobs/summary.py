@@ -114,14 +114,14 @@ def one_line(error: BaseException) -> str:
 
 
 class JobConsole:
-    """Prints one job's start line and end summary to `out` (stdout by default, where Hydra logs)."""
+    """Prints one job's start line and end summary to stdout (where Hydra logs)."""
 
-    def __init__(self, job: int, platform: Platform, output_dir: Path, base: Path, out: TextIO | None = None) -> None:
+    def __init__(self, job: int, platform: Platform, output_dir: Path, base: Path) -> None:
         self.job = job
         self.world_size = platform.world_size
         self.device = platform.device
         self.output_dir = shown_path(output_dir, base)
-        self.out = out if out is not None else sys.stdout
+        self.out = sys.stdout
         self.colour = use_colour(self.out)
 
     def started(self) -> None:

@@ -134,8 +134,8 @@ class PrintSweepSummary(Callback):
     multirun ends, also when it ends by a failed job (Hydra's sweepers raise the first job error), Ctrl-C
     or SIGTERM: then as the program exits, after Hydra's report."""
 
-    def __init__(self) -> None:
-        self.path: Path | None = None
+    path: Path | None = None
+    """Where the summary is, until it is printed."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Note where the summary will be, and print it at exit should the multirun not end normally."""
