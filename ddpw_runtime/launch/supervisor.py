@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.console import ConsoleRanks, file_size
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
-from ddpw_runtime.launch.protocol import JobKey, RankExited
+from ddpw_runtime.launch.protocol import RankExited
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import held, raise_terminated, send_to_group, signal_of
 from ddpw_runtime.launch.stacks import where
@@ -78,7 +78,7 @@ class NodeRanks:
     def __init__(self, local: LocalJob, ranks: Sequence[int], console: ConsoleRanks,
                  on_stop: Callable[[], None] = lambda: None, outside: OutsideRank | None = None) -> None:
         self.local = local
-        self.key = JobKey(str(local.workdir))
+        self.key = str(local.workdir)
         self.outside = outside
         self.ranks = list(ranks)
         self.console = console
