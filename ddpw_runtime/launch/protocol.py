@@ -77,8 +77,7 @@ class StartRank(NamedTuple):
 
 class StartJob(NamedTuple):
     """Fork a job process (a Hydra job of a multirun, `hydra_jobs/job_process.py`) from its payload at
-    `payload_path`; it gets a channel of its own to the starter, for its ranks. Its end comes as
-    `RankExited`."""
+    `payload_path`; it gets a channel of its own to the starter, for its ranks."""
 
     request: int
     payload_path: str
