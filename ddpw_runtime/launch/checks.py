@@ -50,8 +50,7 @@ def check(platform: Platform, here: bool = True) -> Platform:
 
 def check_torch(platform: Platform) -> None:
     """Raise `ConfigError` when this torch cannot give `platform` its device or its backend."""
-    kind = platform.device_kind
-    if kind is Device.MPS:
+    if platform.device_kind is Device.MPS:
         import torch
 
         if not torch.backends.mps.is_available():

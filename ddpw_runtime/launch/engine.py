@@ -141,13 +141,9 @@ def settle(job: NodeJob, outcomes: list[RankOutcome]) -> None:
 
 
 def run_ranks(task: TaskCall, job: NodeJob, caller_rank: bool = False) -> list[Any]:
-    """Run `task` on every rank of this node; their return values in rank order. Raises RankFailure (root
-    cause first) when a rank fails and no restart is left (`with_restarts`); no rank outlives the call. With
-    `caller_rank`, rank 0 runs in this process (`caller_rank.py`) and its value is the object itself."""
-    from ddpw_runtime.launch.caller_rank import check_caller_rank
-
-    if caller_rank:
-        check_caller_rank(job.platform)
+    """Run `task` on every rank of this node; their return values in rank order. Raises RankFailure (root cause
+    first) when a rank fails and no restart is left (`with_restarts`); no rank outlives the call. With `caller_rank`
+    (checked by `check_caller_rank`), rank 0 runs in this process (`caller_rank.py`), its value the object itself."""
     packed, state = task.pack(), ProcessState.capture()
     return with_restarts(job, lambda attempt: _run_once(task, packed, state, attempt, caller_rank))
 

@@ -48,11 +48,9 @@ def processes(matches: Callable[[Path], bool]) -> set[int]:
     another user's that cannot be read)."""
     found = set()
     for entry in Path("/proc").iterdir():
-        try:
+        with contextlib.suppress(OSError, IndexError, ValueError):
             if entry.name.isdigit() and matches(entry):
                 found.add(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
     return found
 
 

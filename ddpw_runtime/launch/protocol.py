@@ -1,7 +1,8 @@
 """The typed messages processes of a job exchange over a Unix socket pair (`Channel`): a controller and its
 rank starter (`StartRank`/`StartJob` answered by `RankStarted`, `EndJob` by `JobEnded`, then `RankExited`;
 `Preload` and `Adopt` unanswered), and a plain run's supervisor and rank 0 (`JobStarting` answered by
-`RankZero`, `TaskEnded` by `JobSettled`, `RunEnded` last). Data only (no torch).
+`RankZero`, `TaskEnded` by `JobSettled`, `RunEnded` last). The starter knows a job (`job`) by its private
+folder, where its payload and results are; `request` numbers a request, for its answer. Data only (no torch).
 """
 
 from __future__ import annotations
@@ -61,20 +62,13 @@ class Channel:
         self.sock.close()
 
 
-class JobKey(NamedTuple):
-    """A job as the rank starter knows it: its private folder, where its payload and results are."""
-
-    folder: str
-
-
 class StartRank(NamedTuple):
-    """Start local rank `local_rank` of `job` from its payload at `payload_path`; `request` numbers the
-    request, for the answer. Attached descriptors follow, in this order: the rendezvous socket when
-    `listen_fd` (the rank that hosts the store), the rank's terminal when `terminal` (a console rank on
-    a terminal console)."""
+    """Start local rank `local_rank` of `job` from its payload at `payload_path`. Attached descriptors follow,
+    in this order: the rendezvous socket when `listen_fd` (the rank that hosts the store), the rank's terminal
+    when `terminal` (a console rank on a terminal console)."""
 
     request: int
-    job: JobKey
+    job: str
     payload_path: str
     local_rank: int
     listen_fd: bool = False
@@ -83,8 +77,7 @@ class StartRank(NamedTuple):
 
 class StartJob(NamedTuple):
     """Fork a job process (a Hydra job of a multirun, `hydra_jobs/job_process.py`) from its payload at
-    `payload_path`; it gets a channel of its own to the starter, for its ranks. Answered by `RankStarted`
-    (its pid); its end comes as `RankExited`."""
+    `payload_path`; it gets a channel of its own to the starter, for its ranks."""
 
     request: int
     payload_path: str
@@ -94,7 +87,7 @@ class Adopt(NamedTuple):
     """Count process `pid` (started elsewhere: a plain run's rank 0, the user's own process) as one of
     `job`'s, so what it starts is found and stopped with the job's processes; no answer."""
 
-    job: JobKey
+    job: str
     pid: int
 
 
@@ -106,11 +99,10 @@ class Preload(NamedTuple):
 
 class EndJob(NamedTuple):
     """Every rank of `job` has ended: stop whatever they started (processes in new sessions included, see
-    `job_processes.py`), but not the adopted processes in `release`, which are let go first; `request`
-    numbers the request, for the answer."""
+    `job_processes.py`), but not the adopted processes in `release`, which are let go first."""
 
     request: int
-    job: JobKey
+    job: str
     release: tuple[int, ...] = ()
 
 

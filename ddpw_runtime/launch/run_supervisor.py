@@ -198,18 +198,14 @@ class RunSupervisor:
             self.channel.send(settled)
 
     def _end_of_run(self) -> int:
-        """Wait for rank 0's process to end (Hydra finishing the run); its exit code. Ctrl-C and SIGTERM
-        still reach it, with the grace."""
-        try:
-            while self.exited is None:
-                event = self.events.get()
-                if isinstance(event, RunEnded) and event.threads:
-                    sys.stderr.write(
-                        f"[ddpw] every rank has ended; the program keeps running because the task left "
-                        f"non-daemon thread(s) running: {', '.join(event.threads)} (as Python waits for them)\n"
-                    )
-        except (KeyboardInterrupt, Terminated) as stop:
-            return self._interrupt_rank_zero(signal_of(stop))
+        """Wait for rank 0's process to end (Hydra finishing the run); its exit code."""
+        while self.exited is None:
+            event = self.events.get()
+            if isinstance(event, RunEnded) and event.threads:
+                sys.stderr.write(
+                    f"[ddpw] every rank has ended; the program keeps running because the task left "
+                    f"non-daemon thread(s) running: {', '.join(event.threads)} (as Python waits for them)\n"
+                )
         return _exit_code(self.exited)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> NoReturn:

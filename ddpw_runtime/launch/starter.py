@@ -18,13 +18,13 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
+from typing import TypeVar
 
 from ddpw_runtime.launch.protocol import (
     Adopt,
     Channel,
     EndJob,
     JobEnded,
-    JobKey,
     Preload,
     RankExited,
     RankStarted,
@@ -33,6 +33,7 @@ from ddpw_runtime.launch.protocol import (
 )
 from ddpw_runtime.launch.signals import STOPPING_SIGNALS, blocked, held
 
+_A = TypeVar("_A", RankStarted, JobEnded)
 _ANSWER_WAIT_S = 30.0
 """The longest wait for the starter's answer (it stops a job's processes in 6 s at most)."""
 _CLOSE_WAIT_S = 5.0
@@ -169,8 +170,8 @@ class RankStarter:
             for inbox in {*self._inbox_of_request.values(), *self._inbox_of_pid.values()}:
                 inbox.put(self._gone)
 
-    def _ask(self, request: StartRank | StartJob | EndJob, fds: Sequence[int], what: str,
-             inbox: Inbox | None = None) -> object:
+    def _ask(self, request: StartRank | StartJob | EndJob, fds: Sequence[int], what: str, answer_type: type[_A],
+             inbox: Inbox | None = None) -> _A:
         """Send `request` and wait for its answer, at most `_ANSWER_WAIT_S`; the exit of the process it
         starts goes to `inbox`."""
         waiting: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -195,6 +196,7 @@ class RankStarter:
                 self._answers.pop(request.request, None)
         if isinstance(answer, StarterGone):
             raise answer
+        assert isinstance(answer, answer_type)
         return answer
 
     def alive(self) -> bool:
@@ -202,7 +204,7 @@ class RankStarter:
         return not self._reaped() if self._owned else self._gone is None
 
     def start(
-        self, inbox: Inbox, job: JobKey, payload_path: str, local_rank: int, listen_fd: int | None = None,
+        self, inbox: Inbox, job: str, payload_path: str, local_rank: int, listen_fd: int | None = None,
         terminal: int | None = None,
     ) -> int:
         """Start one rank of `job`, whose exit will go to `inbox`, handing it `listen_fd` (the rendezvous
@@ -212,18 +214,14 @@ class RankStarter:
         request = StartRank(next(self._requests), job, payload_path, local_rank, listen_fd is not None,
                             terminal is not None)
         fds = [fd for fd in (listen_fd, terminal) if fd is not None]
-        return self._start(inbox, request, fds, f"start rank {local_rank}")
+        return self._ask(request, fds, f"start rank {local_rank}", RankStarted, inbox).pid
 
     def start_job(self, inbox: Inbox, payload_path: str) -> int:
         """Start a job process (see `StartJob`), whose exit will go to `inbox`; its pid."""
-        return self._start(inbox, StartJob(next(self._requests), payload_path), [], "start a job process")
+        request = StartJob(next(self._requests), payload_path)
+        return self._ask(request, (), "start a job process", RankStarted, inbox).pid
 
-    def _start(self, inbox: Inbox, request: StartRank | StartJob, fds: list[int], what: str) -> int:
-        answer = self._ask(request, fds, what, inbox)
-        assert isinstance(answer, RankStarted)
-        return answer.pid
-
-    def adopt(self, job: JobKey, pid: int) -> None:
+    def adopt(self, job: str, pid: int) -> None:
         """Count `pid`, a process started elsewhere, as one of `job`'s (see `Adopt`)."""
         self._send(Adopt(job, pid))
 
@@ -238,14 +236,12 @@ class RankStarter:
             with contextlib.suppress(OSError):
                 self.channel.send(message)
 
-    def end_job(self, job: JobKey, release: tuple[int, ...] = ()) -> tuple[int, ...]:
+    def end_job(self, job: str, release: tuple[int, ...] = ()) -> tuple[int, ...]:
         """Stop every process the ranks of `job` started, but the adopted ones in `release`; the pids that
         would not die. Ctrl-C and SIGTERM wait until the answer is in (at most a few seconds: see
         `job_processes.py`)."""
         with held():
-            answer = self._ask(EndJob(next(self._requests), job, release), (), "stop a job's processes")
-        assert isinstance(answer, JobEnded)
-        return answer.left
+            return self._ask(EndJob(next(self._requests), job, release), (), "stop a job's processes", JobEnded).left
 
     def close(self) -> None:
         """Stop the starter (it kills any rank still running); kill it if it has not exited within

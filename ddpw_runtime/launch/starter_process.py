@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 
 from ddpw_runtime.launch import protocol
 from ddpw_runtime.launch.job_processes import JobProcesses, processes
-from ddpw_runtime.launch.protocol import Channel, JobKey
+from ddpw_runtime.launch.protocol import Channel
 from ddpw_runtime.launch.signals import blocked, send_to_group
 
 _PR_SET_PDEATHSIG = 1
@@ -76,7 +76,7 @@ class _Server:
         self.channels: list[Channel] = [channel]
         self.ranks: dict[int, tuple[JobProcesses | None, Channel]] = {}
         """The job (None for a job process) of each running child, and the channel its exit goes to."""
-        self.jobs: dict[JobKey, tuple[JobProcesses, Channel]] = {}
+        self.jobs: dict[str, tuple[JobProcesses, Channel]] = {}
         self.job_folders: dict[int, str] = {}
         """The private folder of each running job process (removed with the rest if the controller dies)."""
         self.pid = os.getpid()
@@ -138,10 +138,10 @@ class _Server:
             self.ranks[pid] = (job, channel)
             channel.send(protocol.RankStarted(request.request, pid))
 
-    def _job(self, key: JobKey, channel: Channel) -> JobProcesses:
+    def _job(self, key: str, channel: Channel) -> JobProcesses:
         """The processes of the job `key` (known from its first rank or adopted process on)."""
         if key not in self.jobs:
-            self.jobs[key] = (JobProcesses(key.folder), channel)
+            self.jobs[key] = (JobProcesses(key), channel)
         return self.jobs[key][0]
 
     def _closed(self, channel: Channel) -> None:
@@ -162,7 +162,7 @@ class _Server:
             if channel is None or owner is channel:
                 del self.jobs[key]
                 job.stop()
-                shutil.rmtree(key.folder, ignore_errors=True)
+                shutil.rmtree(key, ignore_errors=True)
 
     def _fork(self, run: Callable[[], int]) -> int:
         """Fork a process that calls `run` and exits with its code (reporting anything it raises); its pid.

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.console import ConsoleRanks, file_size
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
-from ddpw_runtime.launch.protocol import JobKey, RankExited
+from ddpw_runtime.launch.protocol import RankExited
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import held, raise_terminated, send_to_group, signal_of
 from ddpw_runtime.launch.stacks import where
@@ -78,7 +78,7 @@ class NodeRanks:
     def __init__(self, local: LocalJob, ranks: Sequence[int], console: ConsoleRanks,
                  on_stop: Callable[[], None] = lambda: None, outside: OutsideRank | None = None) -> None:
         self.local = local
-        self.key = JobKey(str(local.workdir))
+        self.key = str(local.workdir)
         self.outside = outside
         self.ranks = list(ranks)
         self.console = console
@@ -129,10 +129,11 @@ class NodeRanks:
         self.inbox.wake()  # nothing once supervision is over: there is nothing left to stop
 
     def send(self, sig: int, group: bool = True, stopping: bool = False, spare: int | None = None) -> None:
-        """Send `sig` to every running rank but `spare` (and, with `group`, to what it started); `stopping`: the
-        job is being stopped (an outside rank gets `STOP_SIGNAL` instead, see `OutsideRank`)."""
+        """Send `sig` to every running rank but `spare` (and, with `group`, to what it started); each counts as
+        stopped. `stopping`: the job is being stopped (an outside rank gets `STOP_SIGNAL`, see `OutsideRank`)."""
         self.signals_sent.add(sig)
         for pid in self.running(spare):
+            self.stopped.add(self.pids[pid])
             if self.outside is None or pid != self.outside.pid:
                 send_to_group(pid, sig, group)
             elif not (sig == signal.SIGINT and self.outside.sees_ctrl_c):
@@ -153,10 +154,8 @@ class NodeRanks:
         was: the console shows it for a time limit), then send them SIGTERM; when their grace ends."""
         self.console.freeze()
         self.on_stop()
-        running = [self.pids[pid] for pid in self.running()]
-        self.stopped.update(running)
-        if running:
-            logs = [self.local.plan.log_file(rank) for rank in running]
+        if running := self.running():
+            logs = [self.local.plan.log_file(self.pids[pid]) for pid in running]
             before = [file_size(log) for log in logs]
             self.send(signal.SIGUSR1, group=False)
             _wait_for_dumps(logs, before)
@@ -170,8 +169,7 @@ class NodeRanks:
         limit_end = time.monotonic() + self.local.plan.platform.timeout_min * 60.0
         timed_out = reported = False
         while self.running():
-            timeout = min(grace_end, limit_end) - time.monotonic()
-            event = self.inbox.next(None if timeout == float("inf") else max(0.0, timeout))
+            event = self.inbox.next(max(0.0, min(grace_end, limit_end) - time.monotonic()))
             failed = event is not None and self._record(event)
             if (self._take_requests() or failed) and not self.stopped:
                 grace_end = self._begin_stop()
@@ -197,7 +195,6 @@ class NodeRanks:
     def interrupt(self, sig: int) -> None:
         """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace.interrupt_s` to finish, then
         kill them; a second Ctrl-C kills them at once."""
-        self.stopped.update(self.pids[pid] for pid in self.running())
         self.console.freeze()  # what the ranks print as they stop stays in their logs
         self.send(sig)
         with suppress(KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM (or a request): kill now
@@ -206,7 +203,6 @@ class NodeRanks:
 
     def kill(self, spare: int | None = None) -> None:
         """SIGKILL every running rank (but `spare`) and wait until each has exited, at most `KILL_WAIT_S`."""
-        self.stopped.update(self.pids[pid] for pid in self.running())
         if self.outside is not None and self.outside.pid in self.running() and spare != self.outside.pid:
             sys.stderr.write(f"[ddpw] rank 0 (pid {self.outside.pid}, the program's task) did not end in the time it "
                              "was given; killed\n")
