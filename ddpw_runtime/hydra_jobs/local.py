@@ -147,8 +147,6 @@ class _Sweep:
                     self._wait_one()
         except (KeyboardInterrupt, Terminated) as stop:
             self._stop_all(signals.signal_of(stop))
-        finally:
-            self.inbox.close()
         errors = [end.error for _, end in sorted(self.ended.items()) if end.error is not None]
         if errors:
             raise errors[0]

@@ -86,8 +86,6 @@ class CallerRank:
         if self._thread.is_alive():
             self._ranks.request_stop()
             self._thread.join()
-        elif self._thread.ident is None:  # never started (interrupted as it entered)
-            self._ranks.inbox.close()
         self._console.stop()
         self._store = None
         for sig, handler in self._saved_handlers.items():
@@ -147,7 +145,6 @@ class CallerRank:
             if self._ranks.ranks:
                 self._others = supervise(self._ranks)
             else:  # the caller's is the only rank: wait for its task, at most until the time limit
-                self._ranks.inbox.close()
                 if not self._task_over.wait(self.plan.platform.timeout_min * 60.0):
                     self._stop_rank_zero()
                     raise JobTimedOut(self.plan.platform.timeout_min, {})

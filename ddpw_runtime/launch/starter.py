@@ -57,16 +57,14 @@ class Inbox:
     def __init__(self) -> None:
         self._items: queue.SimpleQueue[RankExited | StarterGone | None] = queue.SimpleQueue()
         self._gone: StarterGone | None = None
-        self._closed = False
 
     def put(self, item: RankExited | StarterGone) -> None:
         """Add `item` and wake the waiting thread (callable from any thread)."""
         self._items.put(item)
 
     def wake(self) -> None:
-        """Wake the waiting thread (callable from any thread; nothing once closed)."""
-        if not self._closed:
-            self._items.put(None)
+        """Wake the waiting thread (callable from any thread)."""
+        self._items.put(None)
 
     def next(self, timeout: float | None) -> RankExited | None:
         """The next exit; None when `timeout` seconds (None: no limit) pass first, a wake-up comes (the
@@ -81,10 +79,6 @@ class Inbox:
                 return item
             self._gone = item  # for every later call too
         raise self._gone
-
-    def close(self) -> None:
-        """Later wake-ups are ignored."""
-        self._closed = True
 
 
 class RankStarter:

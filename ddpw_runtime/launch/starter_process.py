@@ -174,13 +174,13 @@ class _Server:
                 return pid
             code = 1
             try:
+                for sig in (signal.SIGCHLD, signal.SIGHUP, signal.SIGTERM):  # first: none runs `end` here
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.set_wakeup_fd(-1)
                 os.setsid()
                 die_with_parent()
                 if os.getppid() != self.pid:
                     os._exit(1)
-                signal.set_wakeup_fd(-1)
-                for sig in (signal.SIGCHLD, signal.SIGHUP):
-                    signal.signal(sig, signal.SIG_DFL)
                 for fd in (self.wake_r, self.wake_w, *(c.fileno() for c in self.channels)):
                     os.close(fd)
                 code = run()
@@ -196,7 +196,6 @@ class _Server:
         def job_process() -> int:
             ours.close()
             signal.signal(signal.SIGINT, signal.default_int_handler)  # let through by `run_job_process`
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             from ddpw_runtime.hydra_jobs.job_process import run_job_process
 
             return run_job_process(request.payload_path, Channel(theirs), self.pid, self.preload)

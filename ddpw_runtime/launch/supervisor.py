@@ -303,7 +303,6 @@ def supervise(ranks: NodeRanks) -> list[RankOutcome]:
             raise
         finally:
             ranks.end()
-            ranks.inbox.close()
     if timed_out:
         raise JobTimedOut(plan.platform.timeout_min, {rank: where(plan.log_file(rank)) for rank in ranks.ranks})
     outcomes = ranks.outcomes()
