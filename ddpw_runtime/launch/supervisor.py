@@ -96,8 +96,7 @@ class NodeRanks:
         """What other threads asked for (`request_stop`)."""
         self._lock = threading.Lock()
         self.inbox = Inbox()
-        """Where this node's rank exits arrive, and what wakes the supervising thread; closed, it ignores
-        later requests."""
+        """Where this node's rank exits arrive, and what wakes the supervising thread."""
 
     def start(self) -> None:
         """Start every rank."""
