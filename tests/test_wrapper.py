@@ -182,6 +182,28 @@ def test_caller_rank_runs_rank_zero_in_this_process_and_again(tmp_path: Path) ->
         assert values[0][3] == os.getpid() != values[1][3]
 
 
+ONE_RANK_IN_THE_CALLER = """
+import os
+from pathlib import Path
+from ddpw_runtime import Platform, Wrapper
+
+def children() -> list[str]:
+    return [pid for task in Path("/proc/self/task").iterdir() for pid in (task / "children").read_text().split()]
+
+if __name__ == "__main__":
+    print("children", Wrapper(Platform(n_procs_per_node=1), caller_rank=True).start(children))
+"""
+
+
+def test_caller_rank_with_one_rank_starts_no_process(tmp_path: Path) -> None:
+    """As the ddpw package does with one rank: the task runs in the caller, and nothing else is started."""
+    script = tmp_path / "one_rank.py"
+    script.write_text(ONE_RANK_IN_THE_CALLER)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "children [[]]" in done.stdout
+
+
 def raise_given_on_rank_0(error: Exception, folder: str) -> None:
     Path(folder, f"pid_{ddpw_runtime.rank()}").write_text(str(os.getpid()))
     ddpw_runtime.barrier()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -53,6 +54,8 @@ class Run:
     output_tail: str = ""
     idle_before: float = 1.0
     """Fraction of CPU time idle just before the run started (see `wait_for_quiet`)."""
+    cpu_s: float = 0.0
+    """CPU time (user + system) of the command and every process it waited for (its ranks and helpers)."""
 
     @property
     def wall_s(self) -> float:
@@ -94,6 +97,7 @@ def run_command(
     idle = wait_for_quiet() if quiet_first else 1.0
     try:
         with open(workdir / "output.txt", "wb") as output:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.time()
             proc = subprocess.Popen(list(argv), cwd=workdir, env=env, stdout=output, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL)
@@ -103,7 +107,9 @@ def run_command(
                 peak, torch_seen = None, None
                 _wait(proc)
             end = time.time()
-        run = Run(start=start, end=end, returncode=proc.returncode, marks=_read_marks(marks_dir),
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        run = Run(start=start, end=end, returncode=proc.returncode, marks=_read_marks(marks_dir), cpu_s=cpu_s,
                   peak_rss_mb=peak, imported_torch=torch_seen, idle_before=idle,
                   output_tail=(workdir / "output.txt").read_text(errors="replace")[-_OUTPUT_TAIL:])
     finally:

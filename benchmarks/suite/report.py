@@ -120,7 +120,7 @@ def targets(data: Data) -> list[tuple[str, str, bool | None]]:
             rows.append((text, "not measured", None))
             return
         ratio = ours / other
-        rows.append((text, f"{ratio:.2f}x ({ours:.2f} s vs {other_name} {other:.2f} s)", ratio <= limit))
+        rows.append((text, f"{ratio:.3f}x ({ours:.2f} s vs {other_name} {other:.2f} s)", ratio <= limit))
 
     ours2 = _median(_launch_cell(data, "hydra_ddpw", 2), "wall")
     ratio_row("2 ranks: whole command <= 0.6x torchrun", ours2, _median(_launch_cell(data, "torchrun", 2), "wall"),
@@ -129,6 +129,16 @@ def targets(data: Data) -> list[tuple[str, str, bool | None]]:
               _median(_launch_cell(data, "hydra_plain", 1), "wall"), 1.3, "plain Hydra")
     ratio_row("4 ranks: whole command <= 0.5x torchrun", _median(_launch_cell(data, "hydra_ddpw", 4), "wall"),
               _median(_launch_cell(data, "torchrun", 4), "wall"), 0.5, "torchrun")
+
+    plain = _median(_launch_cell(data, "hydra_plain", 1), "wall")
+    ratio_row("2 ranks: whole command <= 1.05x plain single-process Hydra run (issue 22)", ours2, plain, 1.05,
+              "plain Hydra")
+    for key, label in (("wrapper", "Wrapper"), ("wrapper_caller", "Wrapper(caller_rank=True)")):
+        for n in (1, 2, 4):
+            for metric, what in (("wall", "whole command"), ("cpu", "CPU time")):
+                ratio_row(f"{label}, {n} rank(s): {what} <= 1.0x the ddpw package's Wrapper (issue 22)",
+                          _median(_launch_cell(data, key, n), metric), _median(_launch_cell(data, "ddpw", n), metric),
+                          1.0, "ddpw")
 
     fit = data.get("scale", {}).get("slope_s_per_rank", {}).get("wall", {}).get("up_to_8")
     rows.append(("8 ranks: growth per extra rank < 0.15 s (slope of whole command, 1-8 ranks)",
@@ -284,12 +294,14 @@ def _launch_md(launch: Data) -> list[str]:
            "task function. Ready: until the last rank has its process group (for hydra-ddpw the same moment as "
            "in the task, since it makes the group before the task; elsewhere the task makes it).", "",
            "![launch](launch.png)", ""]
-    for metric, title in (("wall", "Whole command"), ("entry", "All ranks in the task"),
+    for metric, title in (("wall", "Whole command"), ("cpu", "CPU time of the command and its processes"),
+                          ("entry", "All ranks in the task"),
                           ("ready", "All ranks ready (process group made)")):
         out += [f"**{title}** (s)", ""]
         rows = []
         for key, row in launch["rows"].items():
-            rows.append([tools[key]["label"], *[_fmt(row.get(str(n)), metric) for n in sizes]])
+            if any(metric in (cell or {}) or "error" in (cell or {}) for cell in row.values()):
+                rows.append([tools[key]["label"], *[_fmt(row.get(str(n)), metric) for n in sizes]])
         out += _table(["ranks", *[str(n) for n in sizes]], rows)
     out += _errors(launch["rows"], {k: t["label"] for k, t in tools.items()})
     out += ["Commands:", ""] + [f"- {t['label']}: {t['note']}" for t in tools.values()] + [""]

@@ -58,6 +58,12 @@ WRAPPER = Tool(
     lambda n, mode: python_argv("wrapper_app.py", str(n), mode),
     note="`Wrapper(Platform(n_procs_per_node=N)).start(task)` from a script, no Hydra",
 )
+WRAPPER_CALLER = Tool(
+    "wrapper_caller", "hydra-ddpw Wrapper API, caller_rank=True",
+    lambda n, mode: python_argv("wrapper_app.py", str(n), mode, "caller"),
+    note="`Wrapper(Platform(n_procs_per_node=N), caller_rank=True).start(task)`: rank 0 runs in the calling "
+         "process, as ddpw's does with N = 1",
+)
 TORCHRUN = Tool(
     "torchrun", "torchrun",
     lambda n, mode: _torchrun(n, str(APPS / "plain_script.py"), mode),
@@ -79,7 +85,8 @@ DDPW = Tool(
     note="ddpw 5.3 `Wrapper(Platform(device='gpu', n_gpus=N))` with torch.cuda.device_count() "
          "reporting N to ddpw (it runs one process on `device='cpu'`); fork start method, its default. With "
          "N = 1 ddpw starts no process: the task runs in the calling one (hydra-ddpw's like of that is "
-         "`Wrapper(..., caller_rank=True)`; its default starts the rank in a process of its own)",
+         "`Wrapper(..., caller_rank=True)`, the row with caller_rank=True; its default starts the rank in a "
+         "process of its own)",
 )
 SUBMITIT = Tool(
     "submitit", "hydra-submitit-launcher (local, 2 tasks)",
@@ -95,8 +102,8 @@ HYDRA_PLAIN = Tool(
     note="`python hydra_app.py hydra/launcher=basic`: one process, a world of one",
 )
 
-LAUNCH_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, WRAPPER, TORCHRUN, TORCHRUN_HYDRA, MP_SPAWN, DDPW,
-                                SUBMITIT, HYDRA_PLAIN)
+LAUNCH_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, WRAPPER, WRAPPER_CALLER, TORCHRUN, TORCHRUN_HYDRA,
+                                MP_SPAWN, DDPW, SUBMITIT, HYDRA_PLAIN)
 FAILURE_TOOLS: Sequence[Tool] = (HYDRA_DDPW, WRAPPER, TORCHRUN, MP_SPAWN)
 FOOTPRINT_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, HYDRA_DDPW_LAZY_MULTIRUN, WRAPPER, TORCHRUN, MP_SPAWN)
 STEADY_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_MULTIRUN, WRAPPER, TORCHRUN)

@@ -68,14 +68,15 @@ def starter_for(platform: Platform) -> RankStarter:
 
 
 class LocalJob:
-    """The ranks of one node of one job, ready to start: the rank starter, the rendezvous socket (bound before
-    any rank starts, on the node that hosts the store), the plan, the payload (`task`, a packed `TaskCall`, and
-    `state`, the launching process's) and a private folder for the results, until `close`."""
+    """The ranks of one node of one job, ready to start: the rank starter (none with `starts_ranks=False`: a
+    world of one in the caller), the rendezvous socket (bound before any rank starts, on the node that hosts the
+    store), the plan, the payload (`task`, a packed `TaskCall`, and `state`, the launching process's) and a
+    private folder for the results, until `close`."""
 
-    def __init__(self, task: bytes, state: ProcessState, job: NodeJob) -> None:
+    def __init__(self, task: bytes, state: ProcessState, job: NodeJob, starts_ranks: bool = True) -> None:
         platform = job.platform
         self.job = job
-        self.starter = starter_for(platform)
+        self._starter = starter_for(platform) if starts_ranks else None
         hosts_store = job.node_rank == 0 and platform.ipc_protocol == "tcp"
         self.listener = rendezvous.listen(platform, job.master_addr, job.master_port) if hosts_store else None
         self.listen_fd = self.listener.fileno() if self.listener is not None else None
@@ -95,6 +96,12 @@ class LocalJob:
             raise
         if platform.verbose:
             log.info(self.plan.one_line())
+
+    @property
+    def starter(self) -> RankStarter:
+        """The rank starter (started here, before this process starts threads: only then is it a fork)."""
+        assert self._starter is not None, "this job starts no rank"
+        return self._starter
 
     def host_store(self) -> Any:
         """The job's TCPStore, served by this process on a duplicate of the rendezvous socket, as
@@ -170,7 +177,7 @@ def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
 def _run_once(task: TaskCall, packed: bytes, state: ProcessState, job: NodeJob, caller_rank: bool) -> list[Any]:
     from ddpw_runtime.launch.caller_rank import CallerRank
 
-    with closing(LocalJob(packed, state, job)) as local:
+    with closing(LocalJob(packed, state, job, starts_ranks=not caller_rank or job.platform.world_size > 1)) as local:
         if not caller_rank:
             with local.console() as console:
                 outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console))
