@@ -107,7 +107,12 @@ class RankStarter:
         controller = os.getpid()
         if self.preload and _can_fork_controller():
             # A forked copy of this process has the user's imports (and torch, when loaded here) and skips an
-            # interpreter's start-up.
+            # interpreter's start-up. What the starter imports for every rank is imported here first when torch
+            # is (a fork's imports are slower: each page Python touches is copied).
+            if "torch" in sys.modules:
+                from ddpw_runtime.rank.setup import warm_up
+
+                warm_up()
             # Ctrl-C and SIGTERM are held over the fork: here they come right after it (and see `serve`).
             with blocked(STOPPING_SIGNALS) as before:
                 with warnings.catch_warnings():  # Python 3.12+ warns about native threads; see above
