@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -166,12 +167,22 @@ def _environment(marks_dir: Path) -> dict[str, str]:
 
 
 def _wait(proc: subprocess.Popen) -> None:
-    try:
-        proc.wait(timeout=COMMAND_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    # A blocking wait sees the exit at once; `wait(timeout=...)` polls, every 50 ms at the end, which would
+    # round every wall time up to that step. A timer kills a command that runs too long.
+    expired = threading.Event()
+
+    def kill() -> None:
+        expired.set()
         proc.kill()
+
+    timer = threading.Timer(COMMAND_TIMEOUT_S, kill)
+    timer.start()
+    try:
         proc.wait()
-        raise CommandFailed(f"{proc.args!r} ran past {COMMAND_TIMEOUT_S:.0f} s") from None
+    finally:
+        timer.cancel()
+    if expired.is_set():
+        raise CommandFailed(f"{proc.args!r} ran past {COMMAND_TIMEOUT_S:.0f} s")
 
 
 def _watch(proc: subprocess.Popen, marks_dir: Path, ranks_expected: int) -> tuple:
