@@ -393,6 +393,32 @@ def import_torch_checkpointing() -> bool:
     return loaded
 
 
+def draw_random_numbers() -> tuple[float, float, float]:
+    import random
+
+    import numpy
+    import torch
+
+    return random.random(), float(numpy.random.rand()), float(torch.rand(1))
+
+
+@pytest.mark.parametrize("caller_rank", [False, True])
+def test_every_rank_starts_with_pythons_numpys_and_torchs_generators_seeded(tmp_path: Path, caller_rank: bool) -> None:
+    """`platform.seed` seeds `random`, numpy and torch on every rank, as the same seeds would in one process."""
+    import random
+
+    import numpy
+    import torch
+
+    random.seed(7)
+    numpy.random.seed(7)
+    torch.manual_seed(7)
+    expected = draw_random_numbers()
+    values = Wrapper(Platform(n_procs_per_node=2, seed=7), log_dir=tmp_path, caller_rank=caller_rank).start(
+        draw_random_numbers)
+    assert values == [expected, expected]
+
+
 def test_the_next_calls_ranks_find_the_torch_modules_the_last_ones_imported(tmp_path: Path) -> None:
     """On a torch build without GPU support, the rank starter imports the torch modules a call's ranks
     imported, so the next call's ranks start with them. On a build with GPU support (CUDA, ROCm) it
