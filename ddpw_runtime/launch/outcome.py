@@ -124,7 +124,7 @@ def log_tail(log_file: str | None) -> str:
         return ""
     try:
         lines = Path(log_file).read_text(errors="backslashreplace").splitlines()
-    except FileNotFoundError:
+    except OSError:  # none was made, or it cannot be read (a folder in its place)
         return ""
     crash = [i for i, line in enumerate(lines) if line.startswith(_CRASH_REPORT)]
     shown = lines[crash[-1]:][:_LOG_TAIL_LINES] if crash else lines[-_LOG_TAIL_LINES:]

@@ -109,16 +109,16 @@ class RankResult:
         return self.error is None
 
     @staticmethod
-    def success(rank: int, value: Any, known_modules: Collection[str] = ()) -> RankResult:
+    def success(rank: int, value: Any, loaded_by_task: Collection[str] = ()) -> RankResult:
         """A result carrying `value`, or its repr() when it cannot be pickled. When the value's class comes
-        from a module outside `known_modules` (one the task itself loaded, which the launching process
-        may not be able to import), its repr() travels too, for the launching process to show instead."""
+        from a module in `loaded_by_task` (one the task itself loaded, which the launching process may not
+        be able to import), its repr() travels too, for the launching process to show instead."""
         kind = qualified_name(type(value))
         try:  # not `portable_pickle`: loading a large value again here would double its cost
             blob = cloudpickle.dumps(value)
         except Exception as exc:  # any pickling failure turns the value into text
             return RankResult(rank, value_text=f"{_bounded_repr(value)} (not picklable: {exc})", value_type=kind)
-        text = None if type(value).__module__ in known_modules else _bounded_repr(value)
+        text = _bounded_repr(value) if type(value).__module__ in loaded_by_task else None
         return RankResult(rank, value_pickle=blob, value_text=text, value_type=kind)
 
     @staticmethod

@@ -209,11 +209,11 @@ class _Server:
         self, request: protocol.StartRank, job: JobProcesses, listen_fd: int | None, terminal: int | None
     ) -> int:
         def rank() -> int:
-            job.adopt(0)
             # Ctrl-C is held (`_fork`) until the rank's output goes to its log (`run_rank` lets it through),
             # so a rank stopped while it starts reports it like any rank, not on the controller's terminal.
             signal.signal(signal.SIGINT, signal.default_int_handler if self.preload else signal.SIG_DFL)
             if not self.preload:  # `spawn`: a fresh interpreter
+                job.adopt(0)
                 for passed in (listen_fd, terminal):
                     if passed is not None:
                         os.set_inheritable(passed, True)
@@ -222,7 +222,7 @@ class _Server:
                 os.execv(sys.executable, [sys.executable, "-m", "ddpw_runtime.rank.entry", *args])
             from ddpw_runtime.rank.entry import run_rank
 
-            return run_rank(request.payload_path, request.local_rank, listen_fd, terminal)
+            return run_rank(request.payload_path, request.local_rank, listen_fd, terminal, job.adopt)
 
         return self._fork(rank)
 
@@ -260,13 +260,22 @@ class _Server:
         """The controller is gone (see the module docstring); also the handler of SIGHUP and SIGTERM."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self._stop()
-        me = os.getpid()
-        children = processes(lambda entry: int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me)
-        for pid in children:  # left behind by ranks, and not found as any job's (see `serve`)
+        for pid in _children():  # left behind by ranks, and not found as any job's (see `serve`)
             send_to_group(pid, signal.SIGKILL, group=False)
         for folder in self.job_folders.values():
             shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
+
+
+def _children() -> set[int]:
+    """The pids of this process's children: from `/proc/self/task/*/children`, else (a kernel without
+    CONFIG_PROC_CHILDREN) by reading the parent of every process in /proc."""
+    try:
+        tasks = Path("/proc/self/task").iterdir()
+        return {int(pid) for task in tasks for pid in (task / "children").read_text().split()}
+    except OSError:
+        me = os.getpid()
+        return processes(lambda entry: int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import os
 import signal
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,18 +27,29 @@ from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.rank.environment import rank_environment, tell_imported_libraries
 from ddpw_runtime.rank.own_process import flush_output, open_log
-from ddpw_runtime.rank.setup import setup_rank
+from ddpw_runtime.rank.setup import leave_store, setup_rank
 
 
-def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, terminal: int | None = None) -> int:
+def run_rank(
+    payload_path: str,
+    local_rank: int,
+    listen_fd: int | None = None,
+    terminal: int | None = None,
+    join_job: Callable[[int], None] | None = None,
+) -> int:
     """Run one rank; returns the process exit code (0: the task returned, 1: it raised).
     `listen_fd` is the rendezvous socket the controller bound, given to the rank that hosts the store;
     `terminal`, a console rank's terminal when the console is one (its output goes there, and from there
-    to its log, instead of straight to its log file)."""
+    to its log, instead of straight to its log file). `join_job(0)` makes this process one of its job's
+    (`JobProcesses.adopt`); it waits on the kernel (5-15 ms), so it runs on a thread while torch is set
+    up, and has returned before any code of the task's runs (logging handlers, unpickling, the task)."""
     # SIGTERM stops a rank unless its task installs a handler, even where the starter ignores it (on a
     # SLURM node, where SLURM signals every process of the job).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     inherited = len(sys.modules)
+    joining = threading.Thread(target=join_job, args=(0,), name="ddpw-join-job") if join_job else None
+    if joining is not None:
+        joining.start()
     payload = RankPayload.read(Path(payload_path))
     plan = payload.plan
     rank = plan.node_rank * plan.ranks_per_node + local_rank
@@ -48,12 +61,14 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
             os.sched_setaffinity(0, plan.share.cpus)  # its job's cores, before any thread pool starts
         tempfile.tempdir = None  # the job's own TMPDIR from now on, even if the starter had asked before
         tell_imported_libraries(rank)
+        setup_rank(plan, rank, local_rank, listen_fd)
+        if joining is not None:
+            joining.join()
         configure_logging(rank)
         task: TaskCall = cloudpickle.loads(payload.task)
-        setup_rank(plan, rank, local_rank, listen_fd)
-        known_modules = set(sys.modules)
+        before_task = len(sys.modules)
         value = task()
-        result = RankResult.success(rank, value, known_modules)
+        result = RankResult.success(rank, value, _loaded_since(before_task))
     except SystemExit as exc:  # `sys.exit()` in a task: success for status 0 or None
         result = RankResult.success(rank, None) if exc.code in (0, None) else RankResult.failure(rank, exc)
     except BaseException as exc:  # every failure goes back to the controller
@@ -64,22 +79,27 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     write_atomically(payload.result_file(rank), cloudpickle.dumps(result))
     # The process group is not torn down: the process ends now, and its end closes the group's connections.
     # Destroying it first only adds gloo's wait for its I/O threads (~20 ms with 2 ranks) to every job.
+    if result.ok:
+        leave_store(plan.world_size, hosts=listen_fd is not None)
     flush_output()
     return 0 if result.ok else 1
+
+
+def _loaded_since(count: int) -> set[str]:
+    """The modules loaded since `sys.modules` held `count` entries: its newest ones. Only those are read:
+    reading a name writes its reference count, so in a forked rank reading them all would copy every page
+    that holds one (~2 ms). A module removed meanwhile leaves out one of the newest."""
+    return set(itertools.islice(reversed(sys.modules), max(len(sys.modules) - count, 0)))
 
 
 def _torch_modules_imported(inherited: int) -> tuple[str, ...]:
     """The torch modules loaded since this process started (with `inherited` modules loaded), which the
     starter may hold for later ranks. None on a build of torch with GPU support (CUDA, ROCm), where
-    importing more in the starter could initialise the GPU runtime before it forks ranks that need it.
-    Only the newest entries of `sys.modules` are read: reading a name writes its reference count, so in a
-    forked rank reading them all would copy every page that holds one (~2 ms). A module removed meanwhile
-    leaves out one of the newest, which the starter then does not hold."""
+    importing more in the starter could initialise the GPU runtime before it forks ranks that need it."""
     torch = sys.modules.get("torch")
     if torch is None or torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None:
         return ()
-    newest = itertools.islice(reversed(sys.modules), max(len(sys.modules) - inherited, 0))
-    return tuple(sorted(name for name in newest if name.startswith("torch.")))
+    return tuple(sorted(name for name in _loaded_since(inherited) if name.startswith("torch.")))
 
 
 def _redirect_output(log_file: Path, terminal: int | None) -> None:

@@ -22,13 +22,15 @@ from ddpw_runtime.rank.task_init import JobGroup, answer_task_init, restore_init
 
 _held_store: Any = None
 """The job's store while this process is a rank: a task that makes its own process group (with
-`platform.ipc_groups=null`, or after destroying the job's) finds it through `env://`."""
+`platform.ipc_groups=null`, or after destroying the job's) finds it through `env://`, and the rank that
+hosts it waits until every rank is done with it (`leave_store`)."""
 
 
 def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | None = None) -> None:
     """Make this process `rank` of `plan`'s job: threads, device, process group, ipc groups, layout mesh,
     `context`, seeds (undo with `teardown_rank`). With `listen_fd`, this rank hosts the job's TCPStore on that
-    bound socket. Without a group to make (`ipc_groups=null`) the task makes it through `env://`."""
+    bound socket; every other rank joins it (also without a group to make, `ipc_groups=null`, where the task
+    makes its group through `env://`)."""
     global _held_store
     torch.set_num_threads(plan.threads_per_rank)
     gpu = torch.device("cuda", local_rank) if plan.device == "cuda" else None
@@ -37,8 +39,10 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
     timeout = timedelta(minutes=plan.platform.collective_timeout_min)
     own_group: Any | None = None
     mesh: DeviceMesh | None = None
+    if plan.makes_group or not plan.init_method.startswith("file://"):
+        _held_store = _store(plan, listen_fd, timeout)
     if plan.makes_group:
-        store = _held_store = _store(plan, listen_fd, timeout)
+        store = _held_store
         dist.init_process_group(backend=plan.backend, store=store, rank=rank, world_size=plan.world_size,
                                 timeout=timeout, device_id=gpu)
         for members in plan.groups:
@@ -56,8 +60,6 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
             store.set("ddpw/all_joined", "1")
         store.wait(["ddpw/all_joined"])
         answer_task_init(JobGroup(plan, rank, timeout, gpu, dist.group.WORLD))
-    elif listen_fd is not None:
-        _held_store = _store(plan, listen_fd, timeout)
     context.enter(plan, rank, local_rank, gpu or torch.device(plan.device), own_group, mesh)
     random.seed(plan.platform.seed)
     # The generators of the job's devices: `torch.manual_seed` would also queue seeds for CUDA, XPU and MTIA
@@ -69,6 +71,20 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
         import numpy
 
         numpy.random.seed(plan.platform.seed)
+
+
+def leave_store(world_size: int, hosts: bool) -> None:
+    """Say this rank is done with the job's store (if it holds one); the rank that `hosts` it then waits
+    until every rank has said so. A rank process ends as soon as its task does, and the store must outlive
+    its last user: a peer still waiting for all to join, or a task's own use of it. Bounded by the
+    store's timeout; a job with a failed rank is stopped by the controller meanwhile."""
+    if _held_store is None:
+        return
+    with contextlib.suppress(Exception):  # the store gone: the job is being stopped
+        if _held_store.add("ddpw/left", 1) == world_size:
+            _held_store.set("ddpw/all_left", "1")
+        if hosts:
+            _held_store.wait(["ddpw/all_left"])
 
 
 def _store(plan: LaunchPlan, listen_fd: int | None, timeout: timedelta) -> Any:
