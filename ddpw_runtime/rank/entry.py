@@ -30,13 +30,8 @@ from ddpw_runtime.rank.own_process import flush_output, open_log
 from ddpw_runtime.rank.setup import leave_store, setup_rank
 
 
-def run_rank(
-    payload_path: str,
-    local_rank: int,
-    listen_fd: int | None = None,
-    terminal: int | None = None,
-    join_job: Callable[[int], None] | None = None,
-) -> int:
+def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, terminal: int | None = None,
+             join_job: Callable[[int], None] | None = None) -> int:
     """Run one rank; returns the process exit code (0: the task returned, 1: it raised).
     `listen_fd` is the rendezvous socket the controller bound, given to the rank that hosts the store;
     `terminal`, a console rank's terminal when the console is one (its output goes there, and from there
