@@ -232,7 +232,7 @@ def test_caller_rank_does_not_wait_for_a_rank_that_failed_before_joining(tmp_pat
     with pytest.raises(RankFailure) as info:
         runner.start(who, 0)
     failure = info.value
-    assert failure.rank == 1
+    assert failure.rank == 1 and "exited with code 1 before returning" in str(failure)
     assert failure.outcomes[0].stopped  # rank 0, still joining, was stopped: not a cause
     (tmp_path / "rank_1.log").rmdir()
     assert [v[0] for v in runner.start(who, 0)] == [0, 1]

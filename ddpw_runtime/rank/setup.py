@@ -39,7 +39,7 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
     timeout = timedelta(minutes=plan.platform.collective_timeout_min)
     own_group: Any | None = None
     mesh: DeviceMesh | None = None
-    if plan.makes_group or not plan.init_method.startswith("file://"):
+    if plan.makes_group or plan.init_method.startswith("tcp://"):
         _held_store = _store(plan, listen_fd, timeout)
     if plan.makes_group:
         store = _held_store
@@ -56,9 +56,7 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
         # Every rank waits until all have their groups: else a rank whose task ends at once tears its group
         # down while a slower peer still connects, and the peer fails with gloo's "Connection closed by peer"
         # (seen with the caller as rank 0). Store-based, so no device is involved.
-        if store.add("ddpw/joined", 1) == plan.world_size:
-            store.set("ddpw/all_joined", "1")
-        store.wait(["ddpw/all_joined"])
+        _count_in(store, "joined", plan.world_size)
         answer_task_init(JobGroup(plan, rank, timeout, gpu, dist.group.WORLD))
     context.enter(plan, rank, local_rank, gpu or torch.device(plan.device), own_group, mesh)
     random.seed(plan.platform.seed)
@@ -81,10 +79,15 @@ def leave_store(world_size: int, hosts: bool) -> None:
     if _held_store is None:
         return
     with contextlib.suppress(Exception):  # the store gone: the job is being stopped
-        if _held_store.add("ddpw/left", 1) == world_size:
-            _held_store.set("ddpw/all_left", "1")
-        if hosts:
-            _held_store.wait(["ddpw/all_left"])
+        _count_in(_held_store, "left", world_size, wait=hosts)
+
+
+def _count_in(store: Any, step: str, world_size: int, wait: bool = True) -> None:
+    """Count this rank as past `step` on `store`, and (with `wait`) wait until all `world_size` ranks are."""
+    if store.add(f"ddpw/{step}", 1) == world_size:
+        store.set(f"ddpw/all_{step}", "1")
+    if wait:
+        store.wait([f"ddpw/all_{step}"])
 
 
 def _store(plan: LaunchPlan, listen_fd: int | None, timeout: timedelta) -> Any:
