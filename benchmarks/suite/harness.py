@@ -57,6 +57,8 @@ class Run:
     """Fraction of CPU time idle just before the run started (see `wait_for_quiet`)."""
     cpu_s: float = 0.0
     """CPU time (user + system) of the command and every process it waited for (its ranks and helpers)."""
+    page_faults: int = 0
+    """Minor page faults of the same processes: a count that does not drift with the machine's speed."""
 
     @property
     def wall_s(self) -> float:
@@ -111,6 +113,7 @@ def run_command(
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         run = Run(start=start, end=end, returncode=proc.returncode, marks=_read_marks(marks_dir), cpu_s=cpu_s,
+                  page_faults=after.ru_minflt - before.ru_minflt,
                   peak_rss_mb=peak, imported_torch=torch_seen, idle_before=idle,
                   output_tail=(workdir / "output.txt").read_text(errors="replace")[-_OUTPUT_TAIL:])
     finally:

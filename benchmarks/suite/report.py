@@ -98,6 +98,27 @@ def _floor_note(data: Data) -> list[str]:
             f"and stops the ranks, so it cannot come in under that ratio.", ""]
 
 
+def _own_process_note(data: Data) -> list[str]:
+    """What a one-rank job costs when its rank has a process of its own, against ddpw's, which has none."""
+    metrics = ("wall", "cpu", "faults")
+    ddpw = [_median(_launch_cell(data, "ddpw", 1), m) for m in metrics]
+    parts = []
+    for key, label in (("ddpw_fork", "ddpw's command with one fork of a child that exits at once"),
+                       ("wrapper", "the Wrapper's default (the rank in a process of its own)"),
+                       ("wrapper_caller", "the Wrapper with caller_rank=True (no process, as ddpw)")):
+        ours = [_median(_launch_cell(data, key, 1), m) for m in metrics]
+        pairs = [(a, b) for a, b in zip(ours, ddpw, strict=True) if a is not None and b is not None]
+        if len(pairs) < len(metrics):
+            return []
+        (wall, wall0), (cpu, cpu0), (faults, faults0) = pairs
+        parts.append(f"{label} took {wall / wall0:.3f}x its wall time, {cpu / cpu0:.3f}x its CPU time and "
+                     f"{(faults - faults0) / 1e3:+.1f}k page faults")
+    return ["A rank in a process of its own, at 1 rank: ddpw runs a one-rank job in the calling process. Against "
+            "ddpw's command, " + "; ".join(parts) + ". A fork leaves the calling process's memory copy-on-write, "
+            "so its exit then faults on every page it writes; page faults are counts, not times, and do not "
+            "drift with the machine's speed.", ""]
+
+
 STEADY_LABELS = {"hydra_ddpw": "plain run", "hydra_ddpw_multirun": "multirun", "wrapper": "Wrapper"}
 """The ways hydra-ddpw starts ranks that the steady-state sections compare with torchrun."""
 
@@ -265,6 +286,7 @@ def markdown(data: Data, reps: int, quick: bool) -> str:
     marks = {True: "met", False: "**not met**", None: "-"}
     out += _table(["target", "measured (same run)", ""], [(t, m, marks[ok]) for t, m, ok in targets(data)])
     out += _floor_note(data)
+    out += _own_process_note(data)
     if "launch" in data:
         out += _launch_md(data["launch"])
     if "sweep" in data:
@@ -294,14 +316,17 @@ def _launch_md(launch: Data) -> list[str]:
            "task function. Ready: until the last rank has its process group (for hydra-ddpw the same moment as "
            "in the task, since it makes the group before the task; elsewhere the task makes it).", "",
            "![launch](launch.png)", ""]
-    for metric, title in (("wall", "Whole command"), ("cpu", "CPU time of the command and its processes"),
-                          ("entry", "All ranks in the task"),
-                          ("ready", "All ranks ready (process group made)")):
-        out += [f"**{title}** (s)", ""]
+    for metric, title, scale, digits in (
+            ("wall", "Whole command (s)", 1.0, 2),
+            ("cpu", "CPU time of the command and its processes (s)", 1.0, 2),
+            ("faults", "Minor page faults of the command and its processes (thousands)", 1e-3, 1),
+            ("entry", "All ranks in the task (s)", 1.0, 2),
+            ("ready", "All ranks ready (process group made) (s)", 1.0, 2)):
+        out += [f"**{title}**", ""]
         rows = []
         for key, row in launch["rows"].items():
             if any(metric in (cell or {}) or "error" in (cell or {}) for cell in row.values()):
-                rows.append([tools[key]["label"], *[_fmt(row.get(str(n)), metric) for n in sizes]])
+                rows.append([tools[key]["label"], *[_fmt(row.get(str(n)), metric, scale, digits) for n in sizes]])
         out += _table(["ranks", *[str(n) for n in sizes]], rows)
     out += _errors(launch["rows"], {k: t["label"] for k, t in tools.items()})
     out += ["Commands:", ""] + [f"- {t['label']}: {t['note']}" for t in tools.values()] + [""]

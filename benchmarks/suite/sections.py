@@ -97,8 +97,8 @@ def _summary_rows(measured: dict[str, list[Any] | str], metrics: Sequence[str]) 
 # 1. Launch -------------------------------------------------------------------------------------------
 
 def launch(sizes: Sequence[int], reps: int, tools: Sequence[Tool] = LAUNCH_TOOLS) -> Data:
-    """Whole-command wall time and CPU time, and time until every rank is in the task (entry) and has its
-    process group (ready), for each tool and rank count."""
+    """Whole-command wall time, CPU time and minor page faults, and time until every rank is in the task
+    (entry) and has its process group (ready), for each tool and rank count."""
     cases: list[Case] = []
     for tool in tools:
         for n in sizes:
@@ -112,7 +112,8 @@ def launch(sizes: Sequence[int], reps: int, tools: Sequence[Tool] = LAUNCH_TOOLS
         if isinstance(values, str):
             row[size] = {"error": values}
         else:
-            row[size] = {metric: _stats(v[metric] for v in values) for metric in ("wall", "cpu", "entry", "ready")}
+            row[size] = {metric: _stats(v[metric] for v in values)
+                         for metric in ("wall", "cpu", "faults", "entry", "ready")}
     return {"sizes": list(sizes), "rows": rows,
             "tools": {t.key: {"label": t.label, "note": t.note} for t in tools}}
 
@@ -120,7 +121,8 @@ def launch(sizes: Sequence[int], reps: int, tools: Sequence[Tool] = LAUNCH_TOOLS
 def _launch_once(tool: Tool, n: int) -> dict[str, float]:
     run = run_command(tool.argv(n, "trivial"))
     _expect_ranks(run, n)
-    return {"wall": run.wall_s, "cpu": run.cpu_s, "entry": run.since_start("entry"), "ready": run.since_start("ready")}
+    return {"wall": run.wall_s, "cpu": run.cpu_s, "faults": run.page_faults, "entry": run.since_start("entry"),
+            "ready": run.since_start("ready")}
 
 
 def _expect_ranks(run: Run, n: int, tags: int = 1) -> None:

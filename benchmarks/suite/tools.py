@@ -88,6 +88,15 @@ DDPW = Tool(
          "`Wrapper(..., caller_rank=True)`, the row with caller_rank=True; its default starts the rank in a "
          "process of its own)",
 )
+DDPW_FORK = Tool(
+    "ddpw_fork", "ddpw Wrapper + one fork (the floor of a rank in a process of its own)",
+    lambda n, mode: python_argv("ddpw_app.py", str(n), mode, "fork"),
+    ranks=(1,),
+    note="the ddpw row's command, which first forks a child that exits at once and waits for it: the least any "
+         "way of running the one rank in a process of its own adds to ddpw's one-rank job, which runs in the "
+         "calling process (a fork leaves that process's memory copy-on-write, and its exit then faults on every "
+         "page it writes)",
+)
 SUBMITIT = Tool(
     "submitit", "hydra-submitit-launcher (local, 2 tasks)",
     lambda n, mode: python_argv("hydra_app.py", "-m", "hydra/launcher=submitit_local",
@@ -103,7 +112,7 @@ HYDRA_PLAIN = Tool(
 )
 
 LAUNCH_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, WRAPPER, WRAPPER_CALLER, TORCHRUN, TORCHRUN_HYDRA,
-                                MP_SPAWN, DDPW, SUBMITIT, HYDRA_PLAIN)
+                                MP_SPAWN, DDPW, DDPW_FORK, SUBMITIT, HYDRA_PLAIN)
 FAILURE_TOOLS: Sequence[Tool] = (HYDRA_DDPW, WRAPPER, TORCHRUN, MP_SPAWN)
 FOOTPRINT_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_LAZY, HYDRA_DDPW_LAZY_MULTIRUN, WRAPPER, TORCHRUN, MP_SPAWN)
 STEADY_TOOLS: Sequence[Tool] = (HYDRA_DDPW, HYDRA_DDPW_MULTIRUN, WRAPPER, TORCHRUN)
