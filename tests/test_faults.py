@@ -3,6 +3,7 @@ many ranks and many jobs. Real processes throughout; each test checks nothing is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -214,17 +215,29 @@ def test_a_failed_job_ends_what_its_ranks_started(tmp_path: Path) -> None:
     assert leftover(ranks) == []
 
 
+@contextlib.contextmanager
+def _sighup(disposition: signal.Handlers) -> Iterator[None]:
+    """Programs started in the block begin with SIGHUP at `disposition` (SIG_DFL: as from a terminal;
+    SIG_IGN: as under `nohup`), whatever this test run was started with."""
+    before = signal.signal(signal.SIGHUP, disposition)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 @pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain", "multirun"])
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGHUP"])
 def test_when_the_controller_dies_every_process_and_file_of_the_job_goes(
     tmp_path: Path, private_tmp: Path, how: str, flags: tuple
 ) -> None:
     shm = _shm()
-    proc = subprocess.Popen(
-        [sys.executable, str(APPS / "app.py"), *flags, "behaviour=children_wait"], cwd=tmp_path,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        env={**os.environ, "TMPDIR": str(private_tmp)}, start_new_session=True,
-    )
+    with _sighup(signal.SIG_DFL):
+        proc = subprocess.Popen(
+            [sys.executable, str(APPS / "app.py"), *flags, "behaviour=children_wait"], cwd=tmp_path,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            env={**os.environ, "TMPDIR": str(private_tmp)}, start_new_session=True,
+        )
     ranks = _started(tmp_path, proc)
     children = _job_children(job_dirs(tmp_path)[0])
     assert len(children) == 4 and list(private_tmp.iterdir())  # the job's private folder is there
@@ -237,6 +250,23 @@ def test_when_the_controller_dies_every_process_and_file_of_the_job_goes(
              what="every process of the job to end")
     wait_for(lambda: not list(private_tmp.iterdir()), timeout=15, what="the job's private folder to go")
     assert _shm() - shm == set()
+
+
+@pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain", "multirun"])
+def test_a_run_started_under_nohup_outlives_its_terminal(tmp_path: Path, flags: tuple) -> None:
+    with _sighup(signal.SIG_IGN):
+        proc = subprocess.Popen(
+            [sys.executable, str(APPS / "app.py"), *flags, "behaviour=wait"], cwd=tmp_path, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    ranks = _started(tmp_path, proc)
+    os.killpg(proc.pid, signal.SIGHUP)  # the terminal closes: its shell sends SIGHUP to the job's process group
+    proc.send_signal(signal.SIGTERM)  # handled after the SIGHUP, so only a run that outlived it ends with 143
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    job = job_dirs(tmp_path)[0]
+    assert sorted(p.name for p in job.glob("saved_rank_*.txt")) == ["saved_rank_0.txt", "saved_rank_1.txt"]
+    assert leftover(ranks) == []
 
 
 @pytest.mark.parametrize("behaviour", ["loader", "spawn_lock_kill", "local_exception"])

@@ -108,7 +108,11 @@ class RunSupervisor:
     def run(self) -> int:
         """Supervise the run until rank 0's process ends; the program's exit code."""
         for sig in _SIGNALS:
-            signal.signal(sig, self._on_signal)
+            # A SIGHUP the program was started ignoring (`nohup`) stays ignored: the run outlives its
+            # terminal, as the program does without hydra-ddpw (rank 0 ignores it too, and the other
+            # ranks are in process groups of their own).
+            if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN):
+                signal.signal(sig, self._on_signal)
         signal.pthread_sigmask(signal.SIG_SETMASK, self.signal_mask)
         # The starter first, while this process has no thread but its own: it is then a fork of this one
         # (torch loaded, in a CPU build), not a fresh interpreter that imports torch again.
