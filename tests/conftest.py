@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
 
 from tests.slurm.cluster import local_cluster, skip_reason
+
+# The tests send Ctrl-C to the programs they start, and to this process, as from a terminal: a test run that
+# was itself started ignoring SIGINT (a script's background command) would pass that on to every program.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -215,6 +215,12 @@ def test_a_failed_job_ends_what_its_ranks_started(tmp_path: Path) -> None:
     assert leftover(ranks) == []
 
 
+def _proc_status(pid: int) -> dict[str, str]:
+    """The fields of /proc/<pid>/status."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
 @contextlib.contextmanager
 def _sighup(disposition: signal.Handlers) -> Iterator[None]:
     """Programs started in the block begin with SIGHUP at `disposition` (SIG_DFL: as from a terminal;
@@ -253,17 +259,24 @@ def test_when_the_controller_dies_every_process_and_file_of_the_job_goes(
 
 
 @pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain", "multirun"])
-def test_a_run_started_under_nohup_outlives_its_terminal(tmp_path: Path, flags: tuple) -> None:
-    with _sighup(signal.SIG_IGN):
+@pytest.mark.parametrize("ignored", [signal.SIGHUP, signal.SIGINT], ids=["nohup", "background_in_a_script"])
+def test_a_signal_the_program_was_started_ignoring_stays_ignored(tmp_path: Path, flags: tuple, ignored: int) -> None:
+    before = signal.signal(ignored, signal.SIG_IGN)  # as `nohup`, or a script's `cmd &`, starts the program
+    try:
         proc = subprocess.Popen(
             [sys.executable, str(APPS / "app.py"), *flags, "behaviour=wait"], cwd=tmp_path, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
         )
+    finally:
+        signal.signal(ignored, before)
     ranks = _started(tmp_path, proc)
-    os.killpg(proc.pid, signal.SIGHUP)  # the terminal closes: its shell sends SIGHUP to the job's process group
-    proc.send_signal(signal.SIGTERM)  # handled after the SIGHUP, so only a run that outlived it ends with 143
+    # The program's process (a plain run's supervisor, a multirun's controller) still ignores it
+    assert int(_proc_status(proc.pid)["SigIgn"], 16) & (1 << (ignored - 1))
+    os.killpg(proc.pid, ignored)  # the terminal closes, or Ctrl-C goes to the script's process group
+    proc.send_signal(signal.SIGTERM)  # handled after the first, so only a run that outlived it ends with 143
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, stderr
+    assert "Terminated (SIGTERM): every rank of job #0 was stopped." in stderr and "Interrupted" not in stderr
     job = job_dirs(tmp_path)[0]
     assert sorted(p.name for p in job.glob("saved_rank_*.txt")) == ["saved_rank_0.txt", "saved_rank_1.txt"]
     assert leftover(ranks) == []

@@ -26,7 +26,7 @@ from ddpw_runtime.launch.engine import LocalJob, NodeJob, settle, starter_for, w
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import portable_pickle
-from ddpw_runtime.launch.signals import blocked, send_to_group, signal_of, stopped_line
+from ddpw_runtime.launch.signals import blocked, handle, send_to_group, signal_of, stopped_line
 from ddpw_runtime.launch.starter import close_starters
 from ddpw_runtime.launch.starter_process import die_with_parent
 from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, OutsideRank, supervise
@@ -107,12 +107,7 @@ class RunSupervisor:
     # ------------------------------------------------------------------ the whole run
     def run(self) -> int:
         """Supervise the run until rank 0's process ends; the program's exit code."""
-        for sig in _SIGNALS:
-            # A SIGHUP the program was started ignoring (`nohup`) stays ignored: the run outlives its
-            # terminal, as the program does without hydra-ddpw (rank 0 ignores it too, and the other
-            # ranks are in process groups of their own).
-            if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN):
-                signal.signal(sig, self._on_signal)
+        handle(_SIGNALS, self._on_signal)  # (rank 0 ignores what this ignores; the others have groups of their own)
         signal.pthread_sigmask(signal.SIG_SETMASK, self.signal_mask)
         # The starter first, while this process has no thread but its own: it is then a fork of this one
         # (torch loaded, in a CPU build), not a fresh interpreter that imports torch again.

@@ -2,8 +2,9 @@
 SIGTERM held back while the controller must not be interrupted; and the handlers of a multirun's controller.
 
 From the launcher's `setup` on, Ctrl-C raises `Interrupted` (exit 130 without a traceback) and SIGTERM
-`Terminated` (exit 143; a second SIGTERM is ignored). While jobs run, the launcher passes the signal on to
-them and says which were stopped; outside them the handler says so itself."""
+`Terminated` (exit 143; a second SIGTERM is ignored), unless the program was started ignoring it (`handle`).
+While jobs run, the launcher passes the signal on to them and says which were stopped; outside them the
+handler says so itself."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -82,12 +83,20 @@ _state = {"jobs running": False, "terminating": False}
 """Whether the launcher is running jobs now (it reports an interruption itself), and whether SIGTERM came."""
 
 
+def handle(signals: tuple[int, ...], handler: Callable[[int, FrameType | None], object]) -> None:
+    """Handle each of `signals` with `handler`, but one the program was started ignoring (SIGHUP under
+    `nohup`; SIGINT for a command a script runs in the background), which stays ignored, as Python keeps
+    it: the program goes on as it would without hydra-ddpw."""
+    for sig in signals:
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, handler)
+
+
 def install() -> None:
     """Handle Ctrl-C and SIGTERM as a multirun's controller (see the module docstring), from now on (main
     thread only)."""
     if threading.current_thread() is threading.main_thread():
-        for sig in STOPPING_SIGNALS:
-            signal.signal(sig, _on_signal)
+        handle(STOPPING_SIGNALS, _on_signal)
 
 
 @contextmanager
