@@ -4,6 +4,7 @@ task_context and threads per rank; real ranks on gloo."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -358,6 +359,36 @@ def test_a_wrapper_interrupted_at_any_moment_runs_again(tmp_path: Path, where: s
     assert lines.count("interrupted: KeyboardInterrupt") == 6, done.stdout
     for after_s in (0.0, 0.01, 0.05, 0.2, 0.5, 1.5):
         assert f"[(0, {after_s}), (1, {after_s})]" in lines, done.stdout
+
+
+CTRL_C_IGNORED = """
+import os, signal
+import ddpw_runtime
+from ddpw_runtime import Platform, Wrapper
+
+def ctrl_c_then_rank():
+    if ddpw_runtime.rank() == 0:  # the caller: this program was started ignoring Ctrl-C
+        os.kill(os.getpid(), signal.SIGINT)
+    ddpw_runtime.barrier()
+    return ddpw_runtime.rank()
+
+print(Wrapper(Platform(n_procs_per_node=2), log_dir="logs", caller_rank=True).start(ctrl_c_then_rank), flush=True)
+assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # and still is
+"""
+
+
+def test_a_caller_started_ignoring_ctrl_c_keeps_ignoring_it_while_it_is_rank_0(tmp_path: Path) -> None:
+    """As a script's background command (`cmd &`): Python keeps SIGINT ignored, and so does the caller's rank."""
+    (tmp_path / "ignored.py").write_text(CTRL_C_IGNORED)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        done = subprocess.Popen([sys.executable, "ignored.py"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    stdout, stderr = done.communicate(timeout=120)
+    assert done.returncode == 0, stderr
+    assert stdout.splitlines() == ["[0, 1]"], stdout
 
 
 def fail_on_rank_1_until(attempt: int) -> tuple:

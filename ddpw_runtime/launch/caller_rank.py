@@ -17,7 +17,7 @@ from ddpw_runtime.launch.engine import LocalJob
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.signals import signal_of
+from ddpw_runtime.launch.signals import STOPPING_SIGNALS, handle, signal_of
 from ddpw_runtime.launch.stacks import where_in
 from ddpw_runtime.launch.supervisor import STOP_SIGNAL, NodeRanks, supervise
 from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack
@@ -69,9 +69,9 @@ class CallerRank:
         try:
             self._store = self.local.host_store()
             if threading.current_thread() is threading.main_thread():
-                for sig, handler in ((STOP_SIGNAL, self._on_stop_signal), (signal.SIGINT, self._on_interrupt),
-                                     (signal.SIGTERM, self._on_interrupt)):
-                    self._saved_handlers[sig] = signal.signal(sig, handler)
+                self._saved_handlers = {sig: signal.getsignal(sig) for sig in (STOP_SIGNAL, *STOPPING_SIGNALS)}
+                signal.signal(STOP_SIGNAL, self._on_stop_signal)
+                handle(STOPPING_SIGNALS, self._on_interrupt)
             self._console.__enter__()
             self._thread.start()
         except BaseException as exc:  # a Ctrl-C meanwhile: the caller's own handlers back, nothing left running
