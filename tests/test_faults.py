@@ -371,6 +371,19 @@ def test_ctrl_c_before_any_rank_starts_exits_130_with_a_message(tmp_path: Path) 
     assert "Interrupted" in stderr, stderr
 
 
+def test_a_task_that_fails_because_ctrl_c_ended_its_peers_still_ends_as_interrupted(tmp_path: Path) -> None:
+    """Rank 0 (the program's own task) is inside a collective when Ctrl-C ends rank 1: its error is the
+    peer's end, not a cause, and the run ends as interrupted, without that traceback."""
+    proc = start_app(tmp_path, "behaviour=all_reduce_until_a_peer_goes", "fail_rank=0")
+    ranks = _started(tmp_path, proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Interrupted: every rank of job #0 was stopped." in stderr and "Traceback" not in stderr, stderr
+    assert "Connection" in (job_dirs(tmp_path)[0] / "rank_0.log").read_text()  # it did fail as described
+    assert leftover(ranks) == []
+
+
 def test_a_second_sigterm_still_ends_with_143(tmp_path: Path) -> None:
     proc = start_app(tmp_path, "behaviour=wait")
     ranks = _started(tmp_path, proc)

@@ -179,6 +179,8 @@ class RankZeroSide:
             except Exception as exc:  # noqa: BLE001 - as Hydra's run_job takes a task's error
                 job_return.return_value, job_return.status = from_task(exc), JobStatus.FAILED
             settled = self._leave(job_return.status is JobStatus.COMPLETED, _compat.job_error(job_return))
+        if settled.stopped is not None:  # what the task raised meanwhile (a peer gone) is no cause
+            _end_run(settled, None)
         if settled.error is not None:
             job_return.status = JobStatus.FAILED
             job_return.return_value = pickle.loads(settled.error)
@@ -212,9 +214,10 @@ class RankZeroSide:
 
 
 def _end_run(settled: JobSettled, own: BaseException | None) -> None:
-    """End the run before its task ran (the job could not start, or was interrupted while it started),
-    as Hydra ends a run: the job's error (or rank 0's `own`, when it is the cause) as Hydra shows any, or
-    quietly for a signal."""
+    """End the run as Hydra ends one: the job's error (or rank 0's `own`, when it is the cause) as Hydra
+    shows any, or quietly for the signal that stopped the job, as a Ctrl-C in the task ends a run (also
+    when rank 0's task then failed only because its peers went away). For a job that could not start, or
+    that was interrupted while it started or while rank 0's task ran."""
     if settled.stopped is not None:
         raise SystemExit(128 + settled.stopped)
     error = pickle.loads(settled.error) if settled.error is not None else own

@@ -154,6 +154,15 @@ def ignore_then_wait(sig: int) -> None:
         time.sleep(1)
 
 
+def all_reduce_until_a_peer_goes(ignored: int) -> None:
+    """All-reduce until a peer is gone; this rank ignores Ctrl-C (`ignored` == its rank), so a Ctrl-C
+    reaches it only as the error of a collective whose peer ended: a training step in flight."""
+    if ddpw_runtime.rank() == ignored:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        dist.all_reduce(torch.ones(1))
+
+
 def linger() -> None:
     """Leave a non-daemon thread running (until a file `release` appears in the working dir)."""
 
@@ -218,6 +227,8 @@ def main(cfg: DictConfig) -> object:
         libc.pthread_mutex_lock(mutex)  # locked again by its owner: it waits for ever, deaf to signals
     if cfg.behaviour == "linger":
         linger()
+    if cfg.behaviour == "all_reduce_until_a_peer_goes":
+        all_reduce_until_a_peer_goes(cfg.fail_rank)
     if cfg.behaviour == "fork_report" and seen["rank"] == 0:
         report_forked_handlers(seen["output_dir"])
     if cfg.behaviour == "freeze" and seen["rank"] == cfg.fail_rank:
