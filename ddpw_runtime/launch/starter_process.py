@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from ddpw_runtime.launch import protocol
 from ddpw_runtime.launch.job_processes import JobProcesses, processes
 from ddpw_runtime.launch.protocol import Channel
-from ddpw_runtime.launch.signals import blocked, send_to_group
+from ddpw_runtime.launch.signals import blocked, handle, send_to_group
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -91,8 +91,7 @@ class _Server:
         # a Ctrl-C sent to a child in the moment between its fork and its own handler; see `_fork`).
         signal.signal(signal.SIGINT, lambda *_: None)
         signal.signal(signal.SIGHUP, self.end)
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:  # (ignored on a SLURM node: see slurm/node.py)
-            signal.signal(signal.SIGTERM, self.end)
+        handle((signal.SIGTERM,), self.end)  # (ignored on a SLURM node: see slurm/node.py)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
