@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +91,15 @@ def run_ranks(target: Callable[..., Any], *args: Any, platform: Any, log_dir: Pa
     from ddpw_runtime.launch.payload import TaskCall
 
     return run(TaskCall(target, args), NodeJob(platform, log_dir))
+
+
+@contextlib.contextmanager
+def started_with(sig: int, disposition: signal.Handlers) -> Iterator[None]:
+    """Programs started in the block begin with `sig` at `disposition` (SIG_DFL: as from a terminal;
+    SIG_IGN: as under `nohup` for SIGHUP, or as a script's background command for SIGINT), whatever this
+    test run was started with."""
+    before = signal.signal(sig, disposition)
+    try:
+        yield
+    finally:
+        signal.signal(sig, before)

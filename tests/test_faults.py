@@ -3,7 +3,6 @@ many ranks and many jobs. Real processes throughout; each test checks nothing is
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -19,7 +18,19 @@ from pathlib import Path
 import pytest
 
 from ddpw_conf import Platform
-from tests.helpers import APPS, alive, job_dirs, leftover, open_fds, run_app, run_ranks, seen, start_app, wait_for
+from tests.helpers import (
+    APPS,
+    alive,
+    job_dirs,
+    leftover,
+    open_fds,
+    run_app,
+    run_ranks,
+    seen,
+    start_app,
+    started_with,
+    wait_for,
+)
 
 pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
@@ -221,24 +232,13 @@ def _proc_status(pid: int) -> dict[str, str]:
     return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
 
 
-@contextlib.contextmanager
-def _sighup(disposition: signal.Handlers) -> Iterator[None]:
-    """Programs started in the block begin with SIGHUP at `disposition` (SIG_DFL: as from a terminal;
-    SIG_IGN: as under `nohup`), whatever this test run was started with."""
-    before = signal.signal(signal.SIGHUP, disposition)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGHUP, before)
-
-
 @pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain", "multirun"])
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGHUP"])
 def test_when_the_controller_dies_every_process_and_file_of_the_job_goes(
     tmp_path: Path, private_tmp: Path, how: str, flags: tuple
 ) -> None:
     shm = _shm()
-    with _sighup(signal.SIG_DFL):
+    with started_with(signal.SIGHUP, signal.SIG_DFL):
         proc = subprocess.Popen(
             [sys.executable, str(APPS / "app.py"), *flags, "behaviour=children_wait"], cwd=tmp_path,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -261,14 +261,11 @@ def test_when_the_controller_dies_every_process_and_file_of_the_job_goes(
 @pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain", "multirun"])
 @pytest.mark.parametrize("ignored", [signal.SIGHUP, signal.SIGINT], ids=["nohup", "background_in_a_script"])
 def test_a_signal_the_program_was_started_ignoring_stays_ignored(tmp_path: Path, flags: tuple, ignored: int) -> None:
-    before = signal.signal(ignored, signal.SIG_IGN)  # as `nohup`, or a script's `cmd &`, starts the program
-    try:
+    with started_with(ignored, signal.SIG_IGN):  # as `nohup`, or a script's `cmd &`, starts the program
         proc = subprocess.Popen(
             [sys.executable, str(APPS / "app.py"), *flags, "behaviour=wait"], cwd=tmp_path, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
         )
-    finally:
-        signal.signal(ignored, before)
     ranks = _started(tmp_path, proc)
     # The program's process (a plain run's supervisor, a multirun's controller) still ignores it
     assert int(_proc_status(proc.pid)["SigIgn"], 16) & (1 << (ignored - 1))

@@ -17,7 +17,7 @@ import pytest
 
 import ddpw_runtime
 from ddpw_runtime import ConfigError, JobTimedOut, Layout, Platform, RankFailure, Wrapper, _compat, wrapper
-from tests.helpers import alive
+from tests.helpers import alive, started_with
 
 pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
@@ -380,12 +380,9 @@ assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # and still is
 def test_a_caller_started_ignoring_ctrl_c_keeps_ignoring_it_while_it_is_rank_0(tmp_path: Path) -> None:
     """As a script's background command (`cmd &`): Python keeps SIGINT ignored, and so does the caller's rank."""
     (tmp_path / "ignored.py").write_text(CTRL_C_IGNORED)
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
+    with started_with(signal.SIGINT, signal.SIG_IGN):
         done = subprocess.Popen([sys.executable, "ignored.py"], cwd=tmp_path, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    finally:
-        signal.signal(signal.SIGINT, before)
     stdout, stderr = done.communicate(timeout=120)
     assert done.returncode == 0, stderr
     assert stdout.splitlines() == ["[0, 1]"], stdout
