@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import Terminated
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
+from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.engine import NodeJob
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.process_state import ProcessState
@@ -31,12 +30,12 @@ RESULT = "job.result"
 
 @dataclass
 class JobPayload:
-    """What a job process needs: the launching process's state, and (cloudpickled, read once that state is
+    """What a job process needs: the launching process's state, and (pickled, read once that state is
     entered) Hydra's context, the user's task function and the job's composed config."""
 
     state: ProcessState
     hydra_job: bytes
-    """cloudpickle of (hydra_context, task_function, config)."""
+    """`pickling.dumps` of (hydra_context, task_function, config)."""
     idx: int
     node_job: NodeJob
 
@@ -65,7 +64,7 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
         with open(payload_path, "rb") as src:
             payload: JobPayload = pickle.load(src)
         payload.state.enter({})
-        hydra_context, task_function, config = cloudpickle.loads(payload.hydra_job)
+        hydra_context, task_function, config = pickle.loads(payload.hydra_job)
         task = JobTask(task_function, payload.node_job, payload.idx)
         key, subkey = PreparedJob.dir_keys
         ret = run_job(hydra_context=hydra_context, task_function=task, config=config, job_dir_key=key,
@@ -80,5 +79,5 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
         end = JobEnd(error=portable(error))
     finally:
         close_starters()
-    write_atomically(result, cloudpickle.dumps(end))
+    write_atomically(result, pickling.dumps(end))
     return 0

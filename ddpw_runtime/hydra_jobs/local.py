@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
@@ -30,7 +29,7 @@ from ddpw_runtime.hydra_jobs.job_process import RESULT, JobEnd, JobPayload
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
-from ddpw_runtime.launch import signals
+from ddpw_runtime.launch import pickling, signals
 from ddpw_runtime.launch.devices import Devices, Need, Share, cpu_cores, visible_gpus
 from ddpw_runtime.launch.engine import NodeJob, describe, gpus_available, starter_for
 from ddpw_runtime.launch.payload import write_private
@@ -167,7 +166,7 @@ class _Sweep:
                            console_prefix=f"[job {job.idx}] " if self.schedule.devices is not None else "")
         job.pin()  # its output dir and ${now:...} as of its start, as Hydra's basic launcher resolves them
         folder = Path(tempfile.mkdtemp(prefix="ddpw-job-"))
-        payload = JobPayload(ProcessState.capture(), cloudpickle.dumps((self.hydra_context, self.task_function,
+        payload = JobPayload(ProcessState.capture(), pickling.dumps((self.hydra_context, self.task_function,
                                                                         job.config)), job.idx, node_job)
         write_private(folder / "payload.pkl", payload)
         log.info(f"#{job.idx} : {job.shown}")

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
+from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.plan import LaunchPlan
 from ddpw_runtime.launch.process_state import ProcessState
 
@@ -25,8 +24,8 @@ class TaskCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def pack(self) -> bytes:
-        """Serialised with cloudpickle: functions from `__main__` or a notebook travel by value."""
-        return cloudpickle.dumps(self)
+        """Serialised for every rank (`pickling`: the script's functions by reference, a notebook's by value)."""
+        return pickling.dumps(self)
 
     def __call__(self) -> Any:
         """Call the target."""
@@ -50,7 +49,7 @@ JOB_ENV = "DDPW_JOB"
 
 @dataclass
 class RankPayload:
-    """What every rank of a job needs: the plan, the task (cloudpickled) and the launching process's state."""
+    """What every rank of a job needs: the plan, the task (`TaskCall.pack`) and the launching process's state."""
 
     plan: LaunchPlan
     task: bytes

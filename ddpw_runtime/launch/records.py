@@ -11,7 +11,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
+from ddpw_runtime.launch import pickling
 
 SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "DistStoreError",
                      "DistNetworkError", "ProcessGroupGloo", "Socket Timeout")
@@ -23,10 +23,10 @@ _TEXT_LIMIT = 20_000
 
 
 def portable_pickle(obj: Any) -> bytes | None:
-    """`obj` pickled (cloudpickle: functions and classes of `__main__` by value), or None when it cannot
+    """`obj` pickled (`pickling.dumps`), or None when it cannot
     be pickled or the pickle cannot be loaded again (odd constructors fail only when loading)."""
     try:
-        blob = cloudpickle.dumps(obj)
+        blob = pickling.dumps(obj)
         pickle.loads(blob)
     except Exception:  # any failure to pickle or to load again means: send text instead
         return None
@@ -115,7 +115,7 @@ class RankResult:
         be able to import), its repr() travels too, for the launching process to show instead."""
         kind = qualified_name(type(value))
         try:  # not `portable_pickle`: loading a large value again here would double its cost
-            blob = cloudpickle.dumps(value)
+            blob = pickling.dumps(value)
         except Exception as exc:  # any pickling failure turns the value into text
             return RankResult(rank, value_text=f"{_bounded_repr(value)} (not picklable: {exc})", value_type=kind)
         text = _bounded_repr(value) if type(value).__module__ in loaded_by_task else None

@@ -13,6 +13,7 @@ import faulthandler
 import io
 import itertools
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -21,8 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-import cloudpickle
-
+from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_atomically
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.rank.environment import rank_environment, tell_imported_libraries
@@ -60,7 +60,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
         if joining is not None:
             joining.join()
         configure_logging(rank)
-        task: TaskCall = cloudpickle.loads(payload.task)
+        task: TaskCall = pickle.loads(payload.task)
         before_task = len(sys.modules)
         value = task()
         result = RankResult.success(rank, value, _loaded_since(before_task))
@@ -71,7 +71,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     result.imported = _torch_modules_imported(inherited)
     # The result is on disk before this rank's connections close, so when its peers fail on the
     # closed connection, the controller already knows this rank failed first.
-    write_atomically(payload.result_file(rank), cloudpickle.dumps(result))
+    write_atomically(payload.result_file(rank), pickling.dumps(result))
     # The process group is not torn down: the process ends now, and its end closes the group's connections.
     # Destroying it first only adds gloo's wait for its I/O threads (~20 ms with 2 ranks) to every job.
     if result.ok:

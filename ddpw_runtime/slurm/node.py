@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -49,7 +50,7 @@ class Preempted(Terminated):
 @dataclass
 class SlurmNode:
     """The callable submitit runs as the task of every node, resubmitted unchanged when the job is requeued.
-    `job` (the cloudpickle of hydra_context, task_function, job config) is read only after Hydra's state
+    `job` (`pickling.dumps` of hydra_context, task_function, job config) is read only after Hydra's state
     is restored, with the submitting program's import path (`sys_path`) added. `platform` is the job's, with
     the CPUs it asks SLURM for filled in."""
 
@@ -129,7 +130,7 @@ class _NodeRun:
         sys.path[:0] = [path for path in self.spec.sys_path if path not in sys.path]
         _compat.restore_hydra_state(cloudpickle.loads(self.spec.hydra_state))
         setup_globals()
-        hydra_context, task_function, config = cloudpickle.loads(self.spec.job)
+        hydra_context, task_function, config = pickle.loads(self.spec.job)
         with read_write(config.hydra.job), open_dict(config.hydra.job):
             config.hydra.job.id = self.env.job_id
         return hydra_context, task_function, config

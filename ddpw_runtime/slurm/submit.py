@@ -25,6 +25,7 @@ from ddpw_runtime.errors import SlurmJobError
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob, task_config
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
+from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.console import ConsoleEcho, console_of
 from ddpw_runtime.launch.supervisor import Grace
 from ddpw_runtime.slurm import outcomes as node_outcomes
@@ -123,7 +124,7 @@ def _submit(
         executor.update_parameters(**group[0].params)
         nodes = [
             SlurmNode(
-                job=cloudpickle.dumps((hydra_context, task_function, job.prepared.config)),
+                job=pickling.dumps((hydra_context, task_function, job.prepared.config)),
                 idx=job.prepared.idx,
                 hydra_state=state,
                 sys_path=list(sys.path),
