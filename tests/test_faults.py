@@ -48,6 +48,8 @@ def test_a_hung_rank_is_stopped_at_the_time_limit_showing_where_each_rank_was(tm
     assert proc.returncode != 0
     assert "ran past its time limit (platform.timeout_min=0.05)" in proc.stderr
     assert "rank 1: misbehave (" in proc.stderr  # the hung rank, in its sleep loop
+    sleep_line = (APPS / "app.py").read_text().splitlines().index('    if behaviour == "hang":') + 3
+    assert f"rank 1: misbehave ({APPS / 'app.py'}:{sleep_line})" in proc.stderr  # the script's own file and line
     assert "rank 0: barrier (" in proc.stderr  # the rank waiting for it
     job = job_dirs(tmp_path)[0]
     assert "most recent call first" in (job / "rank_1.log").read_text()

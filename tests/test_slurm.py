@@ -26,7 +26,7 @@ from ddpw_runtime.launch.outcome import RankOutcome
 from ddpw_runtime.launch.records import RaisedError, RankResult
 from ddpw_runtime.slurm.outcomes import NodeOutcome, job_return
 from ddpw_runtime.slurm.sbatch import sbatch_parameters
-from tests.helpers import job_dirs, leftover, run_app, seen, start_app, wait_for
+from tests.helpers import APPS, job_dirs, leftover, run_app, seen, start_app, wait_for
 
 
 def _gone(ranks: dict) -> None:
@@ -146,6 +146,27 @@ def test_rank_failure_on_the_second_node_is_the_reported_root_cause(slurm_env: d
     assert 'raise ValueError("rank asked to fail")' in proc.stderr
     assert "waiting for clients" not in proc.stderr and "Connection closed" not in proc.stderr
     _gone(seen(job_dirs(tmp_path)[0]))
+
+
+@pytest.mark.subprocess
+def test_ranks_on_every_node_use_the_scripts_own_objects_and_tracebacks_name_its_lines(
+        slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """A node runs no script of its own (its controller is submitit's): the script's class read by a spawn-context
+    DataLoader is the script's own on both nodes, and a failure on node 1 shows the script's file and line."""
+    app = "script_objects_app.py"
+    proc = run_app(tmp_path, "-m", "--config-name", "slurm", "platform.n_nodes=2", "platform.n_procs_per_node=1",
+                   "behaviour=ok,raise", app=app, timeout=180)
+    assert proc.returncode == 1
+    ok, failed = job_dirs(tmp_path)
+    ranks = seen(ok)
+    assert sorted(ranks) == [0, 1]
+    assert all(r["total"] == 28.0 and r["same_class"] and r["same_task"] for r in ranks.values())
+    assert "rank 1 (node 1) failed: ValueError: failed on a line of the script" in proc.stderr
+    lines = (APPS / app).read_text().splitlines()
+    raised = lines.index('    raise ValueError("failed on a line of the script")') + 1
+    assert (f'  File "{APPS / app}", line {raised}, in fail_here\n'
+            '    raise ValueError("failed on a line of the script")\n') in proc.stderr
+    assert "<dynamic-code>" not in proc.stderr
 
 
 @pytest.mark.subprocess
