@@ -2,13 +2,15 @@
 
 CPU packing runs real sweeps of one-rank jobs that each take one core (`platform.n_cpus_per_node=1`):
 the jobs meet in a shared folder, so "two jobs ran at once" is shown by each job having seen the other
-start, not by timing. GPU packing cannot run here: its tests give `Devices` a mocked list of GPUs.
+start, and "never at once" by each having seen the ones before it end, not by timing. GPU packing cannot
+run here: its tests give `Devices` a mocked list of GPUs.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,12 @@ def sweep(tmp_path: Path, *overrides: str, timeout: float = 120) -> tuple[Any, d
     proc = run_app(tmp_path, "-m", f"meet={meet}", "hydra.sweep.dir=sw", *overrides, app=APP, timeout=timeout)
     started = {int(p.name.split("_")[1]): json.loads(p.read_text()) for p in meet.glob("started_*")}
     return proc, started
+
+
+def free_port() -> int:
+    """A port no program listens on now."""
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return int(probe.getsockname()[1])
 
 
 def summary_of(tmp_path: Path) -> list[dict]:
@@ -128,6 +136,32 @@ def test_max_parallel_jobs_1_and_jobs_that_take_the_whole_machine_run_one_after_
 
 
 @pytest.mark.subprocess
+def test_jobs_that_set_the_same_master_port_run_one_after_another_in_job_order(tmp_path: Path) -> None:
+    # three one-core jobs would run side by side on any two cores, but each must listen on the port alone
+    port = free_port()
+    proc, started = sweep(tmp_path, "job=0,1,2", f"platform.master_port={port}")
+    assert proc.returncode == 0, proc.stderr
+    assert [(job, seen["ended_before"], seen["running_beside"]) for job, seen in sorted(started.items())] == [
+        (0, [], []), (1, [0], []), (2, [0, 1], [])]
+    assert [(j["job"], j["status"]) for j in summary_of(tmp_path)] == [(0, "COMPLETED"), (1, "COMPLETED"),
+                                                                     (2, "COMPLETED")]
+    assert (f"jobs #0, #1, #2 set the same platform.master_port={port}: they run one after another"
+            in proc.stdout + proc.stderr)
+    assert "another program" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.subprocess
+def test_a_port_another_program_listens_on_refuses_the_sweep_before_any_job_starts(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as other_program:
+        port = other_program.getsockname()[1]
+        proc, started = sweep(tmp_path, "job=0,1,2", f"platform.master_port={port}")
+    assert proc.returncode == 1 and started == {}
+    assert (f"platform.master_port={port}: another program is listening on this port; choose a free port or "
+            "leave master_port unset (null)") in proc.stderr
+    assert not any(tmp_path.rglob("rank_*.log"))
+
+
+@pytest.mark.subprocess
 def test_a_job_asking_for_more_cores_than_the_machine_has_is_refused_before_anything_starts(tmp_path: Path) -> None:
     proc, started = sweep(tmp_path, "job=0,1", "platform.n_cpus_per_node=4096")
     assert proc.returncode == 1 and started == {}
@@ -174,6 +208,18 @@ def test_max_parallel_jobs_caps_jobs_that_would_fit_mocked_gpus() -> None:
     assert len(every) == 6 and len({share.gpus for _, share in every if share is not None}) == 6
 
 
+def test_a_job_waits_for_the_fixed_port_a_job_beside_it_holds_and_keeps_its_place() -> None:
+    jobs = [PreparedJob(idx, [f"job={idx}"], OmegaConf.create({}),
+                        Platform(device="cpu", n_cpus_per_node=1, master_port=port), Path(f"/nonexistent/{idx}"))
+            for idx, port in enumerate((29400, 29400, None, 29401))]
+    schedule = Schedule(list(jobs), Devices((), (0, 1, 2, 3)), None)
+    ((first, share),) = started_at_once(schedule)  # job 1 waits for the port; job 2 does not overtake it
+    assert first.idx == 0 and share is not None and share.port == 29400
+    schedule.ended(share)
+    assert [(job.idx, share.port if share else None) for job, share in started_at_once(schedule)] == [
+        (1, 29400), (2, None), (3, 29401)]
+
+
 def test_jobs_one_after_another_start_one_at_a_time_in_order() -> None:
     jobs = [gpu_job(idx, 1) for idx in range(2)]
     schedule = Schedule(list(jobs), None, 1)
@@ -204,6 +250,8 @@ def test_what_a_job_takes_from_the_machine() -> None:
     assert Need.of(Platform(device="gpu", n_gpus_per_node=1, n_cpus_per_node=4)) == Need(gpus=1, cpus=4)
     assert Need.of(Platform(device="cpu", n_cpus_per_node=2)) == Need(cpus=2)
     assert Need.of(Platform(device="cpu")).whole and Need.of(Platform(device="mps")).whole
+    assert Need.of(Platform(device="cpu", n_cpus_per_node=1, master_port=29400)) == Need(cpus=1, port=29400)
+    assert Need.of(Platform(device="cpu", n_cpus_per_node=1, master_port=29400, ipc_protocol="file")).port is None
     devices = Devices(("0",), (0, 1, 2))
     whole = devices.take(Need(whole=True))
     assert whole is not None and devices.take(Need(cpus=1)) is None  # nothing beside a whole-machine job

@@ -66,6 +66,20 @@ def side_by_side_devices(jobs: Sequence[PreparedJob], options: LocalLauncherConf
     return Devices(gpus, cpu_cores())
 
 
+def _note_shared_ports(jobs: Sequence[PreparedJob]) -> None:
+    """Say which jobs that could run side by side run one after another, because they set the same fixed
+    rendezvous port (`Devices.take` gives it to one job at a time)."""
+    sharing: dict[int, list[int]] = {}
+    for job in jobs:
+        need = Need.of(job.platform)
+        if need.port is not None and not need.whole:
+            sharing.setdefault(need.port, []).append(job.idx)
+    for port, idxs in sharing.items():
+        if len(idxs) > 1:
+            log.info(f"jobs {', '.join(f'#{idx}' for idx in idxs)} set the same platform.master_port={port}: they "
+                     "run one after another (leave master_port unset (null) for a free port per job)")
+
+
 def _dry_run(job: PreparedJob) -> JobReturn:
     log.info(f"#{job.idx} : {job.shown}")
     print(f"--- job #{job.idx}: {job.shown or '(no overrides)'} (dry run, nothing started)\n"
@@ -82,9 +96,9 @@ def start_starter_early(config: DictConfig, options: LocalLauncherConf) -> None:
 
 
 class Schedule:
-    """Which job starts next: the first waiting one, once its devices are free and fewer than `max_jobs`
-    (None: any number) run; None while it must wait. `devices` None: one job at a time, each with the
-    whole machine."""
+    """Which job starts next: the first waiting one, once its devices (and its fixed port) are free and
+    fewer than `max_jobs` (None: any number) run; None while it must wait. `devices` None: one job at a
+    time, each with the whole machine."""
 
     def __init__(self, pending: list[PreparedJob], devices: Devices | None, max_jobs: int | None) -> None:
         self.pending = pending
@@ -133,6 +147,8 @@ class _Sweep:
         self.ended: dict[int, JobEnd] = {}
         self.inbox = Inbox()
         devices = side_by_side_devices(jobs, options)
+        if devices is not None:
+            _note_shared_ports(jobs)
         self.schedule = Schedule(list(jobs), devices, options.max_parallel_jobs if devices is not None else 1)
 
     def run(self) -> list[JobReturn]:

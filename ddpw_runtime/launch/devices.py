@@ -1,5 +1,6 @@
 """This machine's devices, shared out among jobs that run side by side: each job gets GPUs and CPU
-cores of its own (`Share`), or the whole machine when it does not say how much it needs. No torch."""
+cores of its own (`Share`), or the whole machine when it does not say how much it needs; a fixed
+rendezvous port (`platform.master_port`) is one job's at a time. No torch."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ class Share:
     core (a GPU job that does not set `n_cpus_per_node`) its part of them, as many as its part of the GPUs."""
     whole: bool = False
     """It has the whole machine (nothing runs beside it)."""
+    port: int | None = None
+    """The fixed rendezvous port it listens on, which no job beside it may use (None: it holds none)."""
 
 
 @dataclass(frozen=True)
@@ -33,13 +36,17 @@ class Need:
     """Cores of its own (0: it shares every core, as a GPU job that does not set `n_cpus_per_node`)."""
     whole: bool = False
     """It takes the whole machine (a CPU job that does not set `n_cpus_per_node`, an MPS job)."""
+    port: int | None = None
+    """The fixed rendezvous port it listens on (None: a free port, or a `file` rendezvous)."""
 
     @staticmethod
     def of(platform: Platform) -> Need:
         """What a job of `platform` takes."""
+        port = platform.master_port if platform.ipc_protocol == "tcp" else None
         if platform.device_kind is Device.MPS or (not platform.uses_gpus and platform.n_cpus_per_node is None):
-            return Need(whole=True)
-        return Need(gpus=platform.n_gpus_per_node if platform.uses_gpus else 0, cpus=platform.n_cpus_per_node or 0)
+            return Need(whole=True, port=port)
+        return Need(gpus=platform.n_gpus_per_node if platform.uses_gpus else 0, cpus=platform.n_cpus_per_node or 0,
+                    port=port)
 
 
 def cpu_cores() -> tuple[int, ...]:
@@ -66,20 +73,23 @@ class Devices:
         self._taken: list[Share] = []
 
     def take(self, need: Need) -> Share | None:
-        """Devices for a job that needs `need`, or None while they are not free."""
+        """Devices for a job that needs `need`, or None while they are not free (its fixed port too: a
+        second job could not listen on a port a job beside it holds)."""
         if any(share.whole for share in self._taken) or (need.whole and self._taken):
             return None
+        if need.port is not None and any(share.port == need.port for share in self._taken):
+            return None
         if need.whole:
-            share = Share(whole=True)
+            share = Share(whole=True, port=need.port)
         elif need.gpus > len(self._free_gpus) or need.cpus > len(self._free_cpus):
             return None
         else:
             gpus, self._free_gpus = self._free_gpus[:need.gpus], self._free_gpus[need.gpus:]
             cpus, self._free_cpus = self._free_cpus[:need.cpus], self._free_cpus[need.cpus:]
             if need.cpus:
-                share = Share(tuple(gpus) if need.gpus else None, tuple(cpus), need.cpus)
+                share = Share(tuple(gpus) if need.gpus else None, tuple(cpus), need.cpus, port=need.port)
             else:
-                share = Share(tuple(gpus), None, max(1, len(self.cpus) * need.gpus // len(self.gpus)))
+                share = Share(tuple(gpus), None, max(1, len(self.cpus) * need.gpus // len(self.gpus)), port=need.port)
         self._taken.append(share)
         return share
 

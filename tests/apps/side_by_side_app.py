@@ -1,6 +1,7 @@
-"""Jobs of a sweep that meet in a shared folder (`meet`): each says it started (pid, cores, GPUs) and
-waits until `together` jobs have started; job `fail_job` then fails, and `behaviour=block` makes
-every job wait for a signal. Rank 0 returns what it saw."""
+"""Jobs of a sweep that meet in a shared folder (`meet`): each says it started (pid, cores, GPUs, the
+jobs that had ended and those still running then) and waits until `together` jobs have started; job
+`fail_job` then fails, and `behaviour=block` makes every job wait for a signal. A job that returns says
+it ended. Rank 0 returns what it saw."""
 
 import json
 import logging
@@ -18,19 +19,27 @@ MEET_TIMEOUT_S = 60.0
 """How long a job waits for the other one before it gives up (a failure, never a pass)."""
 
 
+def jobs_that(meet: Path, event: str) -> list[int]:
+    """The jobs that said `event` ("started", "ended") in `meet`."""
+    return sorted(int(p.name.split("_")[1]) for p in meet.glob(f"{event}_*"))
+
+
 @hydra.main(version_base=None, config_path="conf", config_name="side_by_side")
 def main(cfg: DictConfig) -> dict:
     started = time.time()
     meet = Path(cfg.meet)
+    ended = jobs_that(meet, "ended")
+    running = sorted(set(jobs_that(meet, "started")) - set(ended))
     seen = {"job": cfg.job, "pid": os.getpid(), "cores": sorted(os.sched_getaffinity(0)),
-            "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "threads": os.environ.get("OMP_NUM_THREADS")}
+            "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "threads": os.environ.get("OMP_NUM_THREADS"),
+            "ended_before": ended, "running_beside": running}
     tmp = meet / f".started_{cfg.job}"
     tmp.write_text(json.dumps(seen))
     tmp.rename(meet / f"started_{cfg.job}")
     log.info("job %s logs to its own log", cfg.job)
     print(f"job {cfg.job} prints", flush=True)
     deadline = time.monotonic() + MEET_TIMEOUT_S
-    while len(list(meet.glob("started_*"))) < cfg.together:
+    while len(jobs_that(meet, "started")) < cfg.together:
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {cfg.job} never saw {cfg.together} jobs running at once")
         time.sleep(0.01)
@@ -38,6 +47,7 @@ def main(cfg: DictConfig) -> dict:
         raise ValueError(f"job {cfg.job} asked to fail")
     if cfg.behaviour == "block":
         threading.Event().wait()
+    (meet / f"ended_{cfg.job}").touch()
     return {**seen, "started": started, "ended": time.time()}
 
 
