@@ -25,6 +25,7 @@ RUNTIME = ROOT / "ddpw_runtime"
 DATA_MODULES = {
     "ddpw_runtime.launch.plan",
     "ddpw_runtime.launch.payload",
+    "ddpw_runtime.launch.pickling",
     "ddpw_runtime.launch.process_state",
     "ddpw_runtime.launch.records",
 }

@@ -55,6 +55,26 @@ def test_a_torchrun_script_runs_unchanged_in_a_sweep_with_each_way_to_make_its_g
         assert all(data["local_rank"] == -1 for data in ranks.values())  # the repo's default, without the override
 
 
+@pytest.mark.subprocess
+@pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain", "multirun"])
+def test_a_torchrun_scripts_init_through_a_name_bound_at_import_says_why_and_names_the_fix(
+        tmp_path: Path, flags: tuple[str, ...]) -> None:
+    """`from torch.distributed import init_process_group` at the top of the script is torch's own function, which
+    cannot join the group hydra-ddpw made: the failure says so and names `platform.ipc_groups=null`, and with
+    that the same script runs."""
+    proc = torchrun_repo(tmp_path, "init=bound", flags=flags)
+    assert proc.returncode == 1
+    assert "platform.ipc_groups=[]: the task called torch's own init_process_group" in proc.stderr
+    assert "set platform.ipc_groups=null, so that hydra-ddpw makes no process group" in proc.stderr
+    assert "trying to initialize the default process group twice" not in proc.stdout  # not the bare error
+    fixed = tmp_path / "fixed"
+    fixed.mkdir()
+    proc = torchrun_repo(fixed, "init=bound", "platform.ipc_groups=null", flags=flags)
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(fixed)
+    assert all(data["total"] == 3.0 for data in seen(job).values())
+
+
 def torchrun_task(call: str) -> tuple[bool, float]:
     """What a torchrun script does with its group: make it (`call`), sum the ranks, destroy it."""
     from datetime import timedelta

@@ -170,7 +170,7 @@ class RankZeroSide:
     def end(self, job_return: JobReturn) -> None:
         """Rank 0's task ended as `job_return`: leave the job, hear how it ended, start it again while the
         supervisor says so, and make the job's failure (another rank's) the return."""
-        settled = self._leave(job_return.status is JobStatus.COMPLETED, _compat.job_error(job_return))
+        settled = self._leave(job_return)
         while settled.restart:
             self._join()
             assert self.task is not None
@@ -178,16 +178,22 @@ class RankZeroSide:
                 job_return.return_value, job_return.status = self.task(), JobStatus.COMPLETED
             except Exception as exc:  # noqa: BLE001 - as Hydra's run_job takes a task's error
                 job_return.return_value, job_return.status = from_task(exc), JobStatus.FAILED
-            settled = self._leave(job_return.status is JobStatus.COMPLETED, _compat.job_error(job_return))
+            settled = self._leave(job_return)
         if settled.stopped is not None:  # what the task raised meanwhile (a peer gone) is no cause
             _end_run(settled, None)
         if settled.error is not None:
             job_return.status = JobStatus.FAILED
             job_return.return_value = pickle.loads(settled.error)
 
-    def _leave(self, ok: bool, error: BaseException | None) -> JobSettled:
+    def _leave(self, job_return: JobReturn) -> JobSettled:
         """Leave the process group, say how the task ended, and hear how the job ended."""
-        result = RankResult(0) if ok else None if _stopped.is_set() else RankResult.failure(0, error or Exception())
+        from ddpw_runtime.rank.task_init import explained  # torch is loaded: rank 0 joined its job
+
+        ok, error = job_return.status is JobStatus.COMPLETED, _compat.job_error(job_return)
+        if error is not None:  # what Hydra shows, when the job's failure is rank 0's own
+            job_return.return_value = error = explained(error)
+        failed = None if ok or _stopped.is_set() else RankResult.failure(0, error or Exception())
+        result = RankResult(0) if ok else failed
         if self.rank is not None:
             self.rank.leave()
             self.rank = None

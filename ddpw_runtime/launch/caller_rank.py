@@ -101,7 +101,9 @@ class CallerRank:
             self.rank.enter()
             value = task()
         except Exception as exc:
-            self.own_error = from_task(exc)
+            from ddpw_runtime.rank.task_init import explained  # torch is loaded: the rank joined its job
+
+            self.own_error = explained(from_task(exc))
             own = RankResult.failure(0, self.own_error)
         except BaseException as exc:
             own = RankResult.failure(0, exc)

@@ -28,6 +28,7 @@ from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.rank.environment import rank_environment, tell_imported_libraries
 from ddpw_runtime.rank.own_process import flush_output, open_log
 from ddpw_runtime.rank.setup import leave_store, setup_rank
+from ddpw_runtime.rank.task_init import explained
 
 
 def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, terminal: int | None = None,
@@ -67,7 +68,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     except SystemExit as exc:  # `sys.exit()` in a task: success for status 0 or None
         result = RankResult.success(rank, None) if exc.code in (0, None) else RankResult.failure(rank, exc)
     except BaseException as exc:  # every failure goes back to the controller
-        result = RankResult.failure(rank, from_task(exc))
+        result = RankResult.failure(rank, explained(from_task(exc)))
     result.imported = _torch_modules_imported(inherited)
     # The result is on disk before this rank's connections close, so when its peers fail on the
     # closed connection, the controller already knows this rank failed first.

@@ -38,9 +38,15 @@ class JobGroup:
     """The default group itself (a call made after the task replaced it is torch's own)."""
 
 
+_answering: JobGroup | None = None
+"""The group `answer_task_init` answers for, until `restore_init`."""
+
+
 def answer_task_init(group: JobGroup) -> None:
     """From now on, a task's `init_process_group()` that asks for `group` joins it (see the module
     docstring). Undo with `restore_init`."""
+    global _answering
+    _answering = group
 
     @functools.wraps(_ORIGINAL)
     def init_process_group(*args: Any, **kwargs: Any) -> None:
@@ -58,8 +64,28 @@ def answer_task_init(group: JobGroup) -> None:
 
 def restore_init() -> None:
     """`init_process_group` is torch's own again."""
+    global _answering
+    _answering = None
     for module in _EXPORTED_BY:
         setattr(module, "init_process_group", _ORIGINAL)  # noqa: B010
+
+
+def explained(error: BaseException) -> BaseException:
+    """What a rank reports for `error`, which its task raised: `error` itself, unless it is torch's refusal of a
+    second default group while the rank is in its job's. The task then called torch's own `init_process_group`
+    through a name bound to it before the rank joined its job (`from torch.distributed import init_process_group`
+    at the top of a module), which cannot join the job's group: a `ConfigError` that says so, naming the key that
+    lets the task make its own, with `error` as its cause and its traceback."""
+    if _answering is None or not isinstance(error, ValueError) or "default process group twice" not in str(error):
+        return error
+    explanation = ConfigError(
+        "platform.ipc_groups", _answering.plan.groups,
+        f"the task called torch's own init_process_group (a name bound to it before this rank joined its job, "
+        f"as `from torch.distributed import init_process_group` at the top of a module), but hydra-ddpw made "
+        f"this job's {_answering.plan.backend} group of {_answering.plan.world_size} rank(s) already: set "
+        f"{_NO_GROUP}, or call it as `torch.distributed.init_process_group(...)`")
+    explanation.__cause__ = error
+    return explanation.with_traceback(error.__traceback__)
 
 
 def differs(group: JobGroup, asked: dict[str, Any]) -> ConfigError | None:

@@ -11,11 +11,13 @@ import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
+from torch.distributed import init_process_group  # bound at import, as many repos do
 
 CALLS: dict[str, Callable[[], None]] = {
     "plain": lambda: dist.init_process_group(),
     "backend": lambda: dist.init_process_group(backend="gloo"),
     "env": lambda: dist.init_process_group(init_method="env://"),
+    "bound": lambda: init_process_group(backend="gloo"),
 }
 
 
