@@ -13,12 +13,12 @@ from tests.helpers import job_dirs, leftover, run_app, seen
 pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
 
-def run_client(tmp_path: Path, app: str, epochs: int) -> dict[int, dict]:
-    """Run `app` (a plain run: one job, 2 ranks, examples/conf/config.yaml) and return what each rank
+def run_client(tmp_path: Path, app: str, epochs: int, *overrides: str) -> dict[int, dict]:
+    """Run `app` (a plain run: one job, 2 ranks, examples/conf/config.yaml, and `overrides`) and return what each rank
     reported, after checking the launch: rank 0 is the program's run (a fork of the program, which
     supervises the job); the rank starter's only child is rank 1; neither rank started a process of its
     own, so the library launched nothing more."""
-    proc = run_app(tmp_path, f"epochs={epochs}", app=app)
+    proc = run_app(tmp_path, f"epochs={epochs}", *overrides, app=app)
     assert proc.returncode == 0, proc.stderr
     (job,) = job_dirs(tmp_path)
     ranks = seen(job)
@@ -54,9 +54,18 @@ def test_accelerate_sees_every_rank_and_gathers(tmp_path: Path) -> None:
         assert data["num_processes"] == 2
         assert data["process_index"] == rank and data["local_process_index"] == rank
         assert data["is_main_process"] == (rank == 0)
+        assert data["mixed_precision"] == "no"
         assert data["gathered"] == [1, 11]  # every rank's tensor, in rank order
         assert data["accuracy"] > 0.5
     assert ranks[0]["accuracy"] == ranks[1]["accuracy"]  # gather_for_metrics: all of the validation set
+
+
+def test_accelerate_launchs_options_reach_every_rank_through_hydras_env_set(tmp_path: Path) -> None:
+    # `accelerate launch --mixed_precision bf16` sets ACCELERATE_MIXED_PRECISION=bf16 for its processes
+    # (docs/libraries.md): the job's `hydra.job.env_set` gives every rank the same.
+    ranks = run_client(tmp_path, "accelerate_app.py", 1, "+hydra.job.env_set.ACCELERATE_MIXED_PRECISION=bf16")
+    assert [data["mixed_precision"] for data in ranks.values()] == ["bf16", "bf16"]
+    assert ranks[0]["accuracy"] == ranks[1]["accuracy"] > 0.5
 
 
 def test_torchrun_style_script_assumptions_hold(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ left at fewer devices than the launched ranks, where every rank would train alon
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from pathlib import Path
@@ -21,7 +22,7 @@ def in_rank() -> bool:
 
 def lightning_callbacks(package: str = "lightning.pytorch") -> list[Any]:
     """Entry point `lightning.pytorch.callbacks_factory`: the check, in a hydra-ddpw rank."""
-    return [_trainer_check(importlib.import_module(package).Callback)()] if in_rank() else []
+    return [trainer_check(package)] if in_rank() else []
 
 
 def pytorch_lightning_callbacks() -> list[Any]:
@@ -35,29 +36,47 @@ def fabric_callbacks() -> list[Any]:
     return [FabricCheck()] if in_rank() else []
 
 
-def _trainer_check(base: type) -> type:
-    """A Lightning callback (a subclass of that package's `Callback`) that checks the Trainer at `setup`."""
+def trainer_check(package: str) -> Any:
+    """A new check for the Trainers of `package` (`lightning.pytorch` or `pytorch_lightning`): an instance
+    of that package's `Callback`. It pickles as a call of this function, so it travels where the Trainer
+    goes (the processes of `strategy="ddp_spawn"`)."""
+    return _trainer_check_class(package)()
 
-    class TrainerCheck(base):
-        """Stops a Trainer that would not train in the launched world."""
+
+@functools.cache
+def _trainer_check_class(package: str) -> type:
+    """The class of `trainer_check(package)`, made once per package: it subclasses that package's `Callback`,
+    which is imported only when Lightning asks for its callbacks."""
+
+    class TrainerCheck(importlib.import_module(package).Callback):  # type: ignore[misc]
+        """Stops a Trainer that would fit outside the launched world (every rank training alone); a Trainer
+        that validates, tests or predicts at other devices runs, as it would under torchrun."""
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-            check("Trainer", int(trainer.world_size), int(trainer.num_devices), int(trainer.num_nodes))
+            """Lightning's hook at the start of every stage (`fit`, `validate`, `test`, `predict`)."""
+            if stage == "fit":
+                check("Trainer", int(trainer.world_size), int(trainer.num_devices), int(trainer.num_nodes))
+
+        def __reduce__(self) -> tuple[Any, tuple[str]]:
+            return trainer_check, (package,)
 
     return TrainerCheck
 
 
 class FabricCheck:
-    """A Fabric callback that stops a Fabric that would not train in the launched world."""
+    """A Fabric callback that stops a Fabric that trains outside the launched world, at its first
+    optimizer step (the only hook Fabric calls that tells training from inference: a model set up alone
+    and run for inference at other devices is never stopped). Checks once per Fabric."""
 
-    def on_after_setup(self, fabric: Any, module: Any) -> None:
-        """`fabric.setup(model, optimizer)`: before any step."""
-        self.on_after_optimizer_step(fabric.strategy, None)
+    def __init__(self) -> None:
+        self.checked = False
 
     def on_after_optimizer_step(self, strategy: Any, optimizer: Any) -> None:
-        """Every optimizer step: the first hook a Fabric that set up its model alone calls."""
-        devices = int(getattr(strategy, "num_processes", 1))
-        check("Fabric", int(getattr(strategy, "world_size", 1)), devices, int(getattr(strategy, "num_nodes", 1)))
+        """Every optimizer step of an optimizer Fabric set up."""
+        if not self.checked:
+            devices = int(getattr(strategy, "num_processes", 1))
+            check("Fabric", int(getattr(strategy, "world_size", 1)), devices, int(getattr(strategy, "num_nodes", 1)))
+            self.checked = True
 
 
 class LibraryWorldMismatch(ValueError):
@@ -68,6 +87,8 @@ def check(library: str, world_size: int, devices: int, num_nodes: int) -> None:
     """Raise `LibraryWorldMismatch` when `library` (`Trainer` or `Fabric`), about to train in a world
     of `world_size` processes (`devices` per node on `num_nodes` nodes), is not in the launched world."""
     launched = (int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["GROUP_WORLD_SIZE"]))
+    if world_size == launched[0]:
+        return  # the job's config is read for the message only
     message = mismatch(library, world_size, devices, num_nodes, launched, config_key(library))
     if message is not None:
         raise LibraryWorldMismatch(message)

@@ -21,6 +21,7 @@ def main(cfg: DictConfig) -> float:
         "local_process_index": accelerator.local_process_index,
         "distributed_type": str(accelerator.distributed_type),
         "is_main_process": accelerator.is_main_process,
+        "mixed_precision": accelerator.mixed_precision,
         "gathered": gathered.tolist(),
         "accuracy": accuracy,
     })
