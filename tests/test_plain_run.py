@@ -101,12 +101,12 @@ def test_now_is_the_same_in_every_rank_and_hydra_yaml_reads_back(tmp_path: Path)
     assert hydra_yaml.hydra.mode == "RUN"  # a plain value, as Hydra's own run writes it
 
 
-def _in_terminal(cwd: Path, *overrides: str, answers: bytes = b"") -> tuple:
-    """Run the repo's script with a terminal as its stdin, stdout and stderr (as from a shell); type
+def _in_terminal(cwd: Path, *overrides: str, answers: bytes = b"", app: str = "repo_app.py") -> tuple:
+    """Run the repo's script (or `app`) with a terminal as its stdin, stdout and stderr (as from a shell); type
     `answers` once the program waits for input. Returns (exit code, what the terminal showed)."""
     controller, terminal = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, str(APPS / "repo_app.py"), *LAUNCH, *overrides], cwd=cwd,
+        [sys.executable, str(APPS / app), *LAUNCH, *overrides], cwd=cwd,
         stdin=terminal, stdout=terminal, stderr=terminal, env={**os.environ, "TERM": "xterm"},
     )
     os.close(terminal)
@@ -198,3 +198,64 @@ def test_a_custom_handler_that_writes_a_file_gets_rank_0s_records_only(tmp_path:
     lines = (job / "lines.log").read_text()
     assert "info record from rank 0" in lines and "info record from rank 1" not in lines
     assert "info record from rank 1" in (job / "rank_1.log").read_text()  # its console handler still logs
+
+
+# ----------------------------------------------------------------------- what a failure shows (tests/apps/app.py)
+@pytest.mark.parametrize("console", ["pipe", "terminal"])
+@pytest.mark.parametrize("failing", ["fail_rank=0", "fail_rank=1"])
+def test_a_failing_console_ranks_last_c_output_is_shown_before_its_report(tmp_path: Path, console: str,
+                                                                         failing: str) -> None:
+    overrides = ("behaviour=printf_raise", failing, "platform.console_ranks=all")
+    if console == "pipe":
+        proc = run_app(tmp_path, *overrides)
+        code, shown = proc.returncode, proc.stdout.replace("[rank 0] ", "").replace("[rank 1] ", "")
+    else:
+        code, shown = _in_terminal(tmp_path, *overrides, app="app.py")
+        shown = shown.replace("\r\n", "\n").replace("[rank 0] ", "").replace("[rank 1] ", "")
+    assert code == 1, shown
+    # printf's text (no newline, in C's buffer when the task raised) on a line of its own, before the summary
+    assert "\nlast words from C\n" in shown and shown.index("last words from C") < shown.index("rank_<k>.log")
+
+
+def test_rank_0_stopped_in_a_dataloader_shows_only_the_failing_ranks_traceback(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "behaviour=load_then_fail", "fail_rank=1")  # rank 0 iterates with 2 workers
+    assert proc.returncode == 1
+    console = proc.stdout + proc.stderr
+    assert console.count('raise ValueError("rank asked to fail while its peers load data")') == 1
+    assert "rank 1 (node 0) failed: ValueError: rank asked to fail while its peers load data" in proc.stderr
+    for not_shown in ("RankStopped", "DataLoader", "Warning", "Exception ignored", "did not end", "rank 0 was stopped"):
+        assert not_shown not in console, console
+    (job,) = job_dirs(tmp_path)
+    log = (job / "rank_0.log").read_text()
+    assert "--- rank 0 was stopped:" in log and "RankStopped" in log  # where it was, in its own log
+
+
+@pytest.mark.parametrize("fail_rank", [0, 1])
+def test_an_exception_whose_message_cannot_be_read_is_still_the_ranks_error(tmp_path: Path, fail_rank: int) -> None:
+    proc = run_app(tmp_path, "behaviour=unprintable", f"fail_rank={fail_rank}")
+    assert proc.returncode == 1
+    console = proc.stdout + proc.stderr
+    assert (f"rank {fail_rank} failed: __main__.Unprintable: <its message could not be read: str() raised "
+            "RuntimeError: __str__ refuses>") in console
+    assert console.count('raise Unprintable("never shown")') == 1  # its traceback, with the source line
+    assert "RankExited" not in console and "records.py" not in console
+
+
+# ----------------------------------------------------------------------- the run's start never goes on alone
+def test_a_dry_run_prints_the_plan_and_never_runs_the_task_with_values_only_a_rank_resolves(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "hydra.launcher.dry_run=true", "+x=${oc.env:NOT_SET}",
+                   '+local_rank="${oc.decode:${oc.env:LOCAL_RANK}}"')
+    assert proc.returncode == 0, proc.stderr
+    assert '--- job #0: +x=${oc.env:NOT_SET} +local_rank="${oc.decode:${oc.env:LOCAL_RANK}}" (dry run' in proc.stdout
+    assert "world size      : 2 (1 node(s) x 2 rank(s))" in proc.stdout
+    assert "hello from rank" not in proc.stdout and "Warning" not in proc.stderr
+    assert not list(tmp_path.rglob("seen_rank_*.json")) and not list(tmp_path.rglob("rank_*.log"))
+
+
+def test_a_failure_in_the_runs_start_ends_the_program_and_the_task_never_runs_alone(tmp_path: Path) -> None:
+    # A resolver that holds a lock: the program's Hydra state cannot travel to the ranks.
+    proc = run_app(tmp_path, "+hydra.callbacks.locked._target_=recorder.LockedResolver")
+    assert proc.returncode == 1
+    assert "cannot pickle '_thread.lock' object" in proc.stderr
+    assert "hello from rank" not in proc.stdout and "Warning" not in proc.stderr
+    assert not list(tmp_path.rglob("seen_rank_*.json"))

@@ -11,18 +11,20 @@ import contextlib
 import faulthandler
 import os
 import pickle
+import queue
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode, TaskFunction
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions, selected_options
@@ -45,26 +47,18 @@ class PlainRun(Callback):
     _rank_zero: RankZeroSide | None = None
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Check the platform and the launcher options (a bad value ends the run as Hydra ends it on a
-        bad config, before anything starts), pin `${now:...}` values for every rank; a dry run prints
-        the plan and ends there; then fork the job's supervisor."""
-        options = _compat.report_like_hydra(lambda: selected_options(config.hydra.launcher))
-        if options is None:
-            return
-        with hydra_config_of(config):
-            platform = _compat.report_like_hydra(lambda: checked_platform(config, options))
-            pin_now(config)
-            if options.dry_run:
-                output_dir = Path(str(config.hydra.run.dir)).absolute()
-                print(f"--- job #0: {' '.join(config.hydra.overrides.task) or '(no overrides)'} (dry run, nothing "
-                      f"started)\n{describe(platform, output_dir)}")
-                sys.exit(0)
-        self._rank_zero = _compat.report_like_hydra(lambda: RankZeroSide.fork(platform, options))
+        """Check the platform and the launcher options, pin `${now:...}` values for every rank; a dry run
+        prints the plan and ends there; then fork the job's supervisor. Whatever fails here (a bad value, or
+        anything else) ends the program with its error, as Hydra ends a run on a bad config: Hydra would only
+        warn about a callback's error and run the task alone, in this process."""
+        self._rank_zero = _compat.report_like_hydra(lambda: _start_run(config))
 
     def on_job_start(self, config: DictConfig, *, task_function: TaskFunction, **kwargs: Any) -> None:
-        """Make this process rank 0 of the job; the supervisor starts the other ranks."""
-        if self._rank_zero is not None and config.hydra.mode is RunMode.RUN:
-            self._rank_zero.start(task_config(config), task_function)
+        """Make this process rank 0 of the job; the supervisor starts the other ranks. What fails here ends
+        the program with its error (see `on_run_start`)."""
+        rank_zero = self._rank_zero
+        if rank_zero is not None and config.hydra.mode is RunMode.RUN:
+            _compat.report_like_hydra(lambda: rank_zero.start(task_config(config), task_function))
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         """Leave the job; its return becomes the job's (every rank's) outcome."""
@@ -75,6 +69,26 @@ class PlainRun(Callback):
         """Tell the supervisor the run is over (and which threads keep the program running)."""
         if self._rank_zero is not None:
             self._rank_zero.run_ended()
+
+
+def _start_run(config: DictConfig) -> RankZeroSide | None:
+    """`on_run_start`'s work: rank 0's side of the run (this process, once forked); None where no ddpw launcher
+    is selected. A dry run prints the plan and exits, reading the overrides as typed (a value that resolves
+    only inside a rank, `${oc.env:LOCAL_RANK}` say, is shown, not resolved)."""
+    options = selected_options(config.hydra.launcher)
+    if options is None:
+        return None
+    with hydra_config_of(config):
+        platform = checked_platform(config, options)
+        pin_now(config)
+        if options.dry_run:
+            output_dir = Path(str(config.hydra.run.dir)).absolute()
+            overrides = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+            assert isinstance(overrides, list)
+            print(f"--- job #0: {' '.join(filter_overrides(overrides)) or '(no overrides)'} (dry run, nothing "
+                  f"started)\n{describe(platform, output_dir)}")
+            sys.exit(0)
+    return RankZeroSide.fork(platform, options)
 
 
 def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
@@ -115,6 +129,8 @@ class RankZeroSide:
         self.channel = channel
         self.task: TaskCall | None = None
         self.rank: RankInThisProcess | None = None
+        self.log_file: Path | None = None
+        """Rank 0's log, once it has joined a job."""
         signal.signal(STOP_SIGNAL, _on_stop)
         # Where it was, when the supervisor asks (SIGUSR1: a stopped job's stack dumps): into rank 0's output
         # while this process is rank 0, nowhere once it has left (not onto the terminal). Registered for the
@@ -122,6 +138,9 @@ class RankZeroSide:
         self._dumps = os.open(os.devnull, os.O_WRONLY)
         faulthandler.register(signal.SIGUSR1, file=self._dumps, all_threads=True)
         os.register_at_fork(after_in_child=_in_forks)
+        # Nor the channel: the supervisor learns that this process ended when the channel closes, which a
+        # process the task forked (a DataLoader's worker) would otherwise delay until it ends too.
+        os.register_at_fork(after_in_child=channel.close)
 
     @staticmethod
     def fork(platform: Platform, options: LauncherOptions) -> RankZeroSide:
@@ -147,11 +166,12 @@ class RankZeroSide:
         """Take on rank 0's part of this attempt, as the supervisor gives it; a job that cannot start ends
         the run here, with its error (unless the supervisor starts it again: then join the next attempt)."""
         while True:
-            message, fds = self.channel.recv()
+            message, fds = self._next_message()
             if isinstance(message, JobSettled):
                 _end_run(message, None)
             assert isinstance(message, RankZero)
-            output = fds[0] if message.terminal else open_log(message.plan.log_file(0))
+            self.log_file = message.plan.log_file(0)
+            output = fds[0] if message.terminal else open_log(self.log_file)
             os.dup2(output, self._dumps, inheritable=False)
             _stopped.clear()
             self.rank = RankInThisProcess(message.plan, message.env, output=output)
@@ -186,7 +206,9 @@ class RankZeroSide:
             job_return.return_value = pickle.loads(settled.error)
 
     def _leave(self, job_return: JobReturn) -> JobSettled:
-        """Leave the process group, say how the task ended, and hear how the job ended."""
+        """Leave the process group, say how the task ended, and hear how the job ended. How a stopped task ended
+        goes to rank 0's log, not to the console (the job's error says why the job was stopped), and what its
+        frames held (a DataLoader and its workers, say) is let go while rank 0's output still goes there."""
         from ddpw_runtime.rank.task_init import explained  # torch is loaded: rank 0 joined its job
 
         ok, error = job_return.status is JobStatus.COMPLETED, _compat.job_error(job_return)
@@ -194,6 +216,9 @@ class RankZeroSide:
             job_return.return_value = error = explained(error)
         failed = None if ok or _stopped.is_set() else RankResult.failure(0, error or Exception())
         result = RankResult(0) if ok else failed
+        if not ok and result is None and error is not None:
+            self._to_log("was stopped", error)
+            traceback.clear_frames(error.__traceback__)
         if self.rank is not None:
             self.rank.leave()
             self.rank = None
@@ -208,9 +233,44 @@ class RankZeroSide:
         os.close(null)
 
     def _settled(self) -> JobSettled:
-        message, _ = self.channel.recv()
+        message, _ = self._next_message()
         assert isinstance(message, JobSettled)
         return message
+
+    def _next_message(self) -> tuple[object, list[int]]:
+        """The supervisor's next message, read on a thread (where no signal handler runs, so no message is
+        cut short). An error that a signal handler of the task raises meanwhile is no longer the task's (such
+        as torch's, when the job's end stops the workers of a DataLoader the task left): it goes to rank 0's
+        log, and the wait goes on. Ctrl-C still ends the wait."""
+        received: queue.SimpleQueue[tuple[object, list[int]] | BaseException] = queue.SimpleQueue()
+
+        def read() -> None:
+            try:
+                received.put(self.channel.recv())
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which raises it
+                received.put(exc)
+
+        threading.Thread(target=read, name="ddpw-rank-0-channel", daemon=True).start()
+        message: tuple[object, list[int]] | BaseException | None = None
+        while message is None:
+            try:
+                message = received.get()
+                _pending_signal_handlers_run()
+            except Exception as error:  # noqa: BLE001 - see above
+                self._to_log("raised in a signal handler after its task had ended", error)
+        if isinstance(message, BaseException):
+            raise message
+        return message
+
+    def _to_log(self, what: str, error: BaseException) -> None:
+        """Write `error` (what rank 0 `what`) to rank 0's log: what the console does not show. Before rank 0
+        has a log, to stderr."""
+        text = f"--- rank 0 {what}:\n{''.join(traceback.format_exception(error))}"
+        if self.log_file is None:
+            sys.stderr.write(text)
+            return
+        with contextlib.suppress(OSError), open(self.log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
+            log.write(text)
 
     def run_ended(self) -> None:
         """Hydra's run is over: name the non-daemon threads that keep the program running, if any."""
@@ -232,6 +292,12 @@ def _end_run(settled: JobSettled, own: BaseException | None) -> None:
 
 def _raise(error: BaseException) -> None:
     raise error
+
+
+def _pending_signal_handlers_run() -> None:
+    """Nothing: Python runs the signal handlers whose signals came while the main thread waited when a function
+    starts (a signal that another thread took does not wake the main thread), so their errors are raised
+    here, where the caller expects them."""
 
 
 def _code_of(task_function: Any) -> CodeType:

@@ -10,9 +10,11 @@ import contextlib
 import errno
 import fcntl
 import os
+import select
 import sys
 import termios
 import threading
+import time
 import tty
 from pathlib import Path
 from typing import TextIO
@@ -38,16 +40,19 @@ def console_of(stream: TextIO) -> Console:
 
 class _Lines:
     """Writes one rank's output to the console: as it comes, or line by line with `prefix` before each
-    line (so the lines of several ranks do not mix)."""
+    line (so the lines of several ranks do not mix). `end()` ends a line the rank left open (a `printf`
+    without a newline), so what the console shows next starts a line of its own."""
 
     def __init__(self, console: Console, prefix: str) -> None:
         self.console = console
         self.prefix = prefix.encode()
         self.partial = b""
+        """The open line: with a prefix, held back; without one, its last byte (already written)."""
 
     def write(self, data: bytes) -> None:
         if not self.prefix:
             _write_all(self.console, data)
+            self.partial = b"" if data.endswith(b"\n") else data[-1:]
             return
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()
@@ -56,7 +61,8 @@ class _Lines:
 
     def end(self) -> None:
         if self.partial:
-            _write_all(self.console, self.prefix + self.partial + b"\n")
+            _write_all(self.console, (self.prefix + self.partial if self.prefix else b"") + b"\n")
+            self.partial = b""
 
 
 def _write_all(console: Console, data: bytes) -> None:
@@ -145,9 +151,12 @@ class TerminalCopy:
         with contextlib.suppress(OSError):
             size = fcntl.ioctl(console_fd, termios.TIOCGWINSZ, b"\0" * 8)
             fcntl.ioctl(self.slave_fd, termios.TIOCSWINSZ, size)
+        os.set_blocking(self.master_fd, False)  # the thread waits in `select`; `freeze` reads what is there
         log_file.parent.mkdir(parents=True, exist_ok=True)
         self._log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._lines = _Lines(console_fd, prefix)
+        self._lock = threading.Lock()
+        """Held while output is copied: `freeze` copies what is left, then stops the console copy."""
         self._frozen = threading.Event()
         self._thread = threading.Thread(target=self._copy, name="ddpw-terminal", daemon=True)
         self._thread.start()
@@ -160,8 +169,15 @@ class TerminalCopy:
             self.slave_fd = -1
 
     def freeze(self) -> None:
-        """Stop copying to the console (the log still gets everything)."""
-        self._frozen.set()
+        """Copy to the console what the rank has written so far (its last output before it failed, say),
+        then stop copying there (the log still gets everything)."""
+        deadline = time.monotonic() + _DRAIN_WAIT_S  # a rank that keeps writing does not hold the freeze
+        with self._lock:
+            while time.monotonic() < deadline and self._copy_available():
+                pass
+            if not self._frozen.is_set():
+                self._lines.end()
+            self._frozen.set()
 
     def stop(self) -> None:
         """Wait (at most `_DRAIN_WAIT_S`) until everything the rank wrote is copied, then close."""
@@ -176,20 +192,32 @@ class TerminalCopy:
     def _copy(self) -> None:
         try:
             while True:
-                try:
-                    data = os.read(self.master_fd, _CHUNK)
-                except OSError as exc:  # EIO: every holder of the rank's side has closed it
-                    if exc.errno != errno.EIO:
-                        raise
-                    data = b""
-                if not data:
-                    return
-                _write_all(self._log_fd, data)
-                if not self._frozen.is_set():
-                    self._lines.write(data)
+                select.select([self.master_fd], [], [])  # readable: output, or every holder closed the rank's side
+                with self._lock:
+                    if self._copy_available() is None:
+                        return
         finally:
-            if not self._frozen.is_set():
-                self._lines.end()
+            with self._lock:
+                if not self._frozen.is_set():
+                    self._lines.end()
+
+    def _copy_available(self) -> bool | None:
+        """Copy one chunk of what the rank wrote; whether there was one, None once every holder of the rank's
+        side has closed it."""
+        try:
+            data = os.read(self.master_fd, _CHUNK)
+        except BlockingIOError:
+            return False
+        except OSError as exc:  # EIO: every holder of the rank's side has closed it
+            if exc.errno != errno.EIO:
+                raise
+            data = b""
+        if not data:
+            return None
+        _write_all(self._log_fd, data)
+        if not self._frozen.is_set():
+            self._lines.write(data)
+        return True
 
 
 class ConsoleRanks:

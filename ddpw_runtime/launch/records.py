@@ -39,7 +39,16 @@ def portable(exc: BaseException, as_text: type[Exception] = RuntimeError) -> Bas
     if portable_pickle(exc) is not None:
         return exc
     text = "".join(traceback.format_exception(exc)).rstrip()
-    return as_text(f"{qualified_name(type(exc))}: {exc}\n{text}")
+    return as_text(f"{qualified_name(type(exc))}: {message_of(exc)}\n{text}")
+
+
+def message_of(exc: BaseException) -> str:
+    """`str(exc)`; when that raises (a broken `__str__`), a text that says why the message could not be read."""
+    try:
+        return str(exc)
+    except Exception as failure:  # any error of the exception's own __str__
+        why = traceback.format_exception_only(failure)[-1].strip()  # safe: Python's own fallback for a bad str
+        return f"<its message could not be read: str() raised {why}>"
 
 
 def qualified_name(cls: type) -> str:
@@ -62,7 +71,7 @@ class RaisedError:
         """The record of `exc`."""
         return RaisedError(
             type_name=qualified_name(type(exc)),
-            message=str(exc),
+            message=message_of(exc),
             traceback="".join(traceback.format_exception(exc)),
             pickled=portable_pickle(exc),
         )

@@ -63,7 +63,11 @@ class RankInThisProcess:
             raise
 
     def leave(self) -> None:
-        """The task ended (or never ran): leave the process group and put the process back as it was."""
+        """The task ended (or never ran): leave the process group and put the process back as it was. What the
+        task left in an output buffer (C's stdout is fully buffered on a file) reaches the rank's output before
+        the group goes: its peers then fail, and the console stops showing the job."""
+        if self._saved_fds is not None:
+            flush_output()
         if self._saved_threads is not None:
             import torch
 
@@ -74,7 +78,7 @@ class RankInThisProcess:
             teardown_rank()
             sys.excepthook = self._saved_excepthook  # init_process_group installs a `[rank0]` one
         if self._saved_fds is not None:
-            flush_output()
+            flush_output()  # what the teardown wrote
             if not self._faulthandler:
                 faulthandler.disable()
             for fd, saved in zip((1, 2), self._saved_fds, strict=True):

@@ -99,6 +99,13 @@ class RefusesPickling:
         return "RefusesPickling()"
 
 
+class Unprintable(Exception):
+    """An exception whose message cannot be read: its `__str__` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ refuses")
+
+
 def misbehave(behaviour: str) -> object:
     if behaviour == "hang":
         while True:
@@ -126,6 +133,11 @@ def misbehave(behaviour: str) -> object:
         return RefusesPickling()
     if behaviour == "printf":  # C-level output left in the C library's buffer, then a return
         ctypes.CDLL(None).printf(b"printf without a newline")
+    if behaviour == "printf_raise":  # C-level output left in the C library's buffer, then a raise
+        ctypes.CDLL(None).printf(b"last words from C")
+        raise ValueError("raised after a printf")
+    if behaviour == "unprintable":
+        raise Unprintable("never shown")
     if behaviour == "partial_exit":  # a partial line of Python output, then an exit that flushes nothing
         sys.stdout.write("partial line before os._exit")
         os._exit(5)
@@ -145,6 +157,18 @@ def misbehave(behaviour: str) -> object:
     if behaviour == "fail_first_attempt" and ddpw_runtime.restart_count() == 0:
         raise ValueError("the first attempt fails")
     return None
+
+
+def load_until_a_peer_fails(failing: int) -> None:
+    """Rank `failing` raises once every other rank iterates a DataLoader with two workers (as a training loop
+    does, over an epoch longer than the job lasts); those iterate until they are stopped."""
+    if ddpw_runtime.rank() == failing:
+        dist.barrier()
+        raise ValueError("rank asked to fail while its peers load data")
+    data = torch.utils.data.TensorDataset(torch.arange(1 << 24))
+    for step, _ in enumerate(torch.utils.data.DataLoader(data, batch_size=8, num_workers=2)):
+        if step == 0:
+            dist.barrier()
 
 
 def ignore_then_wait(sig: int) -> None:
@@ -227,6 +251,8 @@ def main(cfg: DictConfig) -> object:
         libc.pthread_mutex_lock(mutex)  # locked again by its owner: it waits for ever, deaf to signals
     if cfg.behaviour == "linger":
         linger()
+    if cfg.behaviour == "load_then_fail":
+        load_until_a_peer_fails(cfg.fail_rank)
     if cfg.behaviour == "all_reduce_until_a_peer_goes":
         all_reduce_until_a_peer_goes(cfg.fail_rank)
     if cfg.behaviour == "fork_report" and seen["rank"] == 0:

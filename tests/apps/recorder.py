@@ -54,3 +54,16 @@ class LinesHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         with open(self.filename, "a") as out:
             out.write(self.format(record) + "\n")
+
+
+class LockedResolver(Callback):
+    """Registers a resolver that holds a lock (which cannot be pickled) when the run starts, after
+    hydra-ddpw's own `on_run_start`: the job cannot take the program's Hydra state into its ranks."""
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        import threading
+
+        from omegaconf import OmegaConf
+
+        lock = threading.Lock()
+        OmegaConf.register_new_resolver("locked", lambda: str(lock))
