@@ -36,3 +36,11 @@ def slurm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that need the local SLURM cluster (the `slurm_env` fixture) are marked `cluster`, so a run can
+    leave them out (`-m "not cluster"`: one cluster per CI run)."""
+    for item in items:
+        if "slurm_env" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
