@@ -228,6 +228,17 @@ def test_fire_and_forget_returns_at_once_with_a_manifest(slurm_env: dict[str, st
 
 @pytest.mark.subprocess
 # ----------------------------------------------------------------------------- no cluster needed
+def test_jobs_that_would_share_a_fixed_master_port_are_refused_before_any_is_submitted(tmp_path: Path) -> None:
+    proc = run(tmp_path, "platform.master_port=29555", "lr=0.1,0.2", "hydra.sweep.dir=sweep")
+    assert proc.returncode == 1
+    assert "platform.master_port=29555: jobs #0, #1 of this sweep set it" in proc.stderr
+    assert "leave platform.master_port unset (null)" in proc.stderr
+    assert not (tmp_path / "sweep" / MANIFEST).exists()  # nothing was submitted
+    alone = run(tmp_path, "platform.master_port=29555", "lr=0.1", "hydra.launcher.dry_run=true")
+    assert alone.returncode == 0, alone.stderr  # one job may fix its port
+
+
+@pytest.mark.subprocess
 def test_a_plain_run_is_refused_with_the_command_that_submits_it(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "platform.n_procs_per_node=1", app=APP)
     assert proc.returncode == 1

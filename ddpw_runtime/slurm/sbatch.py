@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 import shlex
 import sys
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ddpw_conf import Platform
+from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import SlurmLauncherConf
 from ddpw_runtime import _compat
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
@@ -21,6 +23,24 @@ PORT_SPAN = 20000
 
 _GPU_KEYS = {"gres", "gpus", "gpus_per_task", "gpus_per_node"}
 """Additional sbatch options that ask for GPUs themselves; then `--gpus-per-node` is not added."""
+
+
+def check_ports(platforms: Sequence[tuple[int, Platform]]) -> None:
+    """Refuse, before anything is submitted, jobs of one sweep (`(job number, platform)`) that set the same
+    `platform.master_port`: SLURM may run them on one node at the same time, where all but one would fail on
+    the taken port. Left unset, each job gets a port of its own."""
+    jobs_of: defaultdict[int, list[int]] = defaultdict(list)
+    for idx, platform in platforms:
+        if platform.master_port is not None and platform.ipc_protocol == "tcp":
+            jobs_of[platform.master_port].append(idx)
+    for port, jobs in jobs_of.items():
+        if len(jobs) > 1:
+            raise ConfigError(
+                "platform.master_port", port,
+                f"jobs {', '.join(f'#{idx}' for idx in jobs)} of this sweep set it, and SLURM may run them on one "
+                f"node at the same time, where all but one would fail: leave platform.master_port unset (null), so "
+                f"that each job gets a port of its own (a free one on one node, {PORT_BASE} + its SLURM job id % "
+                f"{PORT_SPAN} across nodes)")
 
 
 def node_platform(platform: Platform) -> Platform:

@@ -60,6 +60,7 @@ def run_jobs(
     """Submit `prepared` (checked) jobs, wait for them, and return what each ended with (noted in
     `summary` as each ends, its time counted from the submission). submitit's folder is
     `hydra.launcher.submitit_folder`; the manifest goes to the sweep dir."""
+    sbatch.check_ports([(job.idx, job.platform) for job in prepared])
     folder = Path(options.submitit_folder).expanduser().absolute()
     jobs = [_Job(job, sbatch.sbatch_parameters(job.platform, options)) for job in prepared]
     groups = _arrays(jobs)
