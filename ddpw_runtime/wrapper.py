@@ -69,9 +69,9 @@ class Wrapper:
         """The log folder of the latest `start`."""
 
     def start(self, target: Callable[..., _R], *args: Any, **kwargs: Any) -> list[_R]:
-        """Run `target(*args, **kwargs)` on every rank (they travel with cloudpickle); every rank's return value,
-        indexed by global rank (a value that cannot be pickled comes back as its repr()). Raises `RankFailure`
-        when any rank fails; calls `platform.upon_finish` once after a successful run."""
+        """Run `target(*args, **kwargs)` on every rank (a script's functions are its own there, others travel by
+        value); every rank's return value, indexed by global rank (a value that cannot be pickled comes back as its
+        repr()). Raises `RankFailure` when any rank fails; calls `platform.upon_finish` once after a successful run."""
         from ddpw_runtime.launch.engine import NodeJob, run_ranks
         from ddpw_runtime.launch.payload import TaskCall
         from ddpw_runtime.launch.supervisor import Grace

@@ -5,13 +5,13 @@ path, Hydra's and OmegaConf's global state), so a rank sees the job as the launc
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import cloudpickle
-
 from ddpw_runtime import _compat
+from ddpw_runtime.launch import pickling
 
 
 @dataclass
@@ -22,9 +22,9 @@ class ProcessState:
     cwd: str
     sys_path: list[str]
     hydra_state: bytes | None
-    """Hydra's and OmegaConf's global state, cloudpickled (see `_compat.hydra_state`); None when the
-    launching process never loaded OmegaConf (a script using `Wrapper`): there is none to take on, and
-    neither side then pays for importing Hydra."""
+    """Hydra's and OmegaConf's global state (`pickling.dumps`: a resolver of the script is the script's own;
+    see `_compat.hydra_state`); None when the launching process never loaded OmegaConf (a script using
+    `Wrapper`): there is none to take on, and neither side then pays for importing Hydra."""
 
     @staticmethod
     def capture() -> ProcessState:
@@ -33,7 +33,7 @@ class ProcessState:
             env=dict(os.environ),
             cwd=os.getcwd(),
             sys_path=list(sys.path),
-            hydra_state=cloudpickle.dumps(_compat.hydra_state()) if "omegaconf" in sys.modules else None,
+            hydra_state=pickling.dumps(_compat.hydra_state()) if "omegaconf" in sys.modules else None,
         )
 
     def enter(self, rank_env: Mapping[str, str]) -> None:
@@ -45,4 +45,4 @@ class ProcessState:
         os.chdir(self.cwd)
         sys.path[:] = self.sys_path
         if self.hydra_state is not None:
-            _compat.restore_hydra_state(cloudpickle.loads(self.hydra_state))
+            _compat.restore_hydra_state(pickle.loads(self.hydra_state))

@@ -19,8 +19,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-import cloudpickle
-
 from ddpw_conf import ConfigError, Platform
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import SlurmJobError, Terminated
@@ -128,7 +126,7 @@ class _NodeRun:
         from omegaconf import open_dict, read_write
 
         sys.path[:0] = [path for path in self.spec.sys_path if path not in sys.path]
-        _compat.restore_hydra_state(cloudpickle.loads(self.spec.hydra_state))
+        _compat.restore_hydra_state(pickle.loads(self.spec.hydra_state))
         setup_globals()
         hydra_context, task_function, config = pickle.loads(self.spec.job)
         with read_write(config.hydra.job), open_dict(config.hydra.job):

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import OmegaConf
@@ -118,7 +117,7 @@ def _submit(
 
     from ddpw_runtime.slurm.node import SlurmNode
 
-    state = cloudpickle.dumps(_compat.hydra_state())
+    state = pickling.dumps(_compat.hydra_state())
     submitted: list[_Job] = []
     for group in groups:
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=options.max_restarts)
