@@ -30,9 +30,9 @@ _SLURM_KEY = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*([.:][A-Za-z_]\w*)")
 MAX_WORLD_SIZE = 4096
 MAX_TIMEOUT_MIN = 100 * 365 * 24 * 60
-"""The longest `timeout_min` and `collective_timeout_min` (100 years). torch adds a timeout to the time
-since 1970 in nanoseconds, a signed 64-bit count that overflows in 2262 (past it, measured with torch
-2.13, collectives hang or fail at once); the launcher's own waits and SLURM's time limit (minutes, 32
+"""The longest `timeout_min`, `collective_timeout_min` and `stall_timeout_min` (100 years). torch adds a
+timeout to the time since 1970 in nanoseconds, a signed 64-bit count that overflows in 2262 (past it, measured
+with torch 2.13, collectives hang or fail at once); the launcher's own waits and SLURM's time limit (minutes, 32
 bits) end below that too."""
 
 
@@ -85,6 +85,11 @@ class Platform:
     seed: int = 1889
     timeout_min: float = 2880
     collective_timeout_min: float = 30
+    stall_timeout_min: float | None = None
+    """How long the job may go without a rank writing a line or moving (its Python stack) before the console
+    says where each rank is, once per stall; None: never."""
+    stop_on_stall: bool = False
+    """Stop a stalled job (`JobTimedOut`) instead of going on after the report."""
     slurm_additional_parameters: dict[str, Any] = field(default_factory=dict)
     console_logs: bool = True
     console_ranks: Any = field(default_factory=lambda: [0])
@@ -163,8 +168,11 @@ class Platform:
         self._validate_choices()
         self._validate_groups()
         self._validate_slurm_parameters()
-        for key in ("console_logs", "verbose"):
+        for key in ("console_logs", "verbose", "stop_on_stall"):
             check_bool(f"platform.{key}", getattr(self, key))
+        if self.stop_on_stall and self.stall_timeout_min is None:
+            raise ConfigError("platform.stop_on_stall", self.stop_on_stall, "a job counts as stalled only with "
+                              "platform.stall_timeout_min set; set it too (such as 30), or stop_on_stall=false")
         self.layout.validate(self.world_size)
         if self.resolved_backend == "nccl" and not self.uses_gpus:
             raise ConfigError(
@@ -238,8 +246,10 @@ class Platform:
                     "gets the same number of CPUs",
                 )
         check_int("platform.mem_per_node", self.mem_per_node, 0)
-        for key in ("timeout_min", "collective_timeout_min"):
+        for key in ("timeout_min", "collective_timeout_min", "stall_timeout_min"):
             value = getattr(self, key)
+            if key == "stall_timeout_min" and value is None:
+                continue
             check_number(f"platform.{key}", value, "use a positive number of minutes, such as 60 or 0.5", positive=True)
             if value > MAX_TIMEOUT_MIN:
                 raise ConfigError(

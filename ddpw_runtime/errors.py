@@ -11,13 +11,17 @@ from ddpw_conf.errors import CompactError
 if TYPE_CHECKING:
     from ddpw_runtime.launch.outcome import RankOutcome
     from ddpw_runtime.launch.records import RankResult
+    from ddpw_runtime.launch.stacks import HangReport
 
 
 class RankFailure(CompactError, RuntimeError):
     """A distributed job failed; describes the rank that failed first (the root cause): `rank`, `node`,
     `exit_code`, `error_type`, `error_message`, `traceback_text`, `log_tail` (the end of its log when it died
     without a traceback) and `log_file`. `outcomes`: every rank's `RankOutcome` (`results` and `exit_codes` are
-    views of it). The original exception is `__cause__` when it could be sent back."""
+    views of it). When the job failed because a collective timed out, the root cause is the rank that was not in
+    it (`error_type` `NotInCollective`): `hang` says where every rank was and which waited in the collective,
+    `waiting_error` what the rank whose collective timed out raised. The original exception is `__cause__` when it
+    could be sent back."""
 
     def __init__(
         self,
@@ -30,6 +34,8 @@ class RankFailure(CompactError, RuntimeError):
         log_tail: str = "",
         log_file: str | None = None,
         outcomes: Sequence[RankOutcome] = (),
+        hang: HangReport | None = None,
+        waiting_error: str = "",
     ) -> None:
         self.rank = rank
         self.node = node
@@ -40,6 +46,8 @@ class RankFailure(CompactError, RuntimeError):
         self.log_tail = log_tail
         self.log_file = log_file
         self.outcomes = list(outcomes)
+        self.hang = hang
+        self.waiting_error = waiting_error
         super().__init__(self._describe())
 
     @property
@@ -59,6 +67,10 @@ class RankFailure(CompactError, RuntimeError):
 
     def _describe(self) -> str:
         parts = [f"rank {self.rank} (node {self.node}) failed: {self.cause}"]
+        if self.hang is not None:
+            parts.append(self.hang.text())
+        if self.waiting_error:
+            parts.append(f"what a waiting rank raised (secondary): {self.waiting_error}")
         if self.traceback_text:
             parts.append(f"--- traceback of rank {self.rank} ---\n{self.traceback_text.rstrip()}")
         elif self.log_tail:
@@ -69,15 +81,23 @@ class RankFailure(CompactError, RuntimeError):
 
 
 class JobTimedOut(CompactError, RuntimeError):
-    """The job ran past `platform.timeout_min` and was stopped; `where` maps each rank to the
-    place its stack dump shows it was (also in each rank's log)."""
+    """The job ran past `platform.timeout_min` (or, `stalled`, made no progress for `platform.stall_timeout_min` with
+    `platform.stop_on_stall`) and was stopped; `where` maps each rank to the place its stack showed it was before any
+    rank was stopped; `report` also says which ranks held up the others (every thread's stack is next to its log)."""
 
-    def __init__(self, timeout_min: float, where: dict[int, str]) -> None:
+    def __init__(self, timeout_min: float, where: dict[int, str], report: HangReport | None = None,
+                 stalled: bool = False) -> None:
         self.timeout_min = timeout_min
         self.where = where
-        lines = [f"the job ran past its time limit (platform.timeout_min={timeout_min}) and was stopped; "
-                 "where each rank was:"]
-        lines += [f"  rank {rank}: {place}" for rank, place in sorted(where.items())]
+        self.report = report
+        self.stalled = stalled
+        head = ("the job made no progress and was stopped (platform.stop_on_stall=true)" if stalled else
+                f"the job ran past its time limit (platform.timeout_min={timeout_min}) and was stopped")
+        if report is not None:
+            lines = [f"{head}; {report.text()}"]
+        else:
+            lines = [f"{head}; where each rank was:"]
+            lines += [f"  rank {rank}: {place}" for rank, place in sorted(where.items())]
         super().__init__("\n".join(lines))
 
 

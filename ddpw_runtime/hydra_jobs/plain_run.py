@@ -33,6 +33,7 @@ from ddpw_runtime.errors import RankStopped
 from ddpw_runtime.hydra_jobs.prepare import hydra_config_of, job_check, pin_now, task_config
 from ddpw_runtime.launch.engine import describe
 from ddpw_runtime.launch.payload import TaskCall, from_task
+from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult
@@ -119,7 +120,7 @@ def _in_forks() -> None:
     without hydra-ddpw)."""
     if signal.getsignal(STOP_SIGNAL) is _on_stop:
         signal.signal(STOP_SIGNAL, signal.SIG_DFL)
-        faulthandler.unregister(signal.SIGUSR1)
+        faulthandler.unregister(DUMP_SIGNAL)
 
 
 class RankZeroSide:
@@ -132,11 +133,11 @@ class RankZeroSide:
         self.log_file: Path | None = None
         """Rank 0's log, once it has joined a job."""
         signal.signal(STOP_SIGNAL, _on_stop)
-        # Where it was, when the supervisor asks (SIGUSR1: a stopped job's stack dumps): into rank 0's output
+        # Where it was, when the supervisor asks (`DUMP_SIGNAL`): into rank 0's stacks file
         # while this process is rank 0, nowhere once it has left (not onto the terminal). Registered for the
         # whole run, so the request never finds it unregistered.
         self._dumps = os.open(os.devnull, os.O_WRONLY)
-        faulthandler.register(signal.SIGUSR1, file=self._dumps, all_threads=True)
+        faulthandler.register(DUMP_SIGNAL, file=self._dumps, all_threads=True)
         os.register_at_fork(after_in_child=_in_forks)
         # Nor the channel: the supervisor learns that this process ended when the channel closes, which a
         # process the task forked (a DataLoader's worker) would otherwise delay until it ends too.
@@ -172,7 +173,9 @@ class RankZeroSide:
             assert isinstance(message, RankZero)
             self.log_file = message.plan.log_file(0)
             output = fds[0] if message.terminal else open_log(self.log_file)
-            os.dup2(output, self._dumps, inheritable=False)
+            stacks = open_log(message.plan.stacks_file(0))
+            os.dup2(stacks, self._dumps, inheritable=False)
+            os.close(stacks)
             _stopped.clear()
             self.rank = RankInThisProcess(message.plan, message.env, output=output)
             try:

@@ -18,9 +18,10 @@ from typing import TextIO
 from ddpw_conf import Platform
 from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.launch.outcome import signal_name
+from ddpw_runtime.launch.stacks import rank_ranges
 
 PREFIX = "[ddpw]"
-_STATUS_COLOURS = {"FAILED": "red", "ok": "green"}
+_STATUS_COLOURS = {"FAILED": "red", "NOT": "red", "ok": "green"}
 _CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33"}
 
 
@@ -48,25 +49,20 @@ def shown_path(path: Path, base: Path) -> str:
         return str(path)
 
 
-def rank_ranges(ranks: list[int]) -> str:
-    """`[0, 1, 2, 5]` as `0-2, 5`."""
-    spans: list[list[int]] = []
-    for rank in sorted(ranks):
-        if spans and spans[-1][1] == rank - 1:
-            spans[-1][1] = rank
-        else:
-            spans.append([rank, rank])
-    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
-
-
 def rank_statuses(failure: RankFailure) -> dict[int, str]:
-    """Each rank's status in a failed job, with its exit code: `FAILED` (the root cause), `ok`,
+    """Each rank's status in a failed job, with its exit code: `FAILED` (the root cause; when a collective timed
+    out, `NOT IN THE COLLECTIVE` for the ranks that held it up and `waited in the collective`), `ok`,
     `failed too` (a failure after the root cause, such as a lost connection), `stopped` (by the
     launcher), `killed` (by a signal it did not send) or `exited`."""
     statuses = {}
+    hang = failure.hang
     for outcome in failure.outcomes:
         result, code = outcome.result, outcome.exit_code
-        if outcome.rank == failure.rank:
+        if hang is not None and outcome.rank in hang.culprits:
+            status = "NOT IN THE COLLECTIVE"
+        elif hang is not None and outcome.rank in hang.waiting:
+            status = "waited in the collective"
+        elif outcome.rank == failure.rank:
             status = "FAILED"
         elif result is not None and result.ok and code in (0, None):
             status = "ok"

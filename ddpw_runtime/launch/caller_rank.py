@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from dataclasses import replace
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -18,7 +19,7 @@ from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import STOPPING_SIGNALS, handle, signal_of
-from ddpw_runtime.launch.stacks import where_in
+from ddpw_runtime.launch.stacks import RankPlace, from_frame
 from ddpw_runtime.launch.supervisor import STOP_SIGNAL, NodeRanks, supervise
 from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack
 
@@ -61,7 +62,7 @@ class CallerRank:
         self._others: list[RankOutcome] | BaseException = []
         self._thread = threading.Thread(target=self._supervise, name="ddpw-other-ranks", daemon=True)
         self._task_over = threading.Event()
-        self._where_zero = ""
+        self._place_zero: RankPlace | None = None
         self._saved_handlers: dict[int, Any] = {}
         self._stoppable = {TaskCall.__call__.__code__, type(self.rank).enter.__code__}
 
@@ -121,7 +122,7 @@ class CallerRank:
             self._ranks.request_stop()
         self._thread.join()
         if isinstance(self._others, JobTimedOut):
-            raise JobTimedOut(self._others.timeout_min, {0: self._where_zero, **self._others.where})
+            raise with_rank_zero(self._others, self._place_zero)
         if isinstance(self._others, BaseException):
             raise self._others
         return [self._own_outcome(), *self._others]
@@ -164,7 +165,7 @@ class CallerRank:
         if self._task_over.is_set() or self.stopped:
             return
         self.stopped = True
-        self._where_zero = where_in(_compat.main_thread_frame())
+        self._place_zero = from_frame(0, _compat.main_thread_frame())
         self._send_stop()
 
     def _send_stop(self) -> None:
@@ -182,3 +183,13 @@ class CallerRank:
         self._ranks.request_stop(signum)  # again: the ranks are killed at once
         if not again:
             raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+def with_rank_zero(timed_out: JobTimedOut, place: RankPlace | None) -> JobTimedOut:
+    """`timed_out` (the other ranks') with where rank 0, in this process, was."""
+    if place is None:
+        return timed_out
+    report = timed_out.report
+    if report is not None:
+        report = replace(report, places=(place, *report.places))
+    return JobTimedOut(timed_out.timeout_min, {0: place.where(), **timed_out.where}, report, timed_out.stalled)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpw_runtime.errors import RankFailure
-from ddpw_runtime.launch.records import RankResult
+from ddpw_runtime.launch.records import COLLECTIVE_TIMEOUT_MARKERS, RankResult
+from ddpw_runtime.launch.stacks import HangReport, RankPlace, from_traceback, rank_ranges
 
 _LOG_TAIL_LINES = 20
 _CRASH_REPORT = "Fatal Python error"
@@ -35,6 +36,8 @@ class RankOutcome:
     """The signals the launcher sent to the job's ranks (they explain exits by those signals)."""
     ended_at: float = field(default_factory=time.time)
     log_file: str | None = None
+    place: RankPlace | None = None
+    """Where it was when the job was stopped, from its stack (None: it had ended)."""
 
     @property
     def failed(self) -> bool:
@@ -52,6 +55,23 @@ class RankOutcome:
         if self.result is None and self.exit_code is not None and -self.exit_code not in self.signals_sent:
             return True
         return not self.stopped
+
+    @property
+    def timed_out_in_collective(self) -> bool:
+        """Whether it failed because a collective it waited in timed out (gloo's error, or NCCL's watchdog in its
+        log)."""
+        error = self.result.error if self.result is not None else None
+        if error is not None:
+            return error.is_collective_timeout
+        return self.result is None and any(marker in log_tail(self.log_file) for marker in COLLECTIVE_TIMEOUT_MARKERS)
+
+    def where(self) -> RankPlace | None:
+        """Where it was: where it waited, for a rank whose collective timed out (its traceback; a stack taken
+        later shows it handling the error); else its stack when the job was stopped, or where it raised."""
+        error = self.result.error if self.result is not None else None
+        if error is not None and (self.place is None or error.is_collective_timeout):
+            return from_traceback(self.rank, error.traceback)
+        return self.place
 
     @property
     def is_secondary(self) -> bool:
@@ -77,6 +97,9 @@ def failure(outcomes: Sequence[RankOutcome]) -> RankFailure | None:
     cause = root_cause(outcomes)
     if cause is None:
         return None
+    held_up = _held_up(outcomes, cause)
+    if held_up is not None:
+        return held_up
     error = cause.result.error if cause.result is not None else None
     if error is not None:
         error_type, message, text, tail = error.type_name, error.message, error.traceback, ""
@@ -96,6 +119,46 @@ def failure(outcomes: Sequence[RankOutcome]) -> RankFailure | None:
     )
     made.__cause__ = error.exception() if error is not None else None
     return made
+
+
+def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure | None:
+    """When the job failed because `cause`'s collective timed out: the `RankFailure` of the rank(s) that were not
+    in it (where their stacks show them when the job was stopped), with the ranks that waited as secondary; None
+    when it did not, or when every rank looked at waited."""
+    if not cause.timed_out_in_collective:
+        return None
+    places = tuple(place for place in (o.where() for o in sorted(outcomes, key=lambda o: o.rank)) if place)
+    ended = tuple(o.rank for o in outcomes if o.where() is None)
+    stacks = str(Path(cause.log_file).parent / "stacks_rank_<k>.txt") if cause.log_file else ""
+    report = HangReport(f"rank {cause.rank}'s collective timed out", places, stacks, ended)
+    if not report.culprits:
+        return None
+    culprit = next(o for o in outcomes if o.rank == report.culprits[0])
+    place = report.place(culprit.rank)
+    assert place is not None  # a culprit was looked at
+    waiting = report.waiting
+    calls = sorted({p.call for p in report.places if p.waiting and p.call})
+    error = cause.result.error if cause.result is not None else None
+    made = RankFailure(
+        rank=culprit.rank,
+        node=culprit.node,
+        exit_code=culprit.exit_code,
+        error_type="NotInCollective",
+        error_message=f"rank{'s' if len(waiting) > 1 else ''} {rank_ranges(waiting)} waited for it in "
+                      f"{', '.join(calls) or 'a collective'} until the collective timed out; it was at {place.where()}",
+        log_file=culprit.log_file,
+        outcomes=sorted(outcomes, key=lambda o: o.rank),
+        hang=report,
+        waiting_error=f"rank {cause.rank}: {error.headline if error is not None else _timeout_line(cause.log_file)}",
+    )
+    made.__cause__ = error.exception() if error is not None else None
+    return made
+
+
+def _timeout_line(log_file: str | None) -> str:
+    """The line of a rank's log that says its collective timed out (NCCL's watchdog)."""
+    lines = log_tail(log_file).splitlines()
+    return next((line for line in lines if any(m in line for m in COLLECTIVE_TIMEOUT_MARKERS)), "timed out")
 
 
 def describe_exit(code: int | None) -> tuple[str, str]:

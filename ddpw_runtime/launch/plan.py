@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,11 @@ from ddpw_conf import Device, Platform
 from ddpw_runtime.launch.devices import Share
 
 LOOPBACK = "127.0.0.1"
+
+DUMP_SIGNAL = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1
+"""What asks a rank for every thread's Python stack (faulthandler writes them to its `stacks_file`): a
+real-time signal no library uses, where there are such signals, so a task's own SIGUSR1 handler (a
+checkpoint on signal) is never run by hydra-ddpw."""
 
 
 @dataclass
@@ -51,6 +57,11 @@ class LaunchPlan:
     def log_file(self, rank: int) -> Path:
         """Where the stdout and stderr of global rank `rank` go."""
         return self.log_dir / f"rank_{rank}.log"
+
+    def stacks_file(self, rank: int) -> Path:
+        """Where global rank `rank` writes every thread's Python stack when asked (`DUMP_SIGNAL`), next to
+        its log."""
+        return self.log_dir / f"stacks_rank_{rank}.txt"
 
     def one_line(self) -> str:
         """The plan in one line, as logged when a job starts."""

@@ -18,6 +18,9 @@ SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "B
 """Words of the failures that ranks see only because another rank went away first (gloo's lost
 connections, store timeouts); such a failure is never the root cause while another failure exists."""
 
+COLLECTIVE_TIMEOUT_MARKERS = ("Timed out waiting", "Watchdog caught collective operation timeout")
+"""Words of a collective's timeout: gloo's (the rank raises), NCCL's watchdog (in the log of the rank it aborts)."""
+
 _TEXT_LIMIT = 20_000
 """Longest `repr()` text kept for a value that cannot travel."""
 
@@ -86,6 +89,11 @@ class RaisedError:
         """Whether this failure looks like a consequence of another rank's failure."""
         text = f"{self.type_name} {self.message}"
         return any(marker in text for marker in SECONDARY_MARKERS)
+
+    @property
+    def is_collective_timeout(self) -> bool:
+        """Whether this is a collective's timeout: the rank waited for others that did not come."""
+        return any(marker in self.message for marker in COLLECTIVE_TIMEOUT_MARKERS)
 
     def exception(self) -> BaseException | None:
         """The exception object, when it could be sent and can be rebuilt here."""

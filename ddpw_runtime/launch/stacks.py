@@ -1,46 +1,194 @@
-"""Reading the Python stack dumps that ranks write into their logs (faulthandler, on SIGUSR1)."""
+"""Where each rank of a job is (`RankPlace`), read from the stack dumps ranks write when asked
+(faulthandler, on `DUMP_SIGNAL`), from a traceback or from a live frame; and which ranks hold up the others
+(`HangReport`): those outside the collective that the others wait in. Data only (no torch)."""
 
 from __future__ import annotations
 
 import re
+import sysconfig
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
-_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)$')
+_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
+_DUMP_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)$')
+_TRACEBACK_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)$')
 _FRAMES_SHOWN = 3
+_COLLECTIVES = ("/torch/distributed/", "/torch/nn/parallel/distributed.py")
+"""Where a rank's Python stack is when it waits for the other ranks: torch.distributed (its collectives, barrier,
+rendezvous) and DDP's own collectives."""
+_WRAPPER = "/torch/distributed/c10d_logger.py"
+"""Where torch wraps its collectives (a frame `wrapper` outside the one the task called)."""
+_NOT_THE_USERS = (
+    str(Path(__file__).resolve().parents[1]),  # hydra-ddpw itself
+    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
+    "/site-packages/", "/dist-packages/", "<frozen ",
+)
+"""Code that is not the user's: hydra-ddpw, Python's standard library and installed packages."""
 
 
-def where(log_file: Path) -> str:
-    """Where the rank was, from the last stack dump in `log_file`: the innermost frames of the thread
-    that got the dump signal (the main thread of a busy rank); 'no stack dump' when there is none."""
-    try:
-        lines = log_file.read_text(errors="backslashreplace").splitlines()
-    except FileNotFoundError:
-        return "no log file"
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a stack."""
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.function} ({self.file}:{self.line})"
+
+    @property
+    def in_collective(self) -> bool:
+        """Whether this frame is torch.distributed's (a collective, a barrier, the rendezvous) or DDP's."""
+        return any(part in self.file for part in _COLLECTIVES)
+
+    @property
+    def is_users(self) -> bool:
+        """Whether this is the user's code (not hydra-ddpw's, Python's or an installed package's)."""
+        return not any(part in self.file for part in _NOT_THE_USERS)
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one rank was: its main thread's frames, innermost first."""
+
+    rank: int
+    frames: tuple[Frame, ...] = ()
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the rank was inside torch.distributed, waiting for the other ranks."""
+        return any(frame.in_collective for frame in self.frames)
+
+    @property
+    def call(self) -> str | None:
+        """The torch.distributed function the task called and waits in (`all_reduce`, `barrier`)."""
+        inside = [frame for frame in self.frames if frame.in_collective and not frame.file.endswith(_WRAPPER)]
+        return inside[-1].function if inside else None
+
+    def where(self) -> str:
+        """Where the rank was, the user's frames first: `load_batch (train.py:57) <- train (train.py:80)`, then
+        the innermost frame when it is not the user's (`, inside _next_data (.../dataloader.py:1320)`)."""
+        users = [frame for frame in self.frames if frame.is_users][:_FRAMES_SHOWN]
+        if not users:
+            return " <- ".join(map(str, self.frames[:_FRAMES_SHOWN])) or "no Python frame"
+        text = " <- ".join(map(str, users))
+        if not self.frames[0].is_users and not self.waiting:
+            text += f", inside {self.frames[0]}"
+        return text
+
+
+@dataclass(frozen=True)
+class HangReport:
+    """Where every rank was at one moment (`why`: a collective timed out, the time limit, a request, a stall), and
+    which ranks held the others up: when some ranks waited in a collective, those that were not in it."""
+
+    why: str
+    places: tuple[RankPlace, ...]
+    stacks: str = ""
+    """Where every thread's full stack is (the ranks' `stacks_rank_<k>.txt`)."""
+    ended: tuple[int, ...] = field(default=())
+    """Ranks that had ended (nothing to look at)."""
+
+    @property
+    def waiting(self) -> list[int]:
+        """The ranks that waited in a collective."""
+        return [place.rank for place in self.places if place.waiting]
+
+    @property
+    def culprits(self) -> list[int]:
+        """The ranks that were not in the collective the others waited in (none when no rank waited)."""
+        if not self.waiting:
+            return []
+        return [place.rank for place in self.places if not place.waiting]
+
+    def place(self, rank: int) -> RankPlace | None:
+        """Where `rank` was, if it was looked at."""
+        return next((place for place in self.places if place.rank == rank), None)
+
+    def lines(self) -> list[str]:
+        """One line per rank, those that held the others up first: `rank 2: NOT IN THE COLLECTIVE, at ...`."""
+        culprits = self.culprits
+        ordered = sorted(self.places, key=lambda place: (place.rank not in culprits, place.rank))
+        lines = []
+        for place in ordered:
+            if place.rank in culprits:
+                state = "NOT IN THE COLLECTIVE, at"
+            elif place.waiting:
+                state = f"waiting in {place.call}, at"
+            else:
+                state = "at"
+            lines.append(f"rank {place.rank}: {state} {place.where()}")
+        lines += [f"rank {rank}: had ended" for rank in self.ended]
+        return lines
+
+    def text(self) -> str:
+        """The report as the console shows it: what it is about, then one indented line per rank."""
+        head = f"where each rank was ({self.why})" + (f"; every thread's stack: {self.stacks}" if self.stacks else "")
+        return "\n".join([head + ":", *(f"  {line}" for line in self.lines())])
+
+
+def from_dump(rank: int, text: str) -> RankPlace | None:
+    """Where `rank` was, from the last faulthandler dump in `text`: the thread that got the dump signal (its main
+    thread, where the task runs); None when `text` holds no dump."""
+    lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if _THREAD.match(line)]
     if not starts:
-        return "no stack dump (the rank had exited or could not be interrupted)"
+        return None
     dump = [starts[-1]]  # the last dump: thread blocks with only frames and blank lines between
     for start in reversed(starts[:-1]):
-        if not all(not line.strip() or _FRAME.match(line) for line in lines[start + 1:dump[0]]):
+        if not all(not line.strip() or _DUMP_FRAME.match(line) for line in lines[start + 1:dump[0]]):
             break
         dump.insert(0, start)
     chosen = next((i for i in dump if lines[i].startswith("Current thread")), dump[0])
-    frames: list[str] = []
+    frames = []
     for line in lines[chosen + 1:]:
-        match = _FRAME.match(line)
+        match = _DUMP_FRAME.match(line)
         if not match:
             break
-        frames.append(f"{match['func']} ({match['file']}:{match['line']})")
-    return " <- ".join(frames[:_FRAMES_SHOWN]) or "no Python frame"
+        frames.append(Frame(match["file"], int(match["line"]), match["func"]))
+    return RankPlace(rank, tuple(frames))
 
 
-def where_in(frame: FrameType | None) -> str:
-    """Where a live thread is, given its innermost frame, written as `where` writes a dump."""
-    frames: list[str] = []
-    while frame is not None and len(frames) < _FRAMES_SHOWN:
-        code = frame.f_code
-        frames.append(f"{code.co_name} ({code.co_filename}:{frame.f_lineno})")
+def from_traceback(rank: int, text: str) -> RankPlace:
+    """Where `rank` was when it raised, from its traceback `text` (innermost frame first)."""
+    matches = [_TRACEBACK_FRAME.match(line) for line in text.splitlines()]
+    frames = [Frame(m["file"], int(m["line"]), m["func"]) for m in matches if m]
+    return RankPlace(rank, tuple(reversed(frames)))
+
+
+def from_frame(rank: int, frame: FrameType | None) -> RankPlace:
+    """Where `rank` is, given its main thread's innermost live frame."""
+    frames = []
+    while frame is not None:
+        frames.append(Frame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
-    return " <- ".join(frames) or "no Python frame"
+    return RankPlace(rank, tuple(frames))
+
+
+def read_from(path: Path, offset: int) -> str:
+    """What `path` holds past `offset` ('' when it is missing)."""
+    try:
+        with open(path, "rb") as src:
+            src.seek(offset)
+            return src.read().decode(errors="backslashreplace")
+    except OSError:
+        return ""
+
+
+def shown_ranks(places: Iterable[RankPlace]) -> dict[int, str]:
+    """`where()` of each place, by rank."""
+    return {place.rank: place.where() for place in places}
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """`[0, 1, 2, 5]` as `0-2, 5`."""
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and spans[-1][1] == rank - 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)

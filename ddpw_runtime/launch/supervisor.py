@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
-from ddpw_runtime.launch.console import ConsoleRanks, file_size
+from ddpw_runtime.launch.console import ConsoleRanks
+from ddpw_runtime.launch.hangs import Watch, drop_empty_stacks, report_of, take_places
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.protocol import RankExited
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import held, raise_terminated, send_to_group, signal_of
-from ddpw_runtime.launch.stacks import where
+from ddpw_runtime.launch.stacks import RankPlace, shown_ranks
 from ddpw_runtime.launch.starter import Inbox
 
 if TYPE_CHECKING:
@@ -32,11 +33,6 @@ log = logging.getLogger(__name__)
 
 KILL_WAIT_S = 10.0
 """How long a rank may take to vanish after SIGKILL before it is reported as stuck and left behind."""
-_STACK_DUMP_WAIT_S = 0.1
-"""Longest wait for faulthandler to write a rank's stacks (SIGUSR1) before the rank is stopped."""
-_STACK_DUMP_QUIET_S = 0.01
-"""A rank's stacks count as written once its log grew and then did not change for this long."""
-_STACK_DUMP_POLL_S = 0.002
 
 
 @dataclass
@@ -92,6 +88,9 @@ class NodeRanks:
         self.left_behind: set[int] = set()
         """Pids of ranks that did not exit after SIGKILL (stuck in the kernel); no longer waited for."""
         self.signals_sent: set[int] = set()
+        self.places: dict[int, RankPlace] = {}
+        """Where each rank still running was when the job was stopped (before any rank was)."""
+        self.watch = Watch(local.plan, self.take_places, local.job.console_prefix)
         self._requests: list[int | None] = []
         """What other threads asked for (`request_stop`)."""
         self._lock = threading.Lock()
@@ -148,16 +147,16 @@ class NodeRanks:
         self.ended_at[rank] = time.time()
         return event.exit_code != 0
 
+    def take_places(self) -> dict[int, RankPlace]:
+        """Where each running rank is now (its stacks, written next to its log)."""
+        return take_places(self.local.plan, {self.pids[pid]: pid for pid in self.running()})
+
     def _begin_stop(self) -> float:
-        """Stop showing the ranks' output, dump the running ranks' stacks into their logs (where each
-        was: the console shows it for a time limit), then send them SIGTERM; when their grace ends."""
+        """Stop showing the ranks' output, take the running ranks' stacks before any is stopped (where each
+        was: the job's failure or time limit names it), then send them SIGTERM; when their grace ends."""
         self.console.freeze()
+        self.places = self.take_places()
         self.on_stop()
-        if running := self.running():
-            logs = [self.local.plan.log_file(self.pids[pid]) for pid in running]
-            before = [file_size(log) for log in logs]
-            self.send(signal.SIGUSR1, group=False)
-            _wait_for_dumps(logs, before)
         self.send(signal.SIGTERM, stopping=True)
         return time.monotonic() + self.local.job.grace.stop_s
 
@@ -168,7 +167,7 @@ class NodeRanks:
         limit_end = time.monotonic() + self.local.plan.platform.timeout_min * 60.0
         timed_out = reported = False
         while self.running():
-            event = self.inbox.next(max(0.0, min(grace_end, limit_end) - time.monotonic()))
+            event = self.inbox.next(max(0.0, min(grace_end, limit_end, self.watch.due) - time.monotonic()))
             failed = event is not None and self._record(event)
             if (self._take_requests() or failed) and not self.stopped:
                 grace_end = self._begin_stop()
@@ -177,7 +176,7 @@ class NodeRanks:
                 reported = True
                 self.kill(spare=spare.pid if spare is not None else None)
                 grace_end = float("inf") if spare is None else time.monotonic() + _REPORT_S
-            elif time.monotonic() >= limit_end:
+            elif time.monotonic() >= limit_end or (not self.stopped and self.watch.check()):
                 timed_out, limit_end = True, float("inf")
                 grace_end = self._begin_stop()
         return timed_out
@@ -237,12 +236,15 @@ class NodeRanks:
                 signals_sent=frozenset(self.signals_sent),
                 ended_at=self.ended_at.get(rank, time.time()),
                 log_file=str(plan.log_file(rank)),
+                place=self.places.get(rank),
             )
             for rank in self.ranks
         ]
 
     def end(self) -> None:
-        """After the ranks ended: have the starter stop whatever they started (`job_processes.py`)."""
+        """After the ranks ended: have the starter stop whatever they started (`job_processes.py`); remove the
+        stacks files no rank wrote to."""
+        drop_empty_stacks(self.local.plan)
         try:
             left = self.local.starter.end_job(self.key, (self.outside.pid,) if self.outside is not None else ())
         except RuntimeError:  # the starter is gone, and every process of the job with it
@@ -250,23 +252,6 @@ class NodeRanks:
         if left:
             log.error("processes the ranks started would not die 6 s after SIGTERM and SIGKILL (stuck in the "
                       "kernel?); left behind: pids %s", ", ".join(map(str, left)))
-
-
-def _wait_for_dumps(logs: list[Path], before: list[int]) -> None:
-    """Wait until every log in `logs` grew past its size `before` and has then been quiet for
-    `_STACK_DUMP_QUIET_S` (faulthandler has written the stacks), at most `_STACK_DUMP_WAIT_S`."""
-    start = time.monotonic()
-    last, changed_at = before, start
-    while time.monotonic() - start < _STACK_DUMP_WAIT_S:
-        time.sleep(_STACK_DUMP_POLL_S)
-        sizes = [file_size(log) for log in logs]
-        now = time.monotonic()
-        if sizes != last:
-            last, changed_at = sizes, now
-        elif now - changed_at >= _STACK_DUMP_QUIET_S and all(
-            size > old for size, old in zip(sizes, before, strict=True)
-        ):
-            return
 
 
 @contextmanager
@@ -303,7 +288,10 @@ def supervise(ranks: NodeRanks) -> list[RankOutcome]:
         finally:
             ranks.end()
     if timed_out:
-        raise JobTimedOut(plan.platform.timeout_min, {rank: where(plan.log_file(rank)) for rank in ranks.ranks})
+        stalled = ranks.watch.stalled if ranks.watch.stopped_job else None
+        report = stalled or report_of(plan, f"the time limit, platform.timeout_min={plan.platform.timeout_min:g}",
+                                      ranks.places)
+        raise JobTimedOut(plan.platform.timeout_min, shown_ranks(report.places), report, stalled is not None)
     outcomes = ranks.outcomes()
     ranks.local.starter.preload_modules(sorted({name for o in outcomes if o.result for name in o.result.imported}))
     return outcomes

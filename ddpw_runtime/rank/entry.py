@@ -24,6 +24,7 @@ from typing import Any, cast
 
 from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_atomically
+from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.rank.environment import rank_environment, tell_imported_libraries
 from ddpw_runtime.rank.own_process import flush_output, open_log
@@ -50,6 +51,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     plan = payload.plan
     rank = plan.node_rank * plan.ranks_per_node + local_rank
     _redirect_output(plan.log_file(rank), terminal)
+    faulthandler.register(DUMP_SIGNAL, file=open_log(plan.stacks_file(rank)), all_threads=True)  # where it is, asked
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held by the starter until now
         payload.state.enter({**rank_environment(plan, rank, local_rank), **payload.job_environment()})
@@ -116,7 +118,6 @@ def _redirect_output(log_file: Path, terminal: int | None) -> None:
         found = ctypes.CDLL(None)
         found.setvbuf(ctypes.c_void_p.in_dll(found, "stdout"), None, 2, 0)  # 2: _IONBF
     faulthandler.enable(file=sys.stderr)
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # stack dump on request
 
 
 def configure_logging(rank: int) -> None:

@@ -171,6 +171,19 @@ def load_until_a_peer_fails(failing: int) -> None:
             dist.barrier()
 
 
+def load_batch() -> None:
+    """A data loader that never returns (stuck on a file system, or on a worker that died)."""
+    while True:
+        time.sleep(1)
+
+
+def hold_up(holder: int) -> None:
+    """Rank `holder` is stuck loading a batch while the other ranks wait for it in all_reduce."""
+    if ddpw_runtime.rank() == holder:
+        load_batch()
+    dist.all_reduce(torch.ones(1))
+
+
 def ignore_then_wait(sig: int) -> None:
     """Ignore `sig`, as a task that handles its own signals may, and wait for ever."""
     signal.signal(sig, signal.SIG_IGN)
@@ -253,6 +266,8 @@ def main(cfg: DictConfig) -> object:
         linger()
     if cfg.behaviour == "load_then_fail":
         load_until_a_peer_fails(cfg.fail_rank)
+    if cfg.behaviour == "hold_up":
+        hold_up(cfg.fail_rank)
     if cfg.behaviour == "all_reduce_until_a_peer_goes":
         all_reduce_until_a_peer_goes(cfg.fail_rank)
     if cfg.behaviour == "fork_report" and seen["rank"] == 0:

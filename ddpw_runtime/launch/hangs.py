@@ -1,0 +1,190 @@
+"""Where a job's ranks are, while they run: their stacks taken on the supervisor's side (`take_places`), a request
+answered (`python -m ddpw_runtime.launch.where RUN_DIR` asks through a file in the job's output dir, so it reaches a
+plain run's, a multirun job's and a SLURM node's supervisor alike), and a stall noticed
+(`platform.stall_timeout_min`). docs/results-logs-failures.md, "Hangs and time limits"."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpw_runtime.launch.console import file_size
+from ddpw_runtime.launch.payload import write_atomically
+from ddpw_runtime.launch.plan import DUMP_SIGNAL, LaunchPlan
+from ddpw_runtime.launch.signals import send_to_group
+from ddpw_runtime.launch.stacks import HangReport, RankPlace, from_dump, read_from
+
+CHECK_S = 0.5
+"""How often a job's supervisor looks for a request and for a stall while its ranks run."""
+_STACK_DUMP_WAIT_S = 0.2
+"""Longest wait for faulthandler to write the ranks' stacks (`DUMP_SIGNAL`)."""
+_STACK_DUMP_QUIET_S = 0.01
+"""A rank's stacks count as written once its stacks file grew and then did not change for this long."""
+_STACK_DUMP_POLL_S = 0.002
+REQUEST = "where.request"
+"""The file in a job's output dir that asks its supervisors where the ranks are (a pickled `WhereRequest`)."""
+
+
+@dataclass(frozen=True)
+class WhereRequest:
+    """A request for where a job's ranks are; `token` tells its answers from older ones."""
+
+    token: str
+
+
+@dataclass(frozen=True)
+class WhereAnswer:
+    """One node's answer to a `WhereRequest`: where each of its ranks is."""
+
+    token: str
+    node: int
+    n_nodes: int
+    report: HangReport
+
+
+def answer_file(log_dir: Path, node: int | str) -> Path:
+    """Where node `node` of the job whose output dir is `log_dir` answers a request (`*`: a pattern for every
+    node's)."""
+    return log_dir / f"where_node_{node}.answer"
+
+
+def take_places(plan: LaunchPlan, pids: Mapping[int, int]) -> dict[int, RankPlace]:
+    """Where each running rank (`pids`: pid by rank) is now: each writes every thread's stack into its stacks file
+    (`DUMP_SIGNAL`), read back once written; a rank that wrote nothing in time is left out."""
+    files = {rank: plan.stacks_file(rank) for rank in pids}
+    before = {rank: file_size(path) for rank, path in files.items()}
+    for pid in pids.values():
+        send_to_group(pid, DUMP_SIGNAL, group=False)
+    _wait_for_dumps(files, before)
+    places = {rank: from_dump(rank, read_from(path, before[rank])) for rank, path in files.items()}
+    return {rank: place for rank, place in places.items() if place is not None}
+
+
+def report_of(plan: LaunchPlan, why: str, places: Mapping[int, RankPlace]) -> HangReport:
+    """The report of this node's ranks at one moment: those in `places`, the others as ended."""
+    ended = tuple(rank for rank in plan.global_ranks if rank not in places)
+    return HangReport(why, tuple(places[rank] for rank in sorted(places)), stacks_of(plan), ended)
+
+
+def stacks_of(plan: LaunchPlan) -> str:
+    """Where the ranks' full stacks are, as the report names them."""
+    return str(plan.log_dir / "stacks_rank_<k>.txt")
+
+
+def drop_empty_stacks(plan: LaunchPlan) -> None:
+    """Remove the stacks files of this node's ranks that nothing was written to (no rank was asked)."""
+    for rank in plan.global_ranks:
+        path = plan.stacks_file(rank)
+        if path.exists() and file_size(path) == 0:
+            path.unlink(missing_ok=True)
+
+
+def _wait_for_dumps(files: Mapping[int, Path], before: Mapping[int, int]) -> None:
+    """Wait until every file in `files` grew past its size `before` and has then been quiet for
+    `_STACK_DUMP_QUIET_S` (faulthandler has written the stacks), at most `_STACK_DUMP_WAIT_S`."""
+    start = time.monotonic()
+    last, changed_at = dict(before), start
+    while time.monotonic() - start < _STACK_DUMP_WAIT_S:
+        time.sleep(_STACK_DUMP_POLL_S)
+        sizes = {rank: file_size(path) for rank, path in files.items()}
+        now = time.monotonic()
+        if sizes != last:
+            last, changed_at = sizes, now
+        elif now - changed_at >= _STACK_DUMP_QUIET_S and all(sizes[rank] > before[rank] for rank in files):
+            return
+
+
+class Watch:
+    """What a job's supervisor looks at while the ranks of `plan` run (`check`, every `CHECK_S`): a request for
+    where they are, answered on the console and in the output dir; and, with `platform.stall_timeout_min`, a
+    stall: no rank wrote to its log and no rank's stack moved (two looks half the time apart) for that long,
+    reported once per stall. `take`: where each running rank is now; `prefix`: put before its console lines."""
+
+    def __init__(self, plan: LaunchPlan, take: Callable[[], dict[int, RankPlace]], prefix: str = "") -> None:
+        self.plan = plan
+        self.take = take
+        self.prefix = prefix
+        self.due = time.monotonic() + CHECK_S
+        """When the next check is (monotonic)."""
+        minutes = plan.platform.stall_timeout_min
+        self.stall_s = None if minutes is None else minutes * 60.0
+        self.stalled: HangReport | None = None
+        """The last stall's report (cleared when the job moves again)."""
+        self.stopped_job = False
+        """Whether a stall stopped the job (`platform.stop_on_stall`)."""
+        earlier = _read_request(plan.log_dir / REQUEST)  # one left by an earlier run in this dir is not for it
+        self._answered = earlier.token if earlier is not None else None
+        self._sizes = self._log_sizes()
+        self._quiet_since = time.monotonic()
+        self._look: dict[int, RankPlace] | None = None
+
+    def check(self) -> bool:
+        """Answer a request, look for a stall (when due); whether the job stalled and is to be stopped
+        (`platform.stop_on_stall`)."""
+        now = time.monotonic()
+        if now < self.due:
+            return False
+        self.due = now + CHECK_S
+        self._answer()
+        self.stopped_job = self._stall(now) and self.plan.platform.stop_on_stall
+        return self.stopped_job
+
+    def _answer(self) -> None:
+        request = _read_request(self.plan.log_dir / REQUEST)
+        if request is None or request.token == self._answered:
+            return
+        self._answered = request.token
+        report = report_of(self.plan, "asked", self.take())
+        self._say(report)
+        answer = WhereAnswer(request.token, self.plan.node_rank, self.plan.platform.n_nodes, report)
+        write_atomically(answer_file(self.plan.log_dir, self.plan.node_rank), pickle.dumps(answer), 0o644)
+
+    def _stall(self, now: float) -> bool:
+        """Whether the job stalled just now (its report then said so)."""
+        if self.stall_s is None:
+            return False
+        sizes = self._log_sizes()
+        if sizes != self._sizes:  # a line written: the job moves
+            self._sizes, self._quiet_since, self._look, self.stalled = sizes, now, None, None
+            return False
+        quiet = now - self._quiet_since
+        if self.stalled is not None or quiet < self.stall_s / 2:
+            return False
+        if self._look is None:  # the first look, half the time in
+            self._look = self.take()
+            return False
+        if quiet < self.stall_s:
+            return False
+        places = self.take()
+        if _frames(places) != _frames(self._look):  # it moved: look again half the time later
+            self._look, self._quiet_since = places, now - self.stall_s / 2
+            return False
+        minutes = self.plan.platform.stall_timeout_min
+        self.stalled = report_of(self.plan, f"no rank wrote a line or moved for {quiet:.0f} s, "
+                                            f"platform.stall_timeout_min={minutes:g}", places)
+        self._say(self.stalled)
+        return True
+
+    def _say(self, report: HangReport) -> None:
+        sys.stderr.write("".join(f"[ddpw] {self.prefix}{line}\n" for line in report.text().splitlines()))
+        sys.stderr.flush()
+
+    def _log_sizes(self) -> list[int]:
+        return [file_size(self.plan.log_file(rank)) for rank in self.plan.global_ranks]
+
+
+def _frames(places: Mapping[int, RankPlace]) -> dict[int, object]:
+    return {rank: place.frames for rank, place in places.items()}
+
+
+def _read_request(path: Path) -> WhereRequest | None:
+    try:
+        with open(path, "rb") as src:
+            request = pickle.load(src)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
+    return request if isinstance(request, WhereRequest) else None

@@ -1,0 +1,71 @@
+"""Ask a running job where each of its ranks is, without stopping it:
+
+    python -m ddpw_runtime.launch.where RUN_DIR
+
+RUN_DIR is a job's output dir, or a folder above it (a sweep's dir): every job under it that is running answers
+(a plain run's, a multirun job's and a SLURM job's supervisor alike, within a second). The command prints one line
+per rank; each rank writes every thread's stack to `stacks_rank_<k>.txt` next to its log, and the job's console
+shows the same lines. Exit code 0 when a job answered, 1 when none did."""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from ddpw_runtime.launch.hangs import CHECK_S, REQUEST, WhereAnswer, WhereRequest, answer_file
+from ddpw_runtime.launch.payload import write_atomically
+
+_ANSWER_WAIT_S = 10 * CHECK_S
+
+
+def ask(run_dir: Path, wait_s: float = _ANSWER_WAIT_S) -> dict[Path, list[WhereAnswer]]:
+    """Ask every job under `run_dir` (a folder holding rank logs) where its ranks are; each job's answers, one per
+    node, as they came within `wait_s` seconds (jobs that are not running give none)."""
+    jobs = sorted({log.parent for log in Path(run_dir).rglob("rank_*.log")})
+    token = uuid.uuid4().hex
+    for job in jobs:
+        write_atomically(job / REQUEST, pickle.dumps(WhereRequest(token)), 0o644)
+    answers: dict[Path, list[WhereAnswer]] = {}
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        answers = {job: found for job in jobs if (found := _answers(job, token))}
+        if answers and all(len(found) == found[0].n_nodes for found in answers.values()):
+            break
+        time.sleep(CHECK_S / 5)
+    return answers
+
+
+def _answers(job: Path, token: str) -> list[WhereAnswer]:
+    found = []
+    for path in sorted(job.glob(answer_file(job, "*").name)):
+        try:
+            answer = pickle.loads(path.read_bytes())
+        except (OSError, EOFError, pickle.UnpicklingError):
+            continue
+        if isinstance(answer, WhereAnswer) and answer.token == token:
+            found.append(answer)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m ddpw_runtime.launch.where", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path, help="a job's output dir, or a folder above it")
+    args = parser.parse_args(argv)
+    answers = ask(args.run_dir)
+    if not answers:
+        sys.stderr.write(f"no running job answered under {args.run_dir}\n")
+        return 1
+    for job, found in answers.items():
+        print(f"{job}:")
+        for answer in found:
+            print("\n".join(f"  {line}" for line in answer.report.text().splitlines()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""A hung job names the rank that holds it up, and where that rank is: when a collective times out, at the time
+limit, on request while the job runs, and when it stalls. Real processes and gloo throughout; the report is read
+from the console and from `RankFailure`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpw_conf import Platform
+from ddpw_runtime import RankFailure, rank
+from ddpw_runtime.launch.stacks import Frame, HangReport, RankPlace, from_dump, from_traceback
+from tests.helpers import APPS, job_dirs, leftover, run_app, run_ranks, seen, start_app, wait_for
+
+APP = APPS / "app.py"
+SHORT = "platform.collective_timeout_min=0.03"
+"""A collective times out after 1.8 s."""
+
+
+def _line_of(text: str, offset: int = 0) -> int:
+    """The line number of the app's line `text` (plus `offset`)."""
+    return APP.read_text().splitlines().index(text) + 1 + offset
+
+
+LOAD_BATCH = _line_of('def load_batch() -> None:', 3)  # its `time.sleep(1)`
+
+
+@pytest.mark.subprocess
+def test_the_rank_outside_the_collective_is_named_with_where_it_was_among_3(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "behaviour=hold_up", "fail_rank=2", "platform.n_procs_per_node=3", SHORT)
+    assert proc.returncode == 1, proc.stderr
+    assert "rank 2 failed: NotInCollective: ranks 0-1 waited for it in all_reduce until the collective timed " \
+           f"out; it was at load_batch ({APP}:{LOAD_BATCH}) <- hold_up (" in proc.stdout  # the job's summary
+    assert "  rank 2: NOT IN THE COLLECTIVE (SIGTERM, exit -15)" in proc.stdout
+    assert "  rank 0: waited in the collective" in proc.stdout and "  rank 1: waited in the collective" in proc.stdout
+    report = proc.stderr[proc.stderr.index("where each rank was"):]
+    lines = report.splitlines()
+    assert lines[1].startswith(f"  rank 2: NOT IN THE COLLECTIVE, at load_batch ({APP}:{LOAD_BATCH}) <- hold_up (")
+    assert lines[2].startswith("  rank 0: waiting in all_reduce, at hold_up (")
+    assert lines[3].startswith("  rank 1: waiting in all_reduce, at hold_up (")
+    assert "what a waiting rank raised (secondary): rank " in report and "Timed out waiting" in report
+    job = job_dirs(tmp_path)[0]
+    assert "in load_batch" in (job / "stacks_rank_2.txt").read_text()  # every thread's stack, next to its log
+    assert leftover(seen(job)) == []
+
+
+def _held_up_by_rank_1() -> None:
+    import torch
+    import torch.distributed as dist
+
+    if rank() == 1:
+        while True:
+            time.sleep(1)
+    dist.all_reduce(torch.ones(1))
+
+
+@pytest.mark.subprocess
+def test_the_failure_names_the_rank_outside_the_collective_among_2(tmp_path: Path) -> None:
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_held_up_by_rank_1, platform=Platform(n_procs_per_node=2, collective_timeout_min=0.03),
+                  log_dir=tmp_path)
+    failure = info.value
+    assert (failure.rank, failure.error_type) == (1, "NotInCollective")
+    assert failure.hang is not None
+    assert (failure.hang.culprits, failure.hang.waiting) == ([1], [0])
+    place = failure.hang.place(1)
+    assert place is not None and place.where().startswith(f"_held_up_by_rank_1 ({__file__}:")
+    assert failure.hang.place(0).call == "all_reduce"  # type: ignore[union-attr]
+    assert "Timed out waiting" in failure.waiting_error
+    assert failure.__cause__ is not None and "Timed out waiting" in str(failure.__cause__)
+
+
+@pytest.mark.subprocess
+def test_rank_0_of_a_plain_run_stuck_is_named(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "behaviour=hold_up", "fail_rank=0", SHORT)
+    assert proc.returncode == 1, proc.stderr
+    assert "rank 0 failed: NotInCollective: rank 1 waited for it in all_reduce" in proc.stdout
+    assert f"  rank 0: NOT IN THE COLLECTIVE, at load_batch ({APP}:{LOAD_BATCH})" in proc.stderr
+    assert "  rank 1: waiting in all_reduce, at hold_up (" in proc.stderr
+    assert leftover(seen(job_dirs(tmp_path)[0])) == []
+
+
+@pytest.mark.subprocess
+def test_a_multirun_job_names_the_rank_outside_the_collective_in_its_summary(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "-m", "behaviour=hold_up", SHORT)
+    assert proc.returncode == 1, proc.stderr
+    assert f"  rank 1: NOT IN THE COLLECTIVE, at load_batch ({APP}:{LOAD_BATCH})" in proc.stderr
+    (summary,) = tmp_path.rglob("sweep_summary.json")
+    (entry,) = json.loads(summary.read_text())["jobs"]
+    assert entry["error"].startswith("rank 1 failed: NotInCollective: rank 0 waited for it in all_reduce")
+    assert "rank 1 failed: NotInCollective" in proc.stdout  # the summary table
+
+
+@pytest.mark.subprocess
+def test_the_time_limit_names_the_rank_outside_the_collective(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "behaviour=hold_up", "platform.timeout_min=0.03")
+    assert proc.returncode != 0
+    assert "ran past its time limit (platform.timeout_min=0.03) and was stopped; where each rank was" in proc.stderr
+    assert f"  rank 1: NOT IN THE COLLECTIVE, at load_batch ({APP}:{LOAD_BATCH})" in proc.stderr
+    assert "  rank 0: waiting in all_reduce, at hold_up (" in proc.stderr
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("mode", [(), ("-m",)], ids=["plain run", "multirun"])
+def test_a_running_job_says_where_each_rank_is_when_asked_and_goes_on(tmp_path: Path, mode: tuple) -> None:
+    proc = start_app(tmp_path, *mode, "behaviour=hang")
+    wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2 or proc.poll() is not None,
+             what="the ranks to start")
+    asked = subprocess.run([sys.executable, "-m", "ddpw_runtime.launch.where", str(tmp_path)], capture_output=True,
+                           text=True, timeout=60)
+    assert asked.returncode == 0, asked.stderr
+    job = job_dirs(tmp_path)[0]
+    assert f"{job}:" in asked.stdout
+    assert "  where each rank was (asked); every thread's stack: " in asked.stdout
+    assert f"    rank 1: NOT IN THE COLLECTIVE, at misbehave ({APP}:" in asked.stdout
+    assert "    rank 0: waiting in barrier, at main (" in asked.stdout
+    assert "in misbehave" in (job / "stacks_rank_1.txt").read_text()
+    assert "in barrier" in (job / "stacks_rank_0.txt").read_text()
+    assert proc.poll() is None  # it goes on
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert "[ddpw] where each rank was (asked)" in stderr and "[ddpw]   rank 1: NOT IN THE COLLECTIVE" in stderr
+
+
+@pytest.mark.subprocess
+def test_a_stalled_job_is_reported_once_and_goes_on(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "behaviour=hang", "platform.stall_timeout_min=0.02", "platform.timeout_min=0.1")
+    assert proc.stderr.count("where each rank was (no rank wrote a line or moved for") == 1, proc.stderr
+    assert "platform.stall_timeout_min=0.02)" in proc.stderr
+    assert f"[ddpw]   rank 1: NOT IN THE COLLECTIVE, at misbehave ({APP}:" in proc.stderr
+    assert "ran past its time limit (platform.timeout_min=0.1)" in proc.stderr  # it went on until then
+
+
+@pytest.mark.subprocess
+def test_a_stalled_job_stops_when_asked_to(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "behaviour=hang", "platform.stall_timeout_min=0.02", "platform.stop_on_stall=true")
+    assert proc.returncode == 1
+    assert "the job made no progress and was stopped (platform.stop_on_stall=true); where each rank was (no rank " \
+           "wrote a line or moved" in proc.stderr
+    assert leftover(seen(job_dirs(tmp_path)[0])) == []
+
+
+# ------------------------------------------------------------------ reading stacks (no process)
+DUMP = """\
+Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/site-packages/torch/distributed/distributed_c10d.py", line 2800 in all_reduce
+  File "/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/repo/train.py", line 82 in train
+  File "/repo/train.py", line 95 in main
+"""
+
+
+def test_a_dump_is_read_as_the_main_threads_frames_and_its_collective() -> None:
+    place = from_dump(3, "task output\n" + DUMP)
+    assert place is not None and place.rank == 3
+    assert place.frames[2] == Frame("/repo/train.py", 82, "train")
+    assert place.waiting and place.call == "all_reduce"
+    assert place.where() == "train (/repo/train.py:82) <- main (/repo/train.py:95)"
+    assert from_dump(0, "no dump here") is None
+
+
+def test_a_traceback_is_read_innermost_first() -> None:
+    text = ('Traceback (most recent call last):\n  File "/repo/train.py", line 82, in train\n    dist.barrier()\n'
+            '  File "/site-packages/torch/distributed/distributed_c10d.py", line 5356, in barrier\n'
+            '    work.wait()\nRuntimeError: Timed out waiting 1800ms\n')
+    place = from_traceback(0, text)
+    assert place.call == "barrier" and place.frames[-1].function == "train"
+
+
+def test_the_report_names_the_ranks_outside_the_collective_first() -> None:
+    stuck = RankPlace(1, (Frame("/site-packages/torch/utils/data/dataloader.py", 1320, "_next_data"),
+                          Frame("/repo/train.py", 57, "train")))
+    waiting = from_dump(0, DUMP)
+    assert waiting is not None
+    report = HangReport("asked", (waiting, stuck), "out/stacks_rank_<k>.txt", ended=(2,))
+    assert (report.culprits, report.waiting) == ([1], [0])
+    assert report.lines() == [
+        "rank 1: NOT IN THE COLLECTIVE, at train (/repo/train.py:57), inside _next_data "
+        "(/site-packages/torch/utils/data/dataloader.py:1320)",
+        "rank 0: waiting in all_reduce, at train (/repo/train.py:82) <- main (/repo/train.py:95)",
+        "rank 2: had ended",
+    ]
+    assert HangReport("asked", (stuck,)).culprits == []  # nobody waits: nobody holds anybody up
