@@ -83,6 +83,8 @@ TYPED = [
                  "at most 52560000 minutes", id="collective-timeout-too-long"),
     pytest.param(["platform.collective_timeout_min=1e-9"], "platform.collective_timeout_min", 1e-9,
                  "whole milliseconds", id="collective-timeout-below-1ms"),
+    pytest.param(["platform.stop_on_stall=true"], "platform.stop_on_stall", True,
+                 "platform.stall_timeout_min set", id="stop_on_stall-without-stall_timeout_min"),
     pytest.param(["platform.upon_finish=raises_on_import:done"], "platform.upon_finish", "raises_on_import:done",
                  "importing raises_on_import raised RuntimeError: this module fails as it is imported",
                  id="upon_finish-module-raises"),
@@ -246,6 +248,8 @@ OPTIONS = [
     ({"interrupt_grace_s": "soon"}, "hydra.launcher.interrupt_grace_s", "number of seconds >= 0"),
     ({"max_restarts": -1}, "hydra.launcher.max_restarts", "integer >= 0"),
     ({"platform_key": "hydra.x"}, "hydra.launcher.platform_key", "name a node of the job's config"),
+    ({"resume": "yes"}, "hydra.launcher.resume", "use true or false"),
+    ({"fail_fast": 2}, "hydra.launcher.fail_fast", "use true or false"),
     ({"stop_grace": 2}, "hydra.launcher.stop_grace", "did you mean stop_grace_s?"),
     # the local launchers
     ({"max_parallel_jobs": 0, "_target_": LOCAL_LAUNCHER}, "hydra.launcher.max_parallel_jobs", "integer >= 1"),
