@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_atomically
+from ddpw_runtime.launch.pickling import dumps
 from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.rank.environment import rank_environment, tell_imported_libraries
@@ -74,7 +74,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     result.imported = _torch_modules_imported(inherited)
     # The result is on disk before this rank's connections close, so when its peers fail on the
     # closed connection, the controller already knows this rank failed first.
-    write_atomically(payload.result_file(rank), pickling.dumps(result))
+    write_atomically(payload.result_file(rank), dumps(result))
     # The process group is not torn down: the process ends now, and its end closes the group's connections.
     # Destroying it first only adds gloo's wait for its I/O threads (~20 ms with 2 ranks) to every job.
     if result.ok:
