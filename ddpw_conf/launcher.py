@@ -41,6 +41,11 @@ class LauncherOptions:
     platform_key: str = PLATFORM_KEY
     """The job config's node that holds the Platform: `platform`, or `ddpw_platform` with the
     `hydra/launcher=ddpw_*_own_platform` options, for apps whose config has a `platform` of its own."""
+    resume: bool = False
+    """Go on with the sweep whose `hydra.sweep.dir` this is: its COMPLETED jobs are kept, the others run
+    (docs/sweeps.md, "Resuming a sweep")."""
+    fail_fast: bool = False
+    """The first failed job stops the jobs running beside it, no more start, and the sweep fails."""
 
     runs_here: ClassVar[bool] = True
     """Whether the ranks run on this machine (so its GPUs are what a platform may ask for)."""
@@ -83,7 +88,8 @@ class LauncherOptions:
     def validate(self, where: str = "hydra.launcher.") -> LauncherOptions:
         """Raise `ConfigError` for an option that cannot run (its key is `where` + the option's name);
         returns self."""
-        check_bool(f"{where}dry_run", self.dry_run)
+        for key in ("dry_run", "resume", "fail_fast"):
+            check_bool(f"{where}{key}", getattr(self, key))
         for key in ("interrupt_grace_s", "stop_grace_s"):
             check_number(f"{where}{key}", getattr(self, key), "use a number of seconds >= 0")
         check_int(f"{where}max_restarts", self.max_restarts, 0)

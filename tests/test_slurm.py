@@ -227,6 +227,54 @@ def test_fire_and_forget_returns_at_once_with_a_manifest(slurm_env: dict[str, st
 
 
 @pytest.mark.subprocess
+def test_a_sweep_whose_submitting_process_was_killed_resumes_without_submitting_again(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    holds, sweep = tmp_path / "holds", tmp_path / "sw"
+    holds.mkdir()
+    for job in (1, 2):
+        (holds / f"hold_{job}").touch()  # jobs #1 and #2 hold until theirs is gone; job #0 ends at once
+    overrides = ("-m", "lr=0.1,0.2,0.3", "behaviour=hold", f"holds={holds}", "platform.n_procs_per_node=1",
+                 f"hydra.sweep.dir={sweep}")
+
+    def status(job: int) -> str | None:
+        path = sweep / "sweep_summary.json"
+        jobs = json.loads(path.read_text())["jobs"] if path.exists() else []
+        return next((e["status"] for e in jobs if e["job"] == job), None)
+
+    proc = start_app(tmp_path, *overrides, app=APP)
+    try:
+        wait_for(lambda: status(0) == "COMPLETED" and all((sweep / f"{job}" / "running_rank_0").exists()
+                                                         for job in (1, 2)), timeout=90, what="jobs #1, #2 to run")
+    finally:
+        proc.kill()  # SIGKILL, while jobs #1 and #2 run
+        proc.communicate()
+    submitted = manifest(sweep)
+    assert [e["job"] for e in submitted] == [0, 1, 2]
+    (holds / "hold_1").unlink()  # job #1 ends while no one waits for it
+    id_1 = submitted[1]["slurm_job_id"]
+    wait_for(lambda: (sweep / ".submitit" / id_1 / f"{id_1}_0_result.pkl").exists(), timeout=60,
+             what="job #1 to end")
+
+    resumed = start_app(tmp_path, *overrides, "hydra.launcher.resume=true", app=APP)
+    try:
+        wait_for(lambda: status(1) == "COMPLETED", timeout=60, what="job #1 to be collected")
+        (holds / "hold_2").unlink()  # job #2 ends while the resumed sweep waits for it
+        stdout, stderr = resumed.communicate(timeout=120)
+    finally:
+        resumed.kill()
+    assert resumed.returncode == 0, stderr
+    assert manifest(sweep) == submitted  # nothing submitted again
+    assert f"SLURM job {id_1} of the earlier run COMPLETED meanwhile: collected" in stdout
+    assert f"waiting for SLURM job {submitted[2]['slurm_job_id']}" in stdout
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [(e["status"], e["kept"], e["return_value"]) for e in jobs] == [
+        ("COMPLETED", True, {"rank": 0, "world_size": 1, "lr": lr}) for lr in (0.1,)] + [
+        ("COMPLETED", False, {"rank": 0, "world_size": 1, "lr": lr}) for lr in (0.2, 0.3)]
+    assert "3 jobs, 3 COMPLETED (1 kept)" in stdout
+
+
+@pytest.mark.subprocess
 # ----------------------------------------------------------------------------- no cluster needed
 def test_jobs_that_would_share_a_fixed_master_port_are_refused_before_any_is_submitted(tmp_path: Path) -> None:
     proc = run(tmp_path, "platform.master_port=29555", "lr=0.1,0.2", "hydra.sweep.dir=sweep")

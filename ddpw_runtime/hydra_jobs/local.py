@@ -1,7 +1,9 @@
 """The local launcher's jobs: one Hydra job = one distributed job on this machine, each in a job process of
 its own (`job_process.py`), started and stopped as docs/architecture.md ("Jobs side by side") says. A failed
-job does not stop the others; an error outside a task (a callback's) stops new jobs from starting and is
-raised once the running ones ended; after Ctrl-C or SIGTERM the program exits 130 or 143.
+job does not stop the others, unless `fail_fast`: then the jobs beside it are stopped (SIGTERM, the
+interrupt grace), no more start, and its error is raised; an error outside a task (a callback's) stops new
+jobs from starting and is raised once the running ones ended; after Ctrl-C or SIGTERM the program exits
+130 or 143.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from ddpw_conf.launcher import LocalLauncherConf
 from ddpw_runtime.errors import Interrupted, Terminated
 from ddpw_runtime.hydra_jobs.job_process import RESULT, JobEnd, JobPayload
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
-from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry
-from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
+from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast_line
+from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
 from ddpw_runtime.launch import pickling, signals
 from ddpw_runtime.launch.devices import Devices, Need, Share, cpu_cores, visible_gpus
 from ddpw_runtime.launch.engine import NodeJob, describe, gpus_available, starter_for
@@ -145,6 +147,8 @@ class _Sweep:
         self.summary = summary
         self.running: dict[int, _Running] = {}
         self.ended: dict[int, JobEnd] = {}
+        self.failed: JobReturn | None = None
+        """With `fail_fast`: the JobReturn of the job that failed first, which stops the sweep."""
         self.inbox = Inbox()
         devices = side_by_side_devices(jobs, options)
         if devices is not None:
@@ -165,12 +169,15 @@ class _Sweep:
         errors = [end.error for _, end in sorted(self.ended.items()) if end.error is not None]
         if errors:
             raise errors[0]
+        if self.failed is not None:
+            self._record_not_started()
+            raise_job_error(self.failed)
         return [self.ended[job.idx].job_return for job in self.jobs]
 
     def _start_what_fits(self) -> None:
         """Start the waiting jobs, in order, while their devices are free (none after an error outside a
-        task)."""
-        while not any(end.error is not None for end in self.ended.values()):
+        task, nor after a failed job with `fail_fast`)."""
+        while self.failed is None and not any(end.error is not None for end in self.ended.values()):
             ready = self.schedule.next()
             if ready is None:
                 return
@@ -181,6 +188,7 @@ class _Sweep:
         node_job = NodeJob(job.platform, job.output_dir, grace, max_restarts=self.options.max_restarts, share=share,
                            console_prefix=f"[job {job.idx}] " if self.schedule.devices is not None else "")
         job.pin()  # its output dir and ${now:...} as of its start, as Hydra's basic launcher resolves them
+        self.summary.record(entry(job.idx, job.overrides, job.output_dir, 0.0, None, "RUNNING"))
         folder = Path(tempfile.mkdtemp(prefix="ddpw-job-"))
         payload = JobPayload(ProcessState.capture(), pickling.dumps((self.hydra_context, self.task_function,
                                                                         job.config)), job.idx, node_job)
@@ -207,7 +215,27 @@ class _Sweep:
         if end.error is None:  # an error outside the task is not a job's end
             job, duration = running.job, time.monotonic() - running.started
             stopped = {int(signal.SIGINT): "INTERRUPTED", int(signal.SIGTERM): "TERMINATED"}.get(end.stopped_by or 0)
-            self.summary.record(entry(job.idx, job.overrides, job.output_dir, duration, end.job_return, stopped))
+            if stopped and self.failed is not None:
+                stopped = "STOPPED"
+            self.summary.record(entry(job.idx, job.overrides, job.output_dir, duration, end.job_return, stopped),
+                                end.job_return)
+            if self.options.fail_fast and self.failed is None and end.job_return is not None and \
+                    end.job_return.status is JobStatus.FAILED:
+                self._fail_fast(job, end.job_return)
+
+    def _fail_fast(self, job: PreparedJob, ret: JobReturn) -> None:
+        """Job `job` failed (`ret`) with `fail_fast`: stop the jobs running beside it, start no more."""
+        self.failed = ret
+        beside = sorted(running.job.idx for running in self.running.values())
+        waiting = [pending.idx for pending in self.schedule.pending]
+        sys.stderr.write(fail_fast_line(job.idx, beside, waiting) + "\n")
+        for pid in self.running:
+            signals.send_to_group(pid, signal.SIGTERM, group=False)
+
+    def _record_not_started(self) -> None:
+        """An entry for each job that never started."""
+        for job in [job for job in self.jobs if job.idx not in self.ended]:
+            self.summary.record(entry(job.idx, job.overrides, job.output_dir, 0.0, None, "NOT STARTED"))
 
     def _stop_all(self, signum: int) -> None:
         """Ctrl-C or SIGTERM: pass it on to every running job and wait until each has ended (a second
@@ -222,7 +250,6 @@ class _Sweep:
                     signals.send_to_group(pid, signum, group=False)
         lines = [signals.stopped_line(idx, end.stopped_by) for idx, end in sorted(self.ended.items()) if end.stopped_by]
         sys.stderr.write("".join(lines) or signals.nothing_running(signum))  # (it may come as a job is started)
-        for job in [job for job in self.jobs if job.idx not in self.ended]:
-            self.summary.record(entry(job.idx, job.overrides, job.output_dir, 0.0, None, "NOT STARTED"))
+        self._record_not_started()
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
 

@@ -5,6 +5,7 @@ and number, its `platform` read and checked (every job before the first starts),
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +24,16 @@ from ddpw_runtime.launch.checks import check
 
 
 @dataclass
+class JobToRun:
+    """A job of a launch to prepare: its number, its overrides, and where it ran before (a resumed sweep's
+    job runs in the same output dir, whatever `${now:...}` gives now)."""
+
+    idx: int
+    overrides: list[str]
+    earlier_output_dir: Path | None = None
+
+
+@dataclass
 class PreparedJob:
     """One Hydra job, ready to run."""
 
@@ -32,6 +43,8 @@ class PreparedJob:
     platform: Platform
     output_dir: Path
     """The job's output dir: once pinned, the one it runs in; before, the one its keys give now."""
+    earlier_output_dir: Path | None = None
+    """Where the job ran before (a resumed sweep): its output dir once pinned."""
     pinned: bool = False
     dir_keys: ClassVar[tuple[str, str]] = ("hydra.sweep.dir", "hydra.sweep.subdir")
     """`run_job`'s output dir keys for a job of a sweep: a subdir of the sweep dir."""
@@ -42,6 +55,8 @@ class PreparedJob:
         `HydraConfig` for a moment: call it where the job holds the process's state."""
         if not self.pinned:
             values = _dir_values(self.config)
+            if self.earlier_output_dir is not None:
+                values[1] = os.path.relpath(self.earlier_output_dir, Path(values[0]).absolute())
             with read_write(self.config.hydra), open_dict(self.config.hydra):
                 for key, value in zip(self.dir_keys, values, strict=True):
                     OmegaConf.update(self.config, key, value, merge=False)
@@ -66,24 +81,24 @@ def job_check(options: LauncherOptions, platform: Platform) -> None:
 def prepare_jobs(
     hydra_context: HydraContext,
     config: DictConfig,
-    job_overrides: Sequence[Sequence[str]],
-    initial_job_idx: int,
+    to_run: Sequence[JobToRun],
     options: LauncherOptions,
 ) -> list[PreparedJob]:
-    """What every ddpw launcher does first: check its options, then every job of the batch, composed
-    (once, see `compose_once`), numbered, its platform read and checked (a `ConfigError` if it cannot run);
-    jobs submitted elsewhere are pinned now, jobs that run here as each starts."""
+    """What every ddpw launcher does first: check its options, then every job of the batch that runs,
+    composed (once, see `compose_once`), numbered, its platform read and checked (a `ConfigError` if it
+    cannot run); jobs submitted elsewhere are pinned now, jobs that run here as each starts."""
     options.validate()
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     jobs = []
     try:
-        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-            job_cfg = job_config(hydra_context, config, overrides)
+        for job in to_run:
+            job_cfg = job_config(hydra_context, config, job.overrides)
             with open_dict(job_cfg):
-                job_cfg.hydra.job.id = str(idx)  # a str field: an int is converted, with a warning on omegaconf 2.4
-                job_cfg.hydra.job.num = idx
-            jobs.append(prepared(job_cfg, idx, list(overrides), options, pin=not options.runs_here))
+                job_cfg.hydra.job.id = str(job.idx)  # a str field: an int is converted, with a warning on omegaconf 2.4
+                job_cfg.hydra.job.num = job.idx
+            jobs.append(prepared(job_cfg, job.idx, job.overrides, options, pin=not options.runs_here,
+                                 earlier_output_dir=job.earlier_output_dir))
     finally:
         forget_unused(hydra_context)
     return jobs
@@ -95,15 +110,18 @@ def prepared(
     overrides: list[str],
     options: LauncherOptions,
     pin: bool = True,
+    earlier_output_dir: Path | None = None,
 ) -> PreparedJob:
     """One composed job config made a `PreparedJob`: platform read and checked with `options`, output
-    dir and `${now:}` pinned (with `pin`; else `PreparedJob.pin` does it when the job starts)."""
+    dir (`earlier_output_dir` where it ran before) and `${now:}` pinned (with `pin`; else `PreparedJob.pin`
+    does it when the job starts)."""
     with hydra_config_of(config):
         platform = options.platform_of(config)
     job_check(options, platform)
     saved = copy.deepcopy(OmegaConf.get_cache(config))  # where `${now:...}` keeps what it resolved: put back
     try:  # the output dir its keys give now, leaving nothing pinned
-        job = PreparedJob(idx, overrides, config, platform, Path(*_dir_values(config)).absolute())
+        job = PreparedJob(idx, overrides, config, platform, earlier_output_dir or Path(*_dir_values(config)).absolute(),
+                          earlier_output_dir)
     finally:
         OmegaConf.set_cache(config, saved)
     if pin:

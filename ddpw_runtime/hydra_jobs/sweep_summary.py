@@ -1,5 +1,7 @@
-"""What a multirun did, job by job: `sweep_summary.json` in the sweep dir, rewritten as each job ends
-(an interrupted sweep keeps what it did), and a table of it on the console when the sweep ends.
+"""What a multirun did, job by job: `sweep_summary.json` in the sweep dir, rewritten as each job starts
+and ends (an interrupted sweep keeps what it did, and a resume reads it: `resume.py`), each COMPLETED
+job's JobReturn kept beside it (`.job_returns/<job>.pkl`), and a table of it on the console when the
+sweep ends.
 
     [ddpw] sweep summary: 3 jobs, 2 COMPLETED, 1 FAILED (multirun/2026-11-23/10-00-00/sweep_summary.json)
       job  status     time   rank 0 returned  output dir  overrides
@@ -15,10 +17,13 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
+import pickle
 import sys
 import threading
+import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +33,14 @@ from omegaconf import DictConfig
 
 from ddpw_runtime import _compat
 from ddpw_runtime.hydra_jobs.summary import PREFIX, one_line, shown_path
+from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.payload import write_atomically
 
+log = logging.getLogger(__name__)
+
 FILE_NAME = "sweep_summary.json"
+RETURNS = ".job_returns"
+"""The sweep dir's folder of COMPLETED jobs' JobReturns (`<job>.pkl`, pickled as the job ended)."""
 _SHOWN_VALUE_CHARS = 40
 _DIGITS = 4
 """Significant digits of a float in the table."""
@@ -43,13 +53,38 @@ class JobEntry:
     job: int
     overrides: list[str]
     status: str
-    """COMPLETED, FAILED, INTERRUPTED / TERMINATED (stopped by Ctrl-C / SIGTERM), or NOT STARTED."""
+    """COMPLETED, FAILED, INTERRUPTED / TERMINATED (stopped by Ctrl-C / SIGTERM), STOPPED (by another job's
+    failure, `fail_fast`), NOT STARTED; while a job runs, RUNNING (on SLURM: SUBMITTED), which a sweep
+    whose process was killed leaves behind."""
     duration_s: float
     return_value: Any
     """Rank 0's return value: as it is when JSON can hold it, else its `repr()`; None when it failed."""
     output_dir: str
     error: str | None = None
     """Why it failed, in one line."""
+    kept: bool = False
+    """Kept from an earlier run of the sweep (`hydra.launcher.resume=true`): not run again."""
+
+
+@dataclass
+class SweepRecord:
+    """What makes a sweep's jobs, kept in the summary: a resume must have the same."""
+
+    overrides: list[str]
+    """The command line's overrides of the task config (`hydra.overrides.task`), sweeps as typed."""
+    sweeper: str
+    """The sweeper's class (`hydra.sweeper._target_`)."""
+    params: Any = field(default=None)
+    """The sweeps the config gives the sweeper (`hydra.sweeper.params`), unresolved."""
+
+    @staticmethod
+    def of(config: DictConfig) -> SweepRecord:
+        """The record of the sweep whose (master) config is `config`."""
+        from omegaconf import OmegaConf
+
+        params = OmegaConf.select(config, "hydra.sweeper.params")
+        return SweepRecord(list(config.hydra.overrides.task), str(OmegaConf.select(config, "hydra.sweeper._target_")),
+                           OmegaConf.to_container(params) if OmegaConf.is_config(params) else params)
 
 
 def entry(job: int, overrides: list[str], output_dir: Path, duration_s: float, ret: JobReturn | None,
@@ -74,27 +109,74 @@ def _as_json(value: Any) -> Any:
 
 
 class SweepSummary:
-    """The entries of one sweep's jobs, kept in `sweep_dir / FILE_NAME` (callable from any thread)."""
+    """The entries of one sweep's jobs, kept in `sweep_dir / FILE_NAME` with the sweep's record (callable
+    from any thread); `earlier`: the entries a resumed sweep starts from, each kept until its job's new one."""
 
-    def __init__(self, sweep_dir: Path) -> None:
+    def __init__(self, sweep_dir: Path, sweep: SweepRecord, earlier: list[JobEntry] | None = None) -> None:
         self.path = Path(sweep_dir) / FILE_NAME
-        self.entries: dict[int, JobEntry] = {}
+        self.sweep = sweep
+        self.entries: dict[int, JobEntry] = {e.job: e for e in earlier or []}
         self._lock = threading.Lock()
 
-    def record(self, job_entry: JobEntry) -> None:
-        """Add (or replace) a job's entry and rewrite the file, atomically."""
+    def record(self, job_entry: JobEntry, ret: JobReturn | None = None) -> None:
+        """Add (or replace) a job's entry and rewrite the file, atomically; `ret`, the JobReturn of a
+        COMPLETED job, is kept first (`kept_return` reads it back)."""
+        if ret is not None and job_entry.status == JobStatus.COMPLETED.name and not job_entry.kept:
+            self._keep(job_entry.job, ret)
         with self._lock:
             self.entries[job_entry.job] = job_entry
-            data = {"jobs": [asdict(self.entries[job]) for job in sorted(self.entries)]}
+            data = {"sweep": asdict(self.sweep), "jobs": [asdict(self.entries[job]) for job in sorted(self.entries)]}
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(self.path, (json.dumps(data, indent=1, default=repr) + "\n").encode(), 0o644)
+
+    def _keep(self, job: int, ret: JobReturn) -> None:
+        path = self.path.parent / RETURNS / f"{job}.pkl"
+        try:
+            data = pickling.dumps(ret)
+        except Exception as error:  # noqa: BLE001 - the sweep goes on; only a resume cannot keep this job
+            log.warning(f"job #{job}'s JobReturn cannot be pickled ({type(error).__name__}: {error}): a resume "
+                        "runs it again")
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, data, 0o644)
+
+    def kept_return(self, job: int) -> JobReturn | None:
+        """The JobReturn kept when job `job` COMPLETED, or None where there is none that can be read."""
+        try:
+            with open(self.path.parent / RETURNS / f"{job}.pkl", "rb") as src:
+                ret = pickle.load(src)
+        except Exception:  # noqa: BLE001 - missing, cut short, or made by code that is gone: run the job again
+            return None
+        return ret if isinstance(ret, JobReturn) else None
+
+
+def read_summary(sweep_dir: Path) -> tuple[SweepRecord, list[JobEntry]] | None:
+    """The record and job entries of the summary in `sweep_dir`, or None where there is none (or one of
+    a hydra-ddpw release before resume, without a record)."""
+    try:
+        data = json.loads((Path(sweep_dir) / FILE_NAME).read_text())
+        known = {f.name for f in fields(JobEntry)}
+        return (SweepRecord(**data["sweep"]),
+                [JobEntry(**{key: value for key, value in e.items() if key in known}) for e in data["jobs"]])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def fail_fast_line(failed: int, stopped: list[int], not_started: list[int]) -> str:
+    """The line that says job #`failed` stops the sweep (`hydra.launcher.fail_fast`): the jobs it stops
+    and those that never start."""
+    numbers = [", ".join(f"#{idx}" for idx in idxs) for idxs in (stopped, not_started)]
+    return (f"{PREFIX} job #{failed} failed (hydra.launcher.fail_fast=true): "
+            + (f"stopping job(s) {numbers[0]}; " if stopped else "")
+            + (f"not starting job(s) {numbers[1]}" if not_started else "no job left to start"))
 
 
 def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
     """The summary as the console shows it."""
     counts = Counter(str(e["status"]) for e in entries)
     jobs = f"{len(entries)} job" + ("s" if len(entries) != 1 else "")
-    tally = ", ".join(f"{count} {status}" for status, count in counts.items())
+    kept = sum(1 for e in entries if e.get("kept"))
+    tally = ", ".join(f"{count} {status}" for status, count in counts.items()) + (f" ({kept} kept)" if kept else "")
     overrides = [filter_overrides(e["overrides"]) for e in entries]
     # The overrides every job has, in the first job's order: shown once, below the table.
     rest = [set(own) for own in overrides[1:]]
@@ -105,7 +187,8 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
         shown = e["error"] if e["error"] is not None else ("" if value is None else _shown(value))
         if len(shown) > _SHOWN_VALUE_CHARS:
             shown = shown[:_SHOWN_VALUE_CHARS - 3] + "..."
-        rows.append([f"#{e['job']}", str(e["status"]), f"{e['duration_s']:.1f} s", shown,
+        status = str(e["status"]) + (" (kept)" if e.get("kept") else "")
+        rows.append([f"#{e['job']}", status, f"{e['duration_s']:.1f} s", shown,
                      shown_path(Path(e["output_dir"]), base), " ".join(o for o in own if o not in common)])
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]) - 1)]
     lines = [f"{PREFIX} sweep summary: {jobs}, {tally} ({shown_path(path, base)})"]
@@ -136,10 +219,13 @@ class PrintSweepSummary(Callback):
 
     path: Path | None = None
     """Where the summary is, until it is printed."""
+    started: float = 0.0
+    """When the multirun started: a summary not written since is an earlier run's, and not shown."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Note where the summary will be, and print it at exit should the multirun not end normally."""
         self.path = Path(str(config.hydra.sweep.dir)) / FILE_NAME
+        self.started = time.time()
         atexit.register(self.print_summary)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -153,6 +239,8 @@ class PrintSweepSummary(Callback):
             return
         atexit.unregister(self.print_summary)
         try:
+            if path.stat().st_mtime < self.started:
+                return
             entries = json.loads(path.read_text())["jobs"]
         except (OSError, ValueError, KeyError):
             return

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn
@@ -34,6 +34,12 @@ class DdpwJobReturn(JobReturn):
     def of(ret: JobReturn, rank_values: list[Any]) -> DdpwJobReturn:
         """`ret` with `rank_values`."""
         return DdpwJobReturn(**{f.name: getattr(ret, f.name) for f in fields(JobReturn)}, rank_values=rank_values)
+
+
+def raise_job_error(ret: JobReturn) -> NoReturn:
+    """Fail the sweep with the error of a FAILED JobReturn, as Hydra's sweepers do: reading its
+    `return_value` logs the job's overrides and raises the error."""
+    raise ret.return_value  # reading it raises; for a FAILED JobReturn nothing is ever returned
 
 
 def append_to_job_files() -> None:

@@ -1,6 +1,9 @@
 """Hydra side of the SLURM launcher: submit the prepared jobs (equal sbatch parameters as one job array),
 wait (polling sacct and the nodes' result files), and turn each job's node outcomes into one JobReturn. A
-manifest of the submitted jobs (`ddpw_slurm_jobs.json`) is always written; `fire_and_forget` returns then.
+manifest of the submitted jobs (`ddpw_slurm_jobs.json`) is always written as they are submitted;
+`fire_and_forget` returns then. A resumed sweep takes the jobs its earlier run submitted and never saw end
+from the manifest: it waits for those still queued or running and collects those that ended meanwhile,
+instead of submitting them again. With `fail_fast`, the first failed job cancels the others.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
@@ -22,10 +25,11 @@ from ddpw_conf.launcher import SlurmLauncherConf
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import SlurmJobError
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob, task_config
-from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry
-from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
+from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast_line
+from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
 from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.console import ConsoleEcho, console_of
+from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.supervisor import Grace
 from ddpw_runtime.slurm import outcomes as node_outcomes
 from ddpw_runtime.slurm import sbatch
@@ -34,6 +38,8 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "ddpw_slurm_jobs.json"
 """The manifest of submitted jobs (SLURM job id, output dir, node logs per job)."""
+_SUBMITTED = "SUBMITTED"
+"""A job's status in the summary from its submission until it ends."""
 _POLL_S = 0.5
 _SACCT_MIN_S, _SACCT_MAX_S = 2.0, 30.0
 _LOG_TAIL_LINES = 20
@@ -62,28 +68,72 @@ def run_jobs(
     sbatch.check_ports([(job.idx, job.platform) for job in prepared])
     folder = Path(options.submitit_folder).expanduser().absolute()
     jobs = [_Job(job, sbatch.sbatch_parameters(job.platform, options)) for job in prepared]
-    groups = _arrays(jobs)
     if options.dry_run:
-        _print_dry_run(groups, folder)
+        _print_dry_run(_arrays(jobs), folder)
         return [_return(job, JobStatus.COMPLETED, None) for job in jobs]
-    _submit(groups, hydra_context, task_function, options, folder)
-    manifest = _write_manifest(Path(str(prepared[0].config.hydra.sweep.dir)), jobs)
+    manifest = Path(str(prepared[0].config.hydra.sweep.dir)).absolute() / MANIFEST
+    ended = _earlier_submissions(jobs, folder, manifest, summary) if options.resume else {}
+    waiting = [job for job in jobs if job.prepared.idx not in ended]
+    _submit(_arrays([job for job in waiting if job.slurm is None]), hydra_context, task_function, options, folder,
+            manifest, summary)
     if options.fire_and_forget:
         log.info(f"Submitted {len(jobs)} job(s) and returning (fire_and_forget); manifest: {manifest}")
-        return [_return(job, JobStatus.COMPLETED, job.slurm.job_id) for job in jobs]
+        return [ended.get(job.prepared.idx) or _return(job, JobStatus.COMPLETED, job.slurm.job_id) for job in jobs]
     # A lone job's console ranks are echoed here while it runs, as a local run shows them.
     shown = sbatch.console_logs(jobs[0].prepared.platform, jobs[0].prepared.output_dir) if len(jobs) == 1 else {}
     echo = ConsoleEcho(shown, console_of(sys.stdout), {rank: f"[rank {rank}] " for rank in shown if len(shown) > 1})
     try:
         echo.start()
-        return _wait(jobs, summary)
+        ended.update(_wait(waiting, summary, options.fail_fast) if waiting else {})
     except KeyboardInterrupt:
-        for job in jobs:
+        for job in waiting:
             job.slurm.cancel(check=False)
-        log.error(f"Interrupted: cancelled SLURM job(s) {', '.join(job.slurm.job_id for job in jobs)}")
+            if summary.entries[job.prepared.idx].status == _SUBMITTED:
+                _record(summary, job, "INTERRUPTED")
+        log.error(f"Interrupted: cancelled SLURM job(s) {', '.join(job.slurm.job_id for job in waiting)}")
         raise SystemExit(130) from None
     finally:
         echo.stop()
+    return [ended[job.prepared.idx] for job in jobs]
+
+
+def _record(summary: SweepSummary, job: _Job, status: str) -> None:
+    """Note in `summary` that `job` is SUBMITTED, or never ended (INTERRUPTED, STOPPED, NOT STARTED)."""
+    p = job.prepared
+    summary.record(entry(p.idx, p.overrides, p.output_dir, 0.0, None, status))
+
+
+def _earlier_submissions(jobs: list[_Job], folder: Path, manifest: Path, summary: SweepSummary) -> dict[int, JobReturn]:
+    """On a resume: each of `jobs` that the earlier run submitted (its latest entry in `manifest`) and never
+    saw end (its summary says SUBMITTED: the sweep's process was killed) is SLURM's still, or ended while
+    no one was waiting. One still queued or running is attached (`slurm` set), to be waited for; what those
+    that ended COMPLETED returned is collected (and returned, by job number); the others (failed, or
+    unknown to sacct) are submitted again."""
+    import submitit
+
+    latest = {entry["job"]: entry for entry in _manifest_entries(manifest)}
+    earlier = [job for job in jobs if job.prepared.idx in latest
+               and getattr(summary.entries.get(job.prepared.idx), "status", _SUBMITTED) == _SUBMITTED]
+    for job in earlier:
+        job.slurm = submitit.SlurmJob(folder=folder, job_id=latest[job.prepared.idx]["slurm_job_id"],
+                                      tasks=tuple(range(job.prepared.platform.n_nodes)))
+    if earlier:
+        _compat.refresh_sacct(earlier[0].slurm)
+    collected: dict[int, JobReturn] = {}
+    for job in earlier:
+        p, state, ret = job.prepared, _compat.sacct_state(job.slurm), _ended(job)
+        if ret is None and state != "UNKNOWN":
+            log.info(f"#{p.idx} : {p.shown} -> waiting for SLURM job {job.slurm.job_id} ({state}), submitted by "
+                     "the earlier run".replace(" :  -> ", " : -> "))
+        elif ret is not None and ret.status is JobStatus.COMPLETED:
+            log.info(f"#{p.idx} : SLURM job {job.slurm.job_id} of the earlier run COMPLETED meanwhile: collected")
+            collected[p.idx] = ret
+            summary.record(entry(p.idx, p.overrides, p.output_dir, 0.0, ret), ret)
+        else:
+            why = "sacct does not know it" if ret is None else "it did not complete"
+            log.info(f"#{p.idx} : SLURM job {job.slurm.job_id} of the earlier run is submitted again ({why})")
+            job.slurm = None
+    return collected
 
 
 def _arrays(jobs: list[_Job]) -> list[list[_Job]]:
@@ -112,7 +162,11 @@ def _submit(
     task_function: TaskFunction,
     options: SlurmLauncherConf,
     folder: Path,
+    manifest: Path,
+    summary: SweepSummary,
 ) -> None:
+    """Submit each group (one job array each), and add its jobs to `manifest` and `summary` (SUBMITTED)
+    right after, so that a resume finds every submitted job."""
     import submitit
 
     from ddpw_runtime.slurm.node import SlurmNode
@@ -152,12 +206,19 @@ def _submit(
             log.info(f"#{p.idx} : {p.shown} -> SLURM job {slurm_job.job_id} ({p.platform.n_nodes} node(s) x "
                      f"{p.platform.ranks_per_node} rank(s), {partition}); output: {p.output_dir}"
                      .replace(" :  -> ", " : -> "))
+        _write_manifest(manifest, group)
+        for job in group:
+            _record(summary, job, _SUBMITTED)
 
 
-def _write_manifest(manifest_dir: Path, jobs: list[_Job]) -> Path:
+def _manifest_entries(path: Path) -> list[dict[str, Any]]:
+    """The jobs `path` (a manifest) lists, in the order they were submitted (none where there is none)."""
+    return list(json.loads(path.read_text())["jobs"]) if path.exists() else []
+
+
+def _write_manifest(path: Path, jobs: list[_Job]) -> None:
     """Add the submitted jobs to the manifest (a sweep may call the launcher more than once)."""
-    path = manifest_dir.absolute() / MANIFEST
-    entries = json.loads(path.read_text())["jobs"] if path.exists() else []
+    entries = _manifest_entries(path)
     entries += [
         {
             "job": job.prepared.idx,
@@ -169,14 +230,14 @@ def _write_manifest(manifest_dir: Path, jobs: list[_Job]) -> Path:
         for job in jobs
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"jobs": entries}, indent=2) + "\n")
-    return path
+    write_atomically(path, (json.dumps({"jobs": entries}, indent=2) + "\n").encode(), 0o644)
 
 
-def _wait(jobs: list[_Job], summary: SweepSummary) -> list[JobReturn]:
+def _wait(jobs: list[_Job], summary: SweepSummary, fail_fast: bool) -> dict[int, JobReturn]:
     """Wait until every job has ended: all its nodes sent their outcome of the same run, or sacct says
-    it ended (cancelled, timed out, failed, ...); what each ended with, in job order. Each is noted in
-    `summary` as it ends. Result files are checked often, sacct less and less."""
+    it ended (cancelled, timed out, failed, ...); what each ended with, by job number. Each is noted in
+    `summary` as it ends. Result files are checked often, sacct less and less. With `fail_fast`, the
+    first failed job cancels the others and its error is raised."""
     returns: dict[int, JobReturn] = {}
     pending = list(jobs)
     start = time.monotonic()
@@ -192,10 +253,24 @@ def _wait(jobs: list[_Job], summary: SweepSummary) -> list[JobReturn]:
                 pending.remove(job)
                 p = job.prepared
                 returns[p.idx] = ret
-                summary.record(entry(p.idx, p.overrides, p.output_dir, now - start, ret))
+                summary.record(entry(p.idx, p.overrides, p.output_dir, now - start, ret), ret)
+                if fail_fast and ret.status is JobStatus.FAILED:
+                    _fail_fast(p.idx, ret, pending, summary)
         if not pending:
-            return [returns[job.prepared.idx] for job in jobs]
+            return returns
         time.sleep(_POLL_S)
+
+
+def _fail_fast(failed: int, ret: JobReturn, pending: list[_Job], summary: SweepSummary) -> NoReturn:
+    """Job `failed` failed (`ret`) with `fail_fast`: cancel the `pending` jobs (those SLURM had not started
+    yet never start), and raise its error."""
+    queued = [job for job in pending if _compat.sacct_state(job.slurm).split()[0] == "PENDING"]
+    sys.stderr.write(fail_fast_line(failed, [job.prepared.idx for job in pending if job not in queued],
+                                    [job.prepared.idx for job in queued]) + "\n")
+    for job in pending:
+        job.slurm.cancel(check=False)
+        _record(summary, job, "NOT STARTED" if job in queued else "STOPPED")
+    raise_job_error(ret)
 
 
 def _ended(job: _Job) -> JobReturn | None:

@@ -7,7 +7,6 @@ each start-up, and those imports must stay cheap (no torch, no submitit).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hydra.core.utils import JobReturn
@@ -33,23 +32,27 @@ class DdpwLauncher(Launcher):
     """The sweep's summary: one for the whole sweep, whose batches come one launch at a time."""
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        """Keep what `launch` needs; from now on Ctrl-C and SIGTERM end the sweep cleanly (130, 143)."""
-        from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
+        """Keep what `launch` needs, and the sweep's summary (with `hydra.launcher.resume`, the earlier
+        run's, once checked); from now on Ctrl-C and SIGTERM end the sweep cleanly (130, 143)."""
+        from ddpw_runtime.hydra_jobs.resume import open_summary
         from ddpw_runtime.launch import signals
 
+        self.summary = open_summary(config, self.options.validate())
         signals.install()
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
-        self.summary = SweepSummary(Path(str(config.hydra.sweep.dir)))
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        """Check the options and prepare every job of the batch (nothing starts before all are checked),
-        then run them (`run_jobs`); one JobReturn per job, in order."""
+        """Check the options and prepare every job of the batch that runs (nothing starts before all are
+        checked; on a resume, jobs COMPLETED before are kept), then run them (`run_jobs`); one JobReturn
+        per job, in order."""
         from ddpw_runtime.hydra_jobs.prepare import prepare_jobs
+        from ddpw_runtime.hydra_jobs.resume import plan_launch
 
-        return self.run_jobs(prepare_jobs(self.hydra_context, self.config, job_overrides, initial_job_idx,
-                                          self.options))
+        launch = plan_launch(self.summary, job_overrides, initial_job_idx, self.options.dry_run)
+        jobs = prepare_jobs(self.hydra_context, self.config, launch.to_run, self.options)
+        return launch.returns(self.run_jobs(jobs) if jobs else [])
 
     def run_jobs(self, jobs: list[PreparedJob]) -> list[JobReturn]:
         """Run the prepared jobs (`ddpw_runtime.hydra_jobs.prepare.PreparedJob`), each noted in the

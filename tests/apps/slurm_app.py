@@ -1,5 +1,5 @@
-"""A Hydra app for the SLURM tests: every rank reports what it sees; ranks can fail, wait, or save on
-SIGTERM and resume after a restart."""
+"""A Hydra app for the SLURM tests: every rank reports what it sees; ranks can fail, wait, hold while a
+file says so, or save on SIGTERM and resume after a restart."""
 
 import json
 import os
@@ -82,6 +82,10 @@ def main(cfg: DictConfig) -> object:
             signal.pause()
     if cfg.behaviour == "checkpoint":
         return save_or_resume(rank, Path(seen["output_dir"]))
+    if cfg.behaviour == "hold":
+        (Path(seen["output_dir"]) / f"running_rank_{rank}").touch()
+        while (Path(cfg.holds) / f"hold_{HydraConfig.get().job.num}").exists():
+            time.sleep(0.05)
     dist.barrier()
     return {"rank": rank, "world_size": seen["world_size"], "lr": cfg.lr}
 

@@ -1,0 +1,119 @@
+"""A sweep and its earlier run (`hydra.launcher.resume=true`, docs/sweeps.md "Resuming a sweep"): the
+sweep's summary opened new or, on a resume, from the earlier run's `sweep_summary.json`, after checking
+that both make the same jobs; then, launch by launch (a sweeper may launch its jobs in batches), which jobs
+are kept (COMPLETED before: their JobReturn comes back as kept, they are not run) and where the others ran
+before (they run again in the same output dir).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from omegaconf import DictConfig
+
+from ddpw_conf import ConfigError
+from ddpw_conf.launcher import LauncherOptions
+from ddpw_runtime.hydra_jobs.prepare import JobToRun
+from ddpw_runtime.hydra_jobs.sweep_summary import SweepRecord, SweepSummary, read_summary
+
+log = logging.getLogger(__name__)
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+"""Hydra's basic sweeper: its jobs follow from the overrides alone, so an earlier run's can be matched."""
+_AGAIN = ("run the earlier command again with hydra.launcher.resume=true, or start a new sweep (another "
+          "hydra.sweep.dir, without resume)")
+
+
+def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
+    """The summary of the sweep whose master config is `config`: new, or with `options.resume` the earlier
+    run's in the same sweep dir, once both are known to make the same jobs (a `ConfigError` naming what
+    differs, before anything starts)."""
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    record = SweepRecord.of(config)
+    if not options.resume:
+        return SweepSummary(sweep_dir, record)
+    if record.sweeper != BASIC_SWEEPER:
+        raise ConfigError("hydra.launcher.resume", True, (
+            f"resume works with Hydra's basic sweeper, whose jobs follow from the overrides; {record.sweeper} "
+            "chooses its jobs as it goes, from the results so far, so this run's jobs cannot be matched to an "
+            "earlier run's; a sweeper with storage of its own resumes from there "
+            "(Optuna: the same hydra.sweeper.storage and hydra.sweeper.study_name, in a new hydra.sweep.dir, "
+            "without resume)"))
+    earlier = read_summary(sweep_dir)
+    if earlier is None:
+        raise ConfigError("hydra.launcher.resume", True, (
+            f"hydra.sweep.dir={sweep_dir} holds no earlier run of a sweep (no {sweep_dir / 'sweep_summary.json'} "
+            "with its record): give the sweep dir of the run to go on with (its summary names it), or run "
+            "without resume"))
+    differences = _differences(earlier[0], record)
+    if differences:
+        raise ConfigError("hydra.launcher.resume", True, (
+            f"this sweep differs from the earlier run in hydra.sweep.dir={sweep_dir}: {'; '.join(differences)}; "
+            + _AGAIN))
+    return SweepSummary(sweep_dir, record, earlier[1])
+
+
+def _differences(earlier: SweepRecord, now: SweepRecord) -> list[str]:
+    """What differs between two sweeps' records, in the user's words."""
+    found = []
+    before, after = _by_key(earlier.overrides), _by_key(now.overrides)
+    for key in sorted(set(before) | set(after), key=lambda k: [*before, *after].index(k)):
+        if before.get(key) != after.get(key):
+            found.append(f"{after.get(key, f'no {key}')} (earlier: {before.get(key, f'no {key}')})")
+    if earlier.sweeper != now.sweeper:
+        found.append(f"hydra/sweeper {now.sweeper} (earlier: {earlier.sweeper})")
+    if earlier.params != now.params:
+        found.append(f"hydra.sweeper.params {now.params} (earlier: {earlier.params})")
+    return found
+
+
+def _by_key(overrides: Sequence[str]) -> dict[str, str]:
+    """Overrides by the key they set (`+lr=0.1` and `lr=0.1` set the same key)."""
+    return {override.split("=", 1)[0].lstrip("+~"): override for override in overrides}
+
+
+@dataclass
+class Launch:
+    """One launch of a sweep: the jobs kept from the earlier run and those that run now."""
+
+    numbers: list[int]
+    """Every job of the launch, in order."""
+    kept: dict[int, JobReturn] = field(default_factory=dict)
+    to_run: list[JobToRun] = field(default_factory=list)
+
+    def returns(self, run: Sequence[JobReturn]) -> list[JobReturn]:
+        """Every job's JobReturn, in job order: the kept ones and `run`, those of `to_run` in its order."""
+        ran = dict(zip((job.idx for job in self.to_run), run, strict=True))
+        return [self.kept[idx] if idx in self.kept else ran[idx] for idx in self.numbers]
+
+
+def plan_launch(summary: SweepSummary, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
+                dry_run: bool = False) -> Launch:
+    """Which jobs of a launch are kept and which run (without a resume, every job runs). A job whose
+    overrides differ from the earlier run's job of that number refuses the launch (`ConfigError`) before
+    any of its jobs starts; each kept job gets its entry now (not in a dry run) and a line in the log."""
+    launch = Launch(list(range(initial_job_idx, initial_job_idx + len(job_overrides))))
+    for idx, overrides in zip(launch.numbers, job_overrides, strict=True):
+        before = summary.entries.get(idx)
+        if before is None:
+            launch.to_run.append(JobToRun(idx, list(overrides)))
+            continue
+        if before.overrides != list(overrides):
+            raise ConfigError("hydra.launcher.resume", True, (
+                f"job #{idx} of this sweep is '{' '.join(overrides)}', the earlier run's job #{idx} was "
+                f"'{' '.join(before.overrides)}' (the config files give another sweep); " + _AGAIN))
+        ret = summary.kept_return(idx) if before.status == JobStatus.COMPLETED.name else None
+        if ret is None:
+            if before.status == JobStatus.COMPLETED.name:
+                log.warning(f"job #{idx} COMPLETED in the earlier run, but its JobReturn cannot be read: it runs again")
+            launch.to_run.append(JobToRun(idx, list(overrides), Path(before.output_dir)))
+            continue
+        launch.kept[idx] = ret
+        log.info(f"#{idx} : {' '.join(filter_overrides(overrides))} (kept: COMPLETED in the earlier run)")
+        if not dry_run:
+            summary.record(replace(before, kept=True))
+    return launch

@@ -1,0 +1,120 @@
+"""Sweeps that go on from an earlier run (`hydra.launcher.resume=true`) and sweeps that stop at their
+first failure (`hydra.launcher.fail_fast=true`), run as a user runs them: `tests/apps/resume_app.py`
+(1-rank jobs that note each run in a shared folder) and `tests/apps/side_by_side_app.py`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import alive, run_app, start_app, wait_for
+
+pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
+
+APP = "resume_app.py"
+
+
+def summary(sweep: Path) -> dict[int, dict]:
+    """The jobs of the sweep's `sweep_summary.json`, by number."""
+    return {job["job"]: job for job in json.loads((sweep / "sweep_summary.json").read_text())["jobs"]}
+
+
+def runs(folder: Path, job: int) -> int:
+    """How many times job `job` ran."""
+    path = folder / f"ran_{job}"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def sweep_args(tmp_path: Path, *overrides: str) -> tuple[str, ...]:
+    """A 4-job sweep in `tmp_path/sw`, noting its runs in `tmp_path/runs`."""
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    return ("-m", "x=0,1,2,3", f"runs={tmp_path / 'runs'}", *overrides, f"hydra.sweep.dir={tmp_path / 'sw'}")
+
+
+def test_a_resumed_sweep_runs_only_the_job_that_failed(tmp_path: Path) -> None:
+    args = sweep_args(tmp_path, "fail_once=2")
+    first = run_app(tmp_path, *args, app=APP)
+    assert first.returncode == 1
+    assert first.stdout.index("[ddpw] job #2 FAILED") < first.stdout.index("#3 : x=3")  # reported when it fails
+    sweep = tmp_path / "sw"
+    assert {job: e["status"] for job, e in summary(sweep).items()} == {
+        0: "COMPLETED", 1: "COMPLETED", 2: "FAILED", 3: "COMPLETED"}
+    before = {job: (sweep / str(job) / ".hydra" / "config.yaml").stat().st_mtime_ns for job in (0, 1, 3)}
+
+    resumed = run_app(tmp_path, *args, "hydra.launcher.resume=true", app=APP)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [runs(tmp_path / "runs", job) for job in range(4)] == [1, 1, 2, 1]  # only job #2 ran again
+    jobs = summary(sweep)
+    assert {job: (e["status"], e["kept"], e["return_value"]) for job, e in jobs.items()} == {
+        0: ("COMPLETED", True, 0.5), 1: ("COMPLETED", True, 10.5), 2: ("COMPLETED", False, 20.5),
+        3: ("COMPLETED", True, 30.5)}
+    assert jobs[2]["output_dir"] == str(sweep / "2")  # the same job number and output dir
+    assert {job: (sweep / str(job) / ".hydra" / "config.yaml").stat().st_mtime_ns for job in (0, 1, 3)} == before
+    assert "4 jobs, 4 COMPLETED (3 kept)" in resumed.stdout
+    assert "#0 : x=0 runs=" in resumed.stdout and "(kept: COMPLETED in the earlier run)" in resumed.stdout
+
+
+def test_a_resume_of_another_sweep_is_refused_naming_what_differs(tmp_path: Path) -> None:
+    first = run_app(tmp_path, *sweep_args(tmp_path), app=APP)
+    assert first.returncode == 0, first.stderr
+    args = ("-m", "x=0,1,2", f"runs={tmp_path / 'runs'}", f"hydra.sweep.dir={tmp_path / 'sw'}",
+            "hydra.launcher.resume=true")
+    other = run_app(tmp_path, *args, app=APP)
+    assert other.returncode == 1
+    assert "hydra.launcher.resume=True: this sweep differs from the earlier run" in other.stderr
+    assert "x=0,1,2 (earlier: x=0,1,2,3)" in other.stderr
+    assert "sweep summary" not in other.stdout  # the earlier run's summary is not shown as this one's
+    assert [runs(tmp_path / "runs", job) for job in range(4)] == [1, 1, 1, 1]
+    elsewhere = run_app(tmp_path, *sweep_args(tmp_path), "hydra.sweep.dir=nowhere", "hydra.launcher.resume=true",
+                        app=APP)
+    assert elsewhere.returncode == 1 and "hydra.sweep.dir=nowhere holds no earlier run of a sweep" in elsewhere.stderr
+
+
+def test_a_sweep_killed_while_its_second_job_runs_resumes_keeping_the_first(tmp_path: Path) -> None:
+    args = sweep_args(tmp_path, "hold=1")
+    folder, sweep = tmp_path / "runs", tmp_path / "sw"
+    (folder / "hold").touch()  # job #1 holds until it is gone
+    proc = start_app(tmp_path, *args, app=APP)
+    wait_for(lambda: (folder / "holding_1").exists(), timeout=60, what="job #1 to run")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    rank = int((folder / "holding_1").read_text())
+    wait_for(lambda: not alive(rank), timeout=30, what="the killed sweep's rank to exit")
+    assert {job: e["status"] for job, e in summary(sweep).items()} == {0: "COMPLETED", 1: "RUNNING"}
+
+    (folder / "hold").unlink()
+    resumed = run_app(tmp_path, *args, "hydra.launcher.resume=true", app=APP)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [runs(folder, job) for job in range(4)] == [1, 2, 1, 1]
+    jobs = summary(sweep)
+    assert {job: (e["status"], e["kept"]) for job, e in jobs.items()} == {
+        0: ("COMPLETED", True), 1: ("COMPLETED", False), 2: ("COMPLETED", False), 3: ("COMPLETED", False)}
+    assert [e["return_value"] for e in jobs.values()] == [0.5, 10.5, 20.5, 30.5]
+    assert {line.split()[1] for line in (folder / "ran_1").read_text().splitlines()} == {str(sweep / "1")}
+
+
+def test_fail_fast_stops_the_jobs_beside_the_failed_one_and_starts_no_more(tmp_path: Path) -> None:
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    # Jobs #0 and #1 run side by side; #1 fails once both started, #0 would block for ever.
+    proc = run_app(tmp_path, "-m", "job=0,1,2", "together=2", "fail_job=1", "behaviour=block", f"meet={meet}",
+                   "hydra.sweep.dir=sw", "hydra.launcher.max_parallel_jobs=2", "hydra.launcher.fail_fast=true",
+                   app="side_by_side_app.py", timeout=90)
+    assert proc.returncode == 1
+    assert "[ddpw] job #1 failed (hydra.launcher.fail_fast=true): stopping job(s) #0; not starting job(s) #2" \
+        in proc.stderr
+    assert "ValueError: job 1 asked to fail" in proc.stderr
+    assert {job: e["status"] for job, e in summary(tmp_path / "sw").items()} == {
+        0: "STOPPED", 1: "FAILED", 2: "NOT STARTED"}
+    assert not (meet / "started_2").exists()
+
+
+def test_a_sweeper_that_chooses_its_jobs_as_it_goes_refuses_resume(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "-m", "hydra.launcher.resume=true", app="sweep_app.py")  # Optuna
+    assert proc.returncode == 1
+    assert "chooses its jobs as it goes" in proc.stderr and "hydra.sweeper.storage" in proc.stderr
+    assert not list(tmp_path.rglob(".hydra"))
