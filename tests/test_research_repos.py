@@ -151,24 +151,13 @@ def fit_lightning(devices: int | None) -> int:
     """A Lightning fit on 8 random samples; the world size the Trainer saw. `devices=None`: not given
 (an explicit value, "auto" included, wins over `PL_TRAINER_DEVICES`)."""
     import lightning as L
-    import torch
 
-    class Tiny(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 1)
-
-        def training_step(self, batch: Any, index: int) -> Any:
-            return self.layer(batch[0]).sum()
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+    from tests.lightning_tiny import Tiny, samples
 
     chosen: dict[str, Any] = {} if devices is None else {"devices": devices}
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, **chosen)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=4)
-    trainer.fit(Tiny(), data)
+    trainer.fit(Tiny(), samples())
     return int(trainer.world_size)
 
 
