@@ -131,3 +131,18 @@ def test_closing_a_rank_starter_that_does_not_die_is_bounded() -> None:
         (freezer / "freezer.state").write_text("THAWED")
         wait_for(lambda: not (freezer / "tasks").read_text().split(), timeout=10, what="the starter to go")
         freezer.rmdir()
+
+
+@pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain run", "multirun"])
+def test_a_tasks_own_sigusr1_handler_is_never_run_and_the_time_limit_still_shows_its_stack(
+        tmp_path: Path, flags: tuple) -> None:
+    """Stack dumps are asked for with a signal no task uses: a task that checkpoints on SIGUSR1 (as SLURM users
+    write) is not made to checkpoint by hydra-ddpw's time limit, and the report still shows where it was."""
+    proc = run_app(tmp_path, *flags, "behaviour=own_sigusr1_hang", "platform.timeout_min=0.03")
+    assert proc.returncode != 0
+    assert "ran past its time limit (platform.timeout_min=0.03)" in proc.stderr
+    assert f"rank 1: NOT IN THE COLLECTIVE, at misbehave ({APPS / 'app.py'}:" in proc.stderr
+    (job,) = job_dirs(tmp_path)
+    assert sorted(seen(job)) == [0, 1]
+    assert not list(job.glob("sigusr1_rank_*"))  # the task's handler never ran
+    assert leftover(seen(job)) == []

@@ -274,6 +274,11 @@ def main(cfg: DictConfig) -> object:
         report_forked_handlers(seen["output_dir"])
     if cfg.behaviour == "freeze" and seen["rank"] == cfg.fail_rank:
         freeze(cfg.freezer)
+    if cfg.behaviour == "own_sigusr1_hang":  # the task's own SIGUSR1 handler (a checkpoint on signal), then a hang
+        mark = os.path.join(seen["output_dir"], f"sigusr1_rank_{seen['rank']}")
+        signal.signal(signal.SIGUSR1, lambda *_: open(mark, "w").close())
+        if seen["rank"] == cfg.fail_rank:
+            misbehave("hang")
     odd = None
     if ddpw_runtime.rank() == cfg.fail_rank and cfg.behaviour != "ok":
         odd = misbehave(cfg.behaviour)
