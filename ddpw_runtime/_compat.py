@@ -54,6 +54,11 @@ def job_error(ret: JobReturn) -> BaseException | None:
     return ret._return_value if ret.status is JobStatus.FAILED else None
 
 
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+"""The `hydra.sweeper._target_` of Hydra's basic sweeper (`hydra/sweeper=basic`), whose jobs follow from
+the overrides alone (a resume matches them to an earlier run's). Private: the module that holds it."""
+
+
 def report_like_hydra(action: Callable[[], Any]) -> Any:
     """`action()`, whose error is reported as Hydra reports the error of a run (its message alone for a
     CompactHydraException, a trimmed traceback otherwise; HYDRA_FULL_ERROR=1 gives the full one) and

@@ -39,6 +39,14 @@ def test_job_error_reads_a_failed_return_without_raising() -> None:
     assert _compat.job_error(JobReturn(status=JobStatus.COMPLETED, _return_value=3)) is None
 
 
+def test_the_basic_sweepers_target_is_the_one_hydra_configures(hydra_restore_singletons: Any) -> None:
+    from hydra import compose, initialize
+
+    with initialize(version_base=None):
+        config = compose(return_hydra_config=True)
+    assert config.hydra.sweeper._target_ == _compat.BASIC_SWEEPER
+
+
 def test_report_like_hydra_prints_a_compact_error_alone_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert _compat.report_like_hydra(lambda: 7) == 7
 

@@ -17,13 +17,12 @@ from omegaconf import DictConfig
 
 from ddpw_conf import ConfigError
 from ddpw_conf.launcher import LauncherOptions
+from ddpw_runtime import _compat
 from ddpw_runtime.hydra_jobs.prepare import JobToRun
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepRecord, SweepSummary, read_summary
 
 log = logging.getLogger(__name__)
 
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-"""Hydra's basic sweeper: its jobs follow from the overrides alone, so an earlier run's can be matched."""
 _AGAIN = ("run the earlier command again with hydra.launcher.resume=true, or start a new sweep (another "
           "hydra.sweep.dir, without resume)")
 
@@ -36,7 +35,7 @@ def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
     record = SweepRecord.of(config)
     if not options.resume:
         return SweepSummary(sweep_dir, record)
-    if record.sweeper != BASIC_SWEEPER:
+    if record.sweeper != _compat.BASIC_SWEEPER:
         raise ConfigError("hydra.launcher.resume", True, (
             f"resume works with Hydra's basic sweeper, whose jobs follow from the overrides; {record.sweeper} "
             "chooses its jobs as it goes, from the results so far, so this run's jobs cannot be matched to an "
