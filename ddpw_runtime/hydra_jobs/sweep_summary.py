@@ -21,11 +21,10 @@ import logging
 import pickle
 import sys
 import threading
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.experimental.callback import Callback
@@ -112,8 +111,11 @@ class SweepSummary:
     """The entries of one sweep's jobs, kept in `sweep_dir / FILE_NAME` with the sweep's record (callable
     from any thread); `earlier`: the entries a resumed sweep starts from, each kept until its job's new one."""
 
+    written_here: ClassVar[set[Path]] = set()
+    """The summaries this process wrote (an earlier run's, left as it was, is not shown as this run's)."""
+
     def __init__(self, sweep_dir: Path, sweep: SweepRecord, earlier: list[JobEntry] | None = None) -> None:
-        self.path = Path(sweep_dir) / FILE_NAME
+        self.path = (Path(sweep_dir) / FILE_NAME).absolute()
         self.sweep = sweep
         self.entries: dict[int, JobEntry] = {e.job: e for e in earlier or []}
         self._lock = threading.Lock()
@@ -128,6 +130,7 @@ class SweepSummary:
             data = {"sweep": asdict(self.sweep), "jobs": [asdict(self.entries[job]) for job in sorted(self.entries)]}
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(self.path, (json.dumps(data, indent=1, default=repr) + "\n").encode(), 0o644)
+            self.written_here.add(self.path)
 
     def _keep(self, job: int, ret: JobReturn) -> None:
         path = self.path.parent / RETURNS / f"{job}.pkl"
@@ -219,13 +222,10 @@ class PrintSweepSummary(Callback):
 
     path: Path | None = None
     """Where the summary is, until it is printed."""
-    started: float = 0.0
-    """When the multirun started: a summary not written since is an earlier run's, and not shown."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Note where the summary will be, and print it at exit should the multirun not end normally."""
-        self.path = Path(str(config.hydra.sweep.dir)) / FILE_NAME
-        self.started = time.time()
+        self.path = (Path(str(config.hydra.sweep.dir)) / FILE_NAME).absolute()
         atexit.register(self.print_summary)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -233,14 +233,14 @@ class PrintSweepSummary(Callback):
         self.print_summary()
 
     def print_summary(self) -> None:
-        """Print the table of `sweep_summary.json` (once), when the launcher wrote one."""
+        """Print the table of `sweep_summary.json` (once), when the launcher wrote one in this run."""
         path, self.path = self.path, None
         if path is None:
             return
         atexit.unregister(self.print_summary)
+        if path not in SweepSummary.written_here:
+            return
         try:
-            if path.stat().st_mtime < self.started:
-                return
             entries = json.loads(path.read_text())["jobs"]
         except (OSError, ValueError, KeyError):
             return
