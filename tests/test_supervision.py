@@ -146,3 +146,36 @@ def test_a_tasks_own_sigusr1_handler_is_never_run_and_the_time_limit_still_shows
     assert sorted(seen(job)) == [0, 1]
     assert not list(job.glob("sigusr1_rank_*"))  # the task's handler never ran
     assert leftover(seen(job)) == []
+
+
+BLOCKING_CALLBACK = "+hydra.callbacks.block._target_=blocking_callback.BlocksAtJobEnd"
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["bounded", "second SIGTERM"])
+def test_a_multirun_held_by_a_callback_with_signals_blocked_ends_after_sigterm(tmp_path: Path, second: bool) -> None:
+    """A user callback blocks in `on_job_end` with SIGTERM blocked: the sweep still ends, its job process killed
+    once the interrupt grace and the kill bound have passed, or at once on a second SIGTERM."""
+    grace = "1" if not second else "600"  # a second SIGTERM does not wait for it
+    errors = tmp_path / "stderr.txt"
+    with open(errors, "w") as err_file:
+        proc = subprocess.Popen([sys.executable, str(APPS / "app.py"), "-m", BLOCKING_CALLBACK,
+                                 f"hydra.launcher.interrupt_grace_s={grace}"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=err_file, text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+    wait_for(lambda: bool(list(tmp_path.rglob("blocking"))) or proc.poll() is not None, timeout=120,
+             what="the callback to block")
+    assert proc.poll() is None, proc.communicate()
+    (marker,) = tmp_path.rglob("blocking")
+    job_process = int(marker.read_text())
+    os.kill(proc.pid, signal.SIGTERM)
+    stopping = "Terminated (SIGTERM): stopping job #0; SIGTERM again kills it at once."
+    if second:
+        wait_for(lambda: stopping in errors.read_text(), what="the sweep to pass SIGTERM on")
+        os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=60)
+    err = errors.read_text()
+    assert proc.returncode == 143, err
+    assert stopping in err
+    assert "Terminated (SIGTERM): every rank of job #0 was stopped." in err
+    assert not alive(job_process)
+    summary = json.loads((marker.parent.parent / "sweep_summary.json").read_text())
+    assert [job["status"] for job in summary["jobs"]] == ["TERMINATED"]

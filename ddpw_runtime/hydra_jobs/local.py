@@ -37,7 +37,7 @@ from ddpw_runtime.launch.engine import NodeJob, describe, gpus_available, starte
 from ddpw_runtime.launch.payload import write_private
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.starter import Inbox
-from ddpw_runtime.launch.supervisor import Grace
+from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,8 @@ class _Sweep:
         self.summary = summary
         self.running: dict[int, _Running] = {}
         self.ended: dict[int, JobEnd] = {}
+        self.killed = 0
+        """The signal whose stop this process finished by killing the job processes still running (0: none)."""
         self.failed: JobReturn | None = None
         """With `fail_fast`: the JobReturn of the job that failed first, which stops the sweep."""
         self.inbox = Inbox()
@@ -198,17 +200,18 @@ class _Sweep:
             pid = starter_for(job.platform).start_job(self.inbox, str(folder / "payload.pkl"))
             self.running[pid] = _Running(job, share, folder, time.monotonic())
 
-    def _wait_one(self) -> None:
-        """Wait until a running job ends, and note how."""
-        while (event := self.inbox.next(None)) is None:
-            pass
+    def _wait_one(self, deadline: float | None = None) -> bool:
+        """Wait until a running job ends, and note how; False when `deadline` (a `time.monotonic()`) came first."""
+        while (event := self.inbox.next(None if deadline is None else max(deadline - time.monotonic(), 0))) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
         running = self.running.pop(event.pid)
         try:
             with open(running.folder / RESULT, "rb") as src:
                 end: JobEnd = pickle.load(src)
         except (OSError, EOFError, pickle.UnpicklingError):
-            end = JobEnd(error=RuntimeError(f"the process of job #{running.job.idx} ended without a result "
-                                            f"(exit code {event.exit_code})"))
+            end = JobEnd(stopped_by=self.killed) if self.killed else JobEnd(error=RuntimeError(
+                f"the process of job #{running.job.idx} ended without a result (exit code {event.exit_code})"))
         shutil.rmtree(running.folder, ignore_errors=True)
         self.schedule.ended(running.share)
         self.ended[running.job.idx] = end
@@ -222,6 +225,7 @@ class _Sweep:
             if self.options.fail_fast and self.failed is None and end.job_return is not None and \
                     end.job_return.status is JobStatus.FAILED:
                 self._fail_fast(job, end.job_return)
+        return True
 
     def _fail_fast(self, job: PreparedJob, ret: JobReturn) -> None:
         """Job `job` failed (`ret`) with `fail_fast`: stop the jobs running beside it, start no more."""
@@ -238,16 +242,32 @@ class _Sweep:
             self.summary.record(entry(job.idx, job.overrides, job.output_dir, 0.0, None, "NOT STARTED"))
 
     def _stop_all(self, signum: int) -> None:
-        """Ctrl-C or SIGTERM: pass it on to every running job and wait until each has ended (a second
-        Ctrl-C has their ranks killed at once); one line per job; raise what ends the program."""
+        """Ctrl-C or SIGTERM: pass it on to every running job and wait until each has ended; one line per job;
+        raise what ends the program. A job process that has not ended `interrupt_grace_s` + `KILL_WAIT_S` later
+        (its ranks had their grace and their kill by then: it is held, by a callback of the user's that blocks
+        with signals blocked, say), or at a second Ctrl-C or SIGTERM, is killed, and the rank starter kills
+        what it started; it counts as stopped by `signum`. The wait after that kill is bounded too: a job
+        process that outlives it is named and left behind."""
         for pid in self.running:
             signals.send_to_group(pid, signum, group=False)
+        if self.running:
+            sys.stderr.write(signals.stopping_line(signum, sorted(r.job.idx for r in self.running.values())))
+            sys.stderr.flush()
+        deadline = time.monotonic() + self.options.interrupt_grace_s + KILL_WAIT_S
         while self.running:
             try:
-                self._wait_one()
+                if self._wait_one(deadline):
+                    continue
             except (KeyboardInterrupt, Terminated):
-                for pid in self.running:
-                    signals.send_to_group(pid, signum, group=False)
+                pass
+            if self.killed:  # killed, and still not ended after the kill bound
+                left = ", ".join(f"#{running.job.idx} (pid {pid})" for pid, running in self.running.items())
+                sys.stderr.write(f"[ddpw] the process of job {left} did not end after SIGKILL; left behind\n")
+                break
+            self.killed = signum
+            for pid in self.running:
+                signals.send_to_group(pid, signal.SIGKILL, group=False)
+            deadline = time.monotonic() + KILL_WAIT_S
         lines = [signals.stopped_line(idx, end.stopped_by) for idx, end in sorted(self.ended.items()) if end.stopped_by]
         sys.stderr.write("".join(lines) or signals.nothing_running(signum))  # (it may come as a job is started)
         self._record_not_started()

@@ -2,9 +2,9 @@
 SIGTERM held back while the controller must not be interrupted; and the handlers of a multirun's controller.
 
 From the launcher's `setup` on, Ctrl-C raises `Interrupted` (exit 130 without a traceback) and SIGTERM
-`Terminated` (exit 143; a second SIGTERM is ignored), unless the program was started ignoring it (`handle`).
-While jobs run, the launcher passes the signal on to them and says which were stopped; outside them the
-handler says so itself."""
+`Terminated` (exit 143; a second one ends what runs at once, as a second Ctrl-C does), unless the program was
+started ignoring it (`handle`). While jobs run, the launcher passes the signal on to them and says which were
+stopped; outside them the handler says so itself."""
 
 from __future__ import annotations
 
@@ -79,8 +79,8 @@ def held() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
-_state = {"jobs running": False, "terminating": False}
-"""Whether the launcher is running jobs now (it reports an interruption itself), and whether SIGTERM came."""
+_state = {"jobs running": False}
+"""Whether the launcher is running jobs now (it reports an interruption itself)."""
 
 
 def handle(signals: tuple[int, ...], handler: Callable[[int, FrameType | None], object]) -> None:
@@ -110,10 +110,6 @@ def jobs_running() -> Iterator[None]:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    if signum == signal.SIGTERM:
-        if _state["terminating"]:
-            return
-        _state["terminating"] = True
     if not _state["jobs running"]:
         sys.stderr.write(nothing_running(signum))
     raise Interrupted() if signum == signal.SIGINT else Terminated()
@@ -122,6 +118,15 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 def stopped_line(job: int, signum: int) -> str:
     """The line (for stderr) that says Ctrl-C (SIGINT) or SIGTERM stopped every rank of job #`job`."""
     return f"{_stopped_by(signum)}: every rank of job #{job} was stopped.\n"
+
+
+def stopping_line(signum: int, jobs: list[int]) -> str:
+    """The line (for stderr) that says Ctrl-C (SIGINT) or SIGTERM is stopping the jobs `jobs`, and how to
+    end them at once."""
+    again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    numbers = ", ".join(f"#{job}" for job in jobs)
+    them = "them" if len(jobs) > 1 else "it"
+    return f"{_stopped_by(signum)}: stopping job {numbers}; {again} again kills {them} at once.\n"
 
 
 def nothing_running(signum: int) -> str:
