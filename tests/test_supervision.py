@@ -179,3 +179,22 @@ def test_a_multirun_held_by_a_callback_with_signals_blocked_ends_after_sigterm(t
     assert not alive(job_process)
     summary = json.loads((marker.parent.parent / "sweep_summary.json").read_text())
     assert [job["status"] for job in summary["jobs"]] == ["TERMINATED"]
+
+
+def test_rank_0_killed_while_its_forks_live_ends_the_job_naming_it_and_its_forks_go_too(tmp_path: Path) -> None:
+    """Rank 0 of a plain run (the user's process) dies of SIGKILL, as the OOM killer does, while processes it
+    forked without exec are alive: the supervisor learns it from rank 0's own end, not when those forks end."""
+    proc = _start(tmp_path, "behaviour=fork_wait")
+    wait_for(lambda: bool(job_dirs(tmp_path)) and len(list(job_dirs(tmp_path)[0].glob("forked_rank_*.json"))) == 2
+             or proc.poll() is not None, what="every rank to fork")
+    assert proc.poll() is None, proc.communicate()
+    job = job_dirs(tmp_path)[0]
+    ranks = seen(job)
+    forks = [json.loads((job / f"forked_rank_{rank}.json").read_text()) for rank in (0, 1)]
+    os.kill(ranks[0]["pid"], signal.SIGKILL)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, err
+    assert "rank 0 failed: RankKilled: killed by SIGKILL" in out + err
+    assert "did not exit" not in out + err  # no false "left behind"
+    wait_for(lambda: not any(alive(pid) for pid in forks) and leftover(ranks) == [], timeout=10,
+             what="the forks and the ranks to end with the job")

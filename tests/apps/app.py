@@ -210,6 +210,19 @@ def linger() -> None:
     threading.Thread(target=wait_for_release, name="lingering-writer").start()
 
 
+def fork_a_sleeper(output_dir: str, rank: int) -> None:
+    """Fork a process that runs no exec and sleeps (as a DataLoader worker or a vectorised environment is), and
+    write its pid to `forked_rank_<k>.json`."""
+    pid = os.fork()
+    if pid == 0:
+        while True:
+            time.sleep(1)
+    path = os.path.join(output_dir, f"forked_rank_{rank}.json")
+    with open(path + ".tmp", "w") as out:
+        json.dump(pid, out)
+    os.replace(path + ".tmp", path)
+
+
 def report_forked_handlers(output_dir: str) -> None:
     """Fork a process (as DataLoader workers and vectorised environments are) that writes which signal
     handlers it has, and what Ctrl-C raises in it."""
@@ -274,6 +287,9 @@ def main(cfg: DictConfig) -> object:
         report_forked_handlers(seen["output_dir"])
     if cfg.behaviour == "freeze" and seen["rank"] == cfg.fail_rank:
         freeze(cfg.freezer)
+    if cfg.behaviour == "fork_wait":  # a fork without exec (a worker, an environment), then wait for a signal
+        fork_a_sleeper(seen["output_dir"], seen["rank"])
+        wait_for_signals(seen["rank"], seen["output_dir"])
     if cfg.behaviour == "own_sigusr1_hang":  # the task's own SIGUSR1 handler (a checkpoint on signal), then a hang
         mark = os.path.join(seen["output_dir"], f"sigusr1_rank_{seen['rank']}")
         signal.signal(signal.SIGUSR1, lambda *_: open(mark, "w").close())
