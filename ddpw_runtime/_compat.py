@@ -153,3 +153,23 @@ def torch_without_gpu_support() -> bool:
     except (OSError, ValueError):
         return False
     return all(re.search(rf"^{name}\s*(:[^=\n]*)?=\s*None\s*$", text, re.MULTILINE) for name in ("cuda", "hip"))
+
+
+def flight_recorder_dump() -> bytes | None:
+    """What torch's flight recorder holds of this process's collectives (the last `TORCH_FR_BUFFER_SIZE` it
+    entered, per process group: name, sequence number, state), pickled as torch's own dumps are: NCCL's recorder
+    where the default group runs NCCL, else the one gloo records into. None without a process group. Private:
+    `torch._C._distributed_c10d._dump_nccl_trace` / `_dump_fr_trace` (torch has no public dump but its debug
+    server). Fallback: None and a line on stderr (the rank's log) saying the hang report names no collectives."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    from torch._C import _distributed_c10d as c10d
+
+    name = "_dump_nccl_trace" if dist.get_backend() == "nccl" else "_dump_fr_trace"
+    dump = getattr(c10d, name, None)
+    if dump is None:
+        sys.stderr.write(f"[ddpw] this torch has no {name}: the hang report names no collectives\n")
+        return None
+    return bytes(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))

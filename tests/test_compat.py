@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,35 @@ def test_private_members_of_other_libraries_are_reached_in_compat_only() -> None
     ignores = text.split("[tool.ruff.lint.per-file-ignores]", 1)[1].split("\n[", 1)[0]
     exempt = {line.split("=")[0].strip().strip('"') for line in ignores.splitlines() if "SLF001" in line}
     assert exempt == {"ddpw_runtime/_compat.py", "tests/**"}
+
+
+_RECORDER_SCRIPT = """
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d
+
+from ddpw_runtime import _compat
+
+folder = Path(sys.argv[1])
+assert _compat.flight_recorder_dump() is None  # no process group yet
+dist.init_process_group("gloo", init_method=f"file://{folder / 'store'}", rank=0, world_size=1)
+dist.all_reduce(torch.ones(1))
+dist.barrier()
+(folder / "fr_rank_0").write_bytes(_compat.flight_recorder_dump())
+del _distributed_c10d._dump_fr_trace  # a torch without it
+assert _compat.flight_recorder_dump() is None
+"""
+
+
+def test_the_flight_recorder_of_a_gloo_group_is_dumped_and_read(tmp_path: Path) -> None:
+    from ddpw_runtime.launch.recorded import Collective, recorded_in
+
+    proc = subprocess.run([sys.executable, "-c", _RECORDER_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TORCH_FR_BUFFER_SIZE": "20"})
+    assert proc.returncode == 0, proc.stderr
+    (recorded,) = recorded_in(tmp_path, [0])
+    assert recorded.newest == Collective("barrier", 2, "0")
+    assert "[ddpw] this torch has no _dump_fr_trace: the hang report names no collectives" in proc.stderr

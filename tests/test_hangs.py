@@ -5,6 +5,7 @@ from the console and from `RankFailure`."""
 from __future__ import annotations
 
 import json
+import pickle
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 from ddpw_conf import Platform
 from ddpw_runtime import RankFailure, rank
+from ddpw_runtime.launch.recorded import Collective, Recorded, recorded_in
 from ddpw_runtime.launch.stacks import Frame, HangReport, RankPlace, from_dump, from_traceback
 from tests.helpers import APPS, job_dirs, leftover, run_app, run_ranks, seen, start_app, wait_for
 
@@ -35,18 +37,24 @@ LOAD_BATCH = _line_of('def load_batch() -> None:', 3)  # its `time.sleep(1)`
 def test_the_rank_outside_the_collective_is_named_with_where_it_was_among_3(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "behaviour=hold_up", "fail_rank=2", "platform.n_procs_per_node=3", SHORT)
     assert proc.returncode == 1, proc.stderr
-    assert "rank 2 failed: NotInCollective: ranks 0-1 waited for it in all_reduce until the collective timed " \
+    # the collective and its sequence number, from the ranks' flight recorders (the app's 2 all_reduce, then this)
+    assert "rank 2 failed: NotInCollective: ranks 0-1 waited for it in all_reduce #3 until the collective timed " \
            f"out; it was at load_batch ({APP}:{LOAD_BATCH}) <- hold_up (" in proc.stdout  # the job's summary
     assert "  rank 2: NOT IN THE COLLECTIVE (SIGTERM, exit -15)" in proc.stdout
     assert "  rank 0: waited in the collective" in proc.stdout and "  rank 1: waited in the collective" in proc.stdout
     report = proc.stderr[proc.stderr.index("where each rank was"):]
     lines = report.splitlines()
+    job = job_dirs(tmp_path)[0]
+    assert lines[0].endswith(f"; each rank's last collectives: {job.resolve()}/fr_rank_<k>:")
     assert lines[1].startswith(f"  rank 2: NOT IN THE COLLECTIVE, at load_batch ({APP}:{LOAD_BATCH}) <- hold_up (")
+    assert lines[1].endswith("; collectives: last entered all_reduce #2, not all_reduce #3")
     assert lines[2].startswith("  rank 0: waiting in all_reduce, at hold_up (")
     assert lines[3].startswith("  rank 1: waiting in all_reduce, at hold_up (")
+    assert lines[2].endswith("; collectives: last entered all_reduce #3")
+    assert lines[3].endswith("; collectives: last entered all_reduce #3")
     assert "what a waiting rank raised (secondary): rank " in report and "Timed out waiting" in report
-    job = job_dirs(tmp_path)[0]
     assert "in load_batch" in (job / "stacks_rank_2.txt").read_text()  # every thread's stack, next to its log
+    assert all((job / f"fr_rank_{k}").stat().st_size > 0 for k in range(3))  # each rank's flight recorder
     assert leftover(seen(job)) == []
 
 
@@ -191,3 +199,37 @@ def test_the_report_names_the_ranks_outside_the_collective_first() -> None:
         "rank 2: had ended",
     ]
     assert HangReport("asked", (stuck,)).culprits == []  # nobody waits: nobody holds anybody up
+
+
+def _dump(*entries: tuple[str, int, str]) -> bytes:
+    """A flight-recorder dump as torch pickles it, of collectives (name, sequence number, group)."""
+    return pickle.dumps({"version": "2.10", "entries": [
+        {"record_id": i, "process_group": (group, "default_pg" if group == "0" else "layout"),
+         "collective_seq_id": seq, "profiling_name": f"gloo:{name}", "is_p2p": False}
+        for i, (name, seq, group) in enumerate(entries)]})
+
+
+def test_a_flight_recorder_dump_is_read_as_each_groups_last_collective(tmp_path: Path) -> None:
+    (tmp_path / "fr_rank_0").write_bytes(_dump(("all_reduce", 1, "0"), ("broadcast", 1, "1"), ("barrier", 2, "0")))
+    (tmp_path / "fr_rank_1").write_bytes(b"")  # armed, never dumped
+    (tmp_path / "fr_rank_2").write_bytes(pickle.dumps(Frame("x", 1, "f")))  # names a class: not read
+    (recorded,) = recorded_in(tmp_path, range(4))
+    assert recorded.last == (Collective("broadcast", 1, "1", "layout"), Collective("barrier", 2, "0"))
+    assert str(recorded.in_group("1")) == "broadcast #1 of group layout"
+
+
+def test_the_report_names_each_ranks_last_collective_and_the_one_the_culprit_is_not_in() -> None:
+    waiting = from_dump(0, DUMP)
+    stuck = RankPlace(1, (Frame("/repo/train.py", 57, "train"),))
+    assert waiting is not None
+    recorded = (Recorded(0, (Collective("all_reduce", 12, "0"),)), Recorded(1, (Collective("barrier", 11, "0"),)))
+    report = HangReport("asked", (waiting, stuck), recorded=recorded, recorder="out/fr_rank_<k>")
+    assert report.awaited == Collective("all_reduce", 12, "0")
+    assert report.lines() == [
+        "rank 1: NOT IN THE COLLECTIVE, at train (/repo/train.py:57); collectives: last entered barrier #11, "
+        "not all_reduce #12",
+        "rank 0: waiting in all_reduce, at train (/repo/train.py:82) <- main (/repo/train.py:95); collectives: "
+        "last entered all_reduce #12",
+    ]
+    assert report.text().splitlines()[0] == "where each rank was (asked); each rank's last collectives: " \
+                                            "out/fr_rank_<k>:"

@@ -223,7 +223,7 @@ class RankZeroSide:
             self._to_log("was stopped", error)
             traceback.clear_frames(error.__traceback__)
         if self.rank is not None:
-            self.rank.leave()
+            self.rank.leave(result)
             self.rank = None
         self._no_dumps()
         self.channel.send(TaskEnded(result))

@@ -111,7 +111,7 @@ class CallerRank:
             raise
         finally:
             self._task_over.set()
-            self.rank.leave()
+            self.rank.leave(own)
             self.own = own
         return value
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ddpw_runtime.launch.console import file_size
 from ddpw_runtime.launch.payload import write_atomically
-from ddpw_runtime.launch.plan import DUMP_SIGNAL, LaunchPlan
+from ddpw_runtime.launch.plan import DUMP_SIGNAL, LaunchPlan, recorder_file, stacks_file
+from ddpw_runtime.launch.recorded import recorded_in
 from ddpw_runtime.launch.signals import send_to_group
 from ddpw_runtime.launch.stacks import HangReport, RankPlace, from_dump, read_from
 
@@ -54,12 +55,15 @@ def answer_file(log_dir: Path, node: int | str) -> Path:
 
 def take_places(plan: LaunchPlan, pids: Mapping[int, int]) -> dict[int, RankPlace]:
     """Where each running rank (`pids`: pid by rank) is now: each writes every thread's stack into its stacks file
-    (`DUMP_SIGNAL`), read back once written; a rank that wrote nothing in time is left out."""
+    (`DUMP_SIGNAL`), read back once written; a rank that wrote nothing in time is left out. A rank whose
+    flight-recorder dump exists (the rank made it when it started: it answers) dumps its recorder again."""
     files = {rank: plan.stacks_file(rank) for rank in pids}
     before = {rank: file_size(path) for rank, path in files.items()}
+    recorders = {rank: _version(plan.recorder_file(rank)) for rank in pids}
+    armed = {plan.recorder_file(rank): version for rank, version in recorders.items() if version is not None}
     for pid in pids.values():
         send_to_group(pid, DUMP_SIGNAL, group=False)
-    _wait_for_dumps(files, before)
+    _wait_for_dumps(files, before, armed)
     places = {rank: from_dump(rank, read_from(path, before[rank])) for rank, path in files.items()}
     return {rank: place for rank, place in places.items() if place is not None}
 
@@ -67,25 +71,33 @@ def take_places(plan: LaunchPlan, pids: Mapping[int, int]) -> dict[int, RankPlac
 def report_of(plan: LaunchPlan, why: str, places: Mapping[int, RankPlace]) -> HangReport:
     """The report of this node's ranks at one moment: those in `places`, the others as ended."""
     ended = tuple(rank for rank in plan.global_ranks if rank not in places)
-    return HangReport(why, tuple(places[rank] for rank in sorted(places)), stacks_of(plan), ended)
-
-
-def stacks_of(plan: LaunchPlan) -> str:
-    """Where the ranks' full stacks are, as the report names them."""
-    return str(plan.log_dir / "stacks_rank_<k>.txt")
+    return HangReport(why, tuple(places[rank] for rank in sorted(places)), str(stacks_file(plan.log_dir, "<k>")),
+                      ended, recorded_in(plan.log_dir, places), str(recorder_file(plan.log_dir, "<k>")))
 
 
 def drop_empty_stacks(plan: LaunchPlan) -> None:
-    """Remove the stacks files of this node's ranks that nothing was written to (no rank was asked)."""
+    """Remove the stacks files and flight-recorder dumps of this node's ranks that nothing was written to (no rank
+    was asked)."""
     for rank in plan.global_ranks:
-        path = plan.stacks_file(rank)
-        if path.exists() and file_size(path) == 0:
-            path.unlink(missing_ok=True)
+        for path in (plan.stacks_file(rank), plan.recorder_file(rank)):
+            if path.exists() and file_size(path) == 0:
+                path.unlink(missing_ok=True)
 
 
-def _wait_for_dumps(files: Mapping[int, Path], before: Mapping[int, int]) -> None:
+def _version(path: Path) -> tuple[int, int, int] | None:
+    """What tells one write of `path` from the next (a dump replaces the file); None when it is missing."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_ino, found.st_mtime_ns, found.st_size
+
+
+def _wait_for_dumps(files: Mapping[int, Path], before: Mapping[int, int],
+                    recorders: Mapping[Path, tuple[int, int, int]]) -> None:
     """Wait until every file in `files` grew past its size `before` and has then been quiet for
-    `_STACK_DUMP_QUIET_S` (faulthandler has written the stacks), at most `_STACK_DUMP_WAIT_S`."""
+    `_STACK_DUMP_QUIET_S` (faulthandler has written the stacks), and every flight-recorder dump in `recorders`
+    was written again (it differs from its version there), at most `_STACK_DUMP_WAIT_S`."""
     start = time.monotonic()
     last, changed_at = dict(before), start
     while time.monotonic() - start < _STACK_DUMP_WAIT_S:
@@ -94,7 +106,8 @@ def _wait_for_dumps(files: Mapping[int, Path], before: Mapping[int, int]) -> Non
         now = time.monotonic()
         if sizes != last:
             last, changed_at = sizes, now
-        elif now - changed_at >= _STACK_DUMP_QUIET_S and all(sizes[rank] > before[rank] for rank in files):
+        elif (now - changed_at >= _STACK_DUMP_QUIET_S and all(sizes[rank] > before[rank] for rank in files)
+              and all(_version(path) != version for path, version in recorders.items())):
             return
 
 

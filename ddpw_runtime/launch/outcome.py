@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpw_runtime.errors import RankFailure
+from ddpw_runtime.launch.plan import recorder_file, stacks_file
+from ddpw_runtime.launch.recorded import recorded_in
 from ddpw_runtime.launch.records import COLLECTIVE_TIMEOUT_MARKERS, RankResult
 from ddpw_runtime.launch.stacks import HangReport, RankPlace, from_traceback, rank_ranges
 
@@ -129,15 +131,19 @@ def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure
         return None
     places = tuple(place for place in (o.where() for o in sorted(outcomes, key=lambda o: o.rank)) if place)
     ended = tuple(o.rank for o in outcomes if o.where() is None)
-    stacks = str(Path(cause.log_file).parent / "stacks_rank_<k>.txt") if cause.log_file else ""
-    report = HangReport(f"rank {cause.rank}'s collective timed out", places, stacks, ended)
+    log_dir = Path(cause.log_file).parent if cause.log_file else None
+    stacks, recorder = ("", "") if log_dir is None else (
+        str(stacks_file(log_dir, "<k>")), str(recorder_file(log_dir, "<k>")))
+    recorded = () if log_dir is None else recorded_in(log_dir, (o.rank for o in outcomes))
+    report = HangReport(f"rank {cause.rank}'s collective timed out", places, stacks, ended, recorded, recorder)
     if not report.culprits:
         return None
     culprit = next(o for o in outcomes if o.rank == report.culprits[0])
     place = report.place(culprit.rank)
     assert place is not None  # a culprit was looked at
     waiting = report.waiting
-    calls = sorted({p.call for p in report.places if p.waiting and p.call})
+    awaited = report.awaited
+    calls = [str(awaited)] if awaited is not None else sorted({p.call for p in report.places if p.waiting and p.call})
     error = cause.result.error if cause.result is not None else None
     made = RankFailure(
         rank=culprit.rank,

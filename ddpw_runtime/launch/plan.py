@@ -17,6 +17,19 @@ DUMP_SIGNAL = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIG
 """What asks a rank for every thread's Python stack (faulthandler writes them to its `stacks_file`): a
 real-time signal no library uses, where there are such signals, so a task's own SIGUSR1 handler (a
 checkpoint on signal) is never run by hydra-ddpw."""
+RECORDER_PREFIX = "fr_rank_"
+"""The name of a rank's flight-recorder dump in the job's output dir, less its rank (torch's
+`TORCH_FR_DUMP_TEMP_FILE` is such a prefix)."""
+
+
+def stacks_file(log_dir: Path, rank: int | str) -> Path:
+    """Rank `rank`'s stacks file in the output dir `log_dir` (`rank` "<k>": as reports name them all)."""
+    return log_dir / f"stacks_rank_{rank}.txt"
+
+
+def recorder_file(log_dir: Path, rank: int | str) -> Path:
+    """Rank `rank`'s flight-recorder dump in the output dir `log_dir` (`rank` "<k>": as reports name them all)."""
+    return log_dir / f"{RECORDER_PREFIX}{rank}"
 
 
 @dataclass
@@ -61,7 +74,12 @@ class LaunchPlan:
     def stacks_file(self, rank: int) -> Path:
         """Where global rank `rank` writes every thread's Python stack when asked (`DUMP_SIGNAL`), next to
         its log."""
-        return self.log_dir / f"stacks_rank_{rank}.txt"
+        return stacks_file(self.log_dir, rank)
+
+    def recorder_file(self, rank: int) -> Path:
+        """Where global rank `rank`'s flight recorder (its last collectives) is dumped when its stacks are taken
+        or its collective timed out, next to its log (NCCL's own dump on a timeout goes there too)."""
+        return recorder_file(self.log_dir, rank)
 
     def one_line(self) -> str:
         """The plan in one line, as logged when a job starts."""

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from ddpw_runtime.launch.recorded import Collective, Recorded
+
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
 _DUMP_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)$')
 _TRACEBACK_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)$')
@@ -91,6 +93,10 @@ class HangReport:
     """Where every thread's full stack is (the ranks' `stacks_rank_<k>.txt`)."""
     ended: tuple[int, ...] = field(default=())
     """Ranks that had ended (nothing to look at)."""
+    recorded: tuple[Recorded, ...] = ()
+    """What the ranks' flight recorders held (their last collectives), where they were dumped."""
+    recorder: str = ""
+    """Where the ranks' flight-recorder dumps are (`fr_rank_<k>`)."""
 
     @property
     def waiting(self) -> list[int]:
@@ -108,8 +114,23 @@ class HangReport:
         """Where `rank` was, if it was looked at."""
         return next((place for place in self.places if place.rank == rank), None)
 
+    def record(self, rank: int) -> Recorded | None:
+        """What `rank`'s flight recorder held, if it was dumped."""
+        return next((recorded for recorded in self.recorded if recorded.rank == rank), None)
+
+    @property
+    def awaited(self) -> Collective | None:
+        """The collective the waiting ranks were in, by their flight recorders: the furthest that one of them
+        entered in the process group of the first one's last collective (None: no waiting rank's was dumped)."""
+        newest = [record.newest for rank in self.waiting if (record := self.record(rank)) and record.newest]
+        if not newest:
+            return None
+        return max((c for c in newest if c.group == newest[0].group), key=lambda collective: collective.seq)
+
     def lines(self) -> list[str]:
-        """One line per rank, those that held the others up first: `rank 2: NOT IN THE COLLECTIVE, at ...`."""
+        """One line per rank, those that held the others up first: `rank 2: NOT IN THE COLLECTIVE, at ...`, each
+        with the collective its flight recorder last entered when it was dumped (`; collectives: last entered
+        barrier #4, not all_reduce #5`)."""
         culprits = self.culprits
         ordered = sorted(self.places, key=lambda place: (place.rank not in culprits, place.rank))
         lines = []
@@ -120,13 +141,27 @@ class HangReport:
                 state = f"waiting in {place.call}, at"
             else:
                 state = "at"
-            lines.append(f"rank {place.rank}: {state} {place.where()}")
+            lines.append(f"rank {place.rank}: {state} {place.where()}{self._collectives(place.rank)}")
         lines += [f"rank {rank}: had ended" for rank in self.ended]
         return lines
+
+    def _collectives(self, rank: int) -> str:
+        """What `rank`'s flight recorder says, as its line ends ('' when it was not dumped)."""
+        record = self.record(rank)
+        if record is None:
+            return ""
+        awaited = self.awaited
+        last = record.newest if awaited is None else record.in_group(awaited.group)
+        text = f"; collectives: last entered {last}" if last is not None else "; collectives: none entered"
+        if awaited is not None and (last is None or last.seq < awaited.seq):
+            text += f", not {awaited}"
+        return text
 
     def text(self) -> str:
         """The report as the console shows it: what it is about, then one indented line per rank."""
         head = f"where each rank was ({self.why})" + (f"; every thread's stack: {self.stacks}" if self.stacks else "")
+        if self.recorded and self.recorder:
+            head += f"; each rank's last collectives: {self.recorder}"
         return "\n".join([head + ":", *(f"  {line}" for line in self.lines())])
 
 

@@ -26,6 +26,7 @@ from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_
 from ddpw_runtime.launch.pickling import dumps
 from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.records import RankResult
+from ddpw_runtime.rank import recorder
 from ddpw_runtime.rank.environment import rank_environment, tell_imported_libraries
 from ddpw_runtime.rank.own_process import flush_output, open_log
 from ddpw_runtime.rank.setup import leave_store, setup_rank
@@ -51,7 +52,8 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     plan = payload.plan
     rank = plan.node_rank * plan.ranks_per_node + local_rank
     _redirect_output(plan.log_file(rank), terminal)
-    faulthandler.register(DUMP_SIGNAL, file=open_log(plan.stacks_file(rank)), all_threads=True)  # where it is, asked
+    recorder.arm(plan.recorder_file(rank))  # its collectives, asked: after faulthandler's stacks (chain)
+    faulthandler.register(DUMP_SIGNAL, file=open_log(plan.stacks_file(rank)), all_threads=True, chain=True)
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held by the starter until now
         payload.state.enter({**rank_environment(plan, rank, local_rank), **payload.job_environment()})
@@ -75,6 +77,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     # The result is on disk before this rank's connections close, so when its peers fail on the
     # closed connection, the controller already knows this rank failed first.
     write_atomically(payload.result_file(rank), dumps(result))
+    recorder.after(result)  # after the result: a rank stopped meanwhile is still known to have waited
     # The process group is not torn down: the process ends now, and its end closes the group's connections.
     # Destroying it first only adds gloo's wait for its I/O threads (~20 ms with 2 ranks) to every job.
     if result.ok:

@@ -15,8 +15,12 @@ import tempfile
 from collections.abc import Container, Mapping
 from pathlib import Path
 from types import CodeType, FrameType
+from typing import TYPE_CHECKING
 
 from ddpw_runtime.launch.plan import LaunchPlan
+
+if TYPE_CHECKING:
+    from ddpw_runtime.launch.records import RankResult
 
 
 class RankInThisProcess:
@@ -52,27 +56,34 @@ class RankInThisProcess:
         try:
             import torch
 
+            from ddpw_runtime.rank import recorder
             from ddpw_runtime.rank.environment import tell_imported_libraries
             from ddpw_runtime.rank.setup import setup_rank
 
             self._saved_threads = torch.get_num_threads()
             tell_imported_libraries(0)
+            recorder.arm(self.plan.recorder_file(0), asked=False)
             setup_rank(self.plan, 0, 0, None)
         except BaseException:
             self.leave()
             raise
 
-    def leave(self) -> None:
-        """The task ended (or never ran): leave the process group and put the process back as it was. What the
-        task left in an output buffer (C's stdout is fully buffered on a file) reaches the rank's output before
-        the group goes: its peers then fail, and the console stops showing the job."""
+    def leave(self, ended: RankResult | None = None) -> None:
+        """The task ended (as `ended`, when it ran): leave the process group and put the process back as it was.
+        What the task left in an output buffer (C's stdout is fully buffered on a file) reaches the rank's output
+        before the group goes: its peers then fail, and the console stops showing the job. A collective that
+        timed out is dumped from the flight recorder first (`recorder.after`)."""
         if self._saved_fds is not None:
             flush_output()
         if self._saved_threads is not None:
             import torch
 
+            from ddpw_runtime.rank import recorder
             from ddpw_runtime.rank.setup import teardown_rank
 
+            if ended is not None:
+                recorder.after(ended)
+            recorder.arm(None)
             torch.set_num_threads(self._saved_threads)
             self._saved_threads = None
             teardown_rank()
