@@ -76,3 +76,50 @@ def test_gpu_jobs_of_a_sweep_run_side_by_side_on_gpus_of_their_own(tmp_path: Pat
     seen = {int(p.name.split("_")[1]): p.read_text() for p in meet.glob("started_*")}
     gpus = [json.loads(seen[k])["gpus"] for k in range(n + 1)]
     assert sorted(gpus[:n]) == sorted(visible_gpus(n)) and gpus[n] in visible_gpus(n)
+
+
+def _all_reduce_and_dump() -> None:
+    import torch.distributed as dist
+
+    import ddpw_runtime
+    from ddpw_runtime.rank import recorder
+
+    dist.all_reduce(torch.ones(1, device=ddpw_runtime.device()))
+    torch.cuda.synchronize()
+    recorder.dump()  # as when the supervisor takes the rank's stacks
+
+
+def test_an_nccl_groups_flight_recorder_is_dumped_and_read(tmp_path: Path) -> None:
+    from ddpw_runtime.launch.recorded import recorded_in
+
+    run_ranks(_all_reduce_and_dump, platform=Platform(device="gpu", n_gpus_per_node=1), log_dir=tmp_path)
+    (recorded,) = recorded_in(tmp_path, [0])
+    assert recorded.newest is not None and recorded.newest.name == "all_reduce", recorded
+
+
+def _held_up_by_rank_1_on_nccl() -> None:
+    import time
+
+    import torch.distributed as dist
+
+    import ddpw_runtime
+
+    if ddpw_runtime.rank() == 1:
+        while True:
+            time.sleep(1)
+    dist.all_reduce(torch.ones(1, device=ddpw_runtime.device()))
+    dist.barrier()  # waits in torch.distributed until NCCL's watchdog times the collective out
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two NCCL ranks need two GPUs")
+def test_an_nccl_hang_names_the_missing_ranks_collective_from_its_flight_recorder(tmp_path: Path) -> None:
+    from ddpw_runtime import RankFailure
+
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_held_up_by_rank_1_on_nccl, log_dir=tmp_path,
+                  platform=Platform(device="gpu", n_gpus_per_node=2, collective_timeout_min=0.05))
+    failure = info.value
+    assert (failure.rank, failure.error_type) == (1, "NotInCollective"), failure
+    assert failure.hang is not None and failure.hang.awaited is not None, failure
+    assert (tmp_path / "fr_rank_0").stat().st_size > 0  # NCCL's own dump on its timeout, in the output dir
+    assert f", not {failure.hang.awaited}" in failure.hang.lines()[0]  # rank 1's line: the collective it missed
