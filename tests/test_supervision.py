@@ -198,3 +198,22 @@ def test_rank_0_killed_while_its_forks_live_ends_the_job_naming_it_and_its_forks
     assert "did not exit" not in out + err  # no false "left behind"
     wait_for(lambda: not any(alive(pid) for pid in forks) and leftover(ranks) == [], timeout=10,
              what="the forks and the ranks to end with the job")
+
+
+@pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain run", "multirun"])
+def test_the_rank_starter_killed_leaves_no_process_of_the_job(tmp_path: Path, flags: tuple) -> None:
+    """The rank starter dies of SIGKILL (the OOM killer may pick it): its ranks die with it, and what they started,
+    in their own sessions too, is stopped by the process that supervised them."""
+    proc = _start(tmp_path, *flags, "behaviour=children_wait")
+    wait_for(lambda: bool(job_dirs(tmp_path)) and len(list(job_dirs(tmp_path)[0].glob("children_rank_*.json"))) == 2
+             or proc.poll() is not None, what="every rank to start its children")
+    assert proc.poll() is None, proc.communicate()
+    job = job_dirs(tmp_path)[0]
+    ranks = seen(job)
+    children = [pid for rank in (0, 1) for pid in json.loads((job / f"children_rank_{rank}.json").read_text())]
+    os.kill(ranks[1]["ppid"], signal.SIGKILL)  # rank 1's parent: the starter
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "rank starter" in out + err
+    wait_for(lambda: not any(alive(pid) for pid in children) and leftover(ranks) == [], timeout=15,
+             what="every process of the job to end")

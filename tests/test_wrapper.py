@@ -448,3 +448,42 @@ def test_the_next_calls_ranks_find_the_torch_modules_the_last_ones_imported(tmp_
     assert first == [False, False]  # no rank of this test session imported it before
     preloaded = _compat.torch_without_gpu_support()
     assert runner.start(import_torch_checkpointing) == [preloaded, preloaded]
+
+
+CALLER_STARTS_SLEEPS = """
+import json, os, subprocess, sys, threading
+import ddpw_runtime
+from ddpw_runtime import Platform, Wrapper
+
+def task(folder):
+    own = subprocess.Popen(["sleep", "1000"])
+    detached = subprocess.Popen(["sleep", "1001"], start_new_session=True)
+    path = os.path.join(folder, f"children_rank_{ddpw_runtime.rank()}.json")
+    with open(path + ".tmp", "w") as out:
+        json.dump([own.pid, detached.pid], out)
+    os.replace(path + ".tmp", path)
+    threading.Event().wait()
+
+if __name__ == "__main__":
+    Wrapper(Platform(n_procs_per_node=2), log_dir="logs", caller_rank=True).start(task, sys.argv[1])
+"""
+
+
+@pytest.mark.subprocess
+def test_a_caller_rank_s_caller_killed_leaves_no_process_of_the_job(tmp_path: Path) -> None:
+    """The caller of `Wrapper(caller_rank=True)`, rank 0 itself, dies of SIGKILL: what every rank started, in
+    sessions of their own too, goes with the job."""
+    import json
+
+    from tests.helpers import wait_for
+
+    (tmp_path / "train.py").write_text(CALLER_STARTS_SLEEPS)
+    caller = subprocess.Popen([sys.executable, "train.py", str(tmp_path)], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    files = [tmp_path / f"children_rank_{rank}.json" for rank in (0, 1)]
+    wait_for(lambda: all(f.exists() for f in files) or caller.poll() is not None, what="every rank's children")
+    assert caller.poll() is None, caller.communicate()
+    children = [pid for f in files for pid in json.loads(f.read_text())]
+    os.kill(caller.pid, signal.SIGKILL)
+    caller.communicate(timeout=30)
+    wait_for(lambda: not any(alive(pid) for pid in children), timeout=15, what="every process of the job to end")

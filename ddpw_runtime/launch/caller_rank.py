@@ -4,6 +4,7 @@ Ctrl-C and SIGTERM to the caller reach every rank: the caller's task gets Keyboa
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -27,9 +28,6 @@ from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack
 def check_caller_rank(platform: Platform) -> None:
     """Raise ConfigError when the caller cannot be rank 0 of `platform`."""
     why = "rank 0 runs in this process (a plain run, or Wrapper(caller_rank=True))"
-    if platform.n_nodes != 1:
-        raise ConfigError("platform.n_nodes", platform.n_nodes, f"{why}, so the job must run on this machine: use "
-                          "n_nodes=1")
     if platform.ipc_protocol != "tcp":
         raise ConfigError("platform.ipc_protocol", platform.ipc_protocol, f"{why}, which hosts the rendezvous store; "
                           "that needs the tcp rendezvous: use ipc_protocol=tcp (or start a multirun with -m, or "
@@ -69,6 +67,8 @@ class CallerRank:
     def __enter__(self) -> CallerRank:
         try:
             self._store = self.local.host_store()
+            if self._ranks.ranks:  # (a job of one rank starts no process, and has no starter to ask)
+                self._ranks.adopt(os.getpid())  # what rank 0 starts here ends with the job
             if threading.current_thread() is threading.main_thread():
                 self._saved_handlers = {sig: signal.getsignal(sig) for sig in (STOP_SIGNAL, *STOPPING_SIGNALS)}
                 signal.signal(STOP_SIGNAL, self._on_stop_signal)

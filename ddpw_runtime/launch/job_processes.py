@@ -59,10 +59,16 @@ class JobProcesses:
     Never counted as the job's: the starter and the launching process (whose environment names the job
     while its own rank runs)."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, cgroup: bool = True) -> None:
         self.key = key
-        self.cgroup = _make_cgroup()
+        self.cgroup = _make_cgroup() if cgroup else None
         self.spared = {os.getpid(), os.getppid()}
+
+    @staticmethod
+    def named(key: str) -> JobProcesses:
+        """The processes of the job `key` as found from another process than the starter that made the job's
+        cgroup (the starter died): those whose environment names the job."""
+        return JobProcesses(key, cgroup=False)
 
     def adopt(self, pid: int) -> None:
         """Put process `pid` (0: the calling one) into the job's cgroup, so what it starts from now on is

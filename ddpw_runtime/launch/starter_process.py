@@ -163,10 +163,10 @@ class _Server:
                 job.stop()
                 shutil.rmtree(key, ignore_errors=True)
 
-    def _fork(self, run: Callable[[], int]) -> int:
+    def _fork(self, run: Callable[[], int], death_signal: int = signal.SIGKILL) -> int:
         """Fork a process that calls `run` and exits with its code (reporting anything it raises); its pid.
-        The child has its own session, dies with the starter, keeps none of the starter's descriptors and
-        handlers, and starts with Ctrl-C held (it lets it through once its own handler is set)."""
+        The child has its own session, gets `death_signal` when the starter dies, keeps none of the starter's
+        descriptors and handlers, and starts with Ctrl-C held (it lets it through once its own handler is set)."""
         with blocked((signal.SIGINT,)):
             pid = os.fork()
             if pid:
@@ -177,7 +177,7 @@ class _Server:
                     signal.signal(sig, signal.SIG_DFL)
                 signal.set_wakeup_fd(-1)
                 os.setsid()
-                die_with_parent()
+                die_with_parent(death_signal)
                 if os.getppid() != self.pid:
                     os._exit(1)
                 for fd in (self.wake_r, self.wake_w, *(c.fileno() for c in self.channels)):
@@ -199,7 +199,9 @@ class _Server:
 
             return run_job_process(request.payload_path, Channel(theirs), self.pid, self.preload)
 
-        pid = self._fork(job_process)
+        # A job process that outlives this starter (killed by the OOM killer, say) gets SIGTERM: it ends as
+        # when stopped, and stops what its ranks started itself (`NodeRanks.end`).
+        pid = self._fork(job_process, signal.SIGTERM)
         theirs.close()
         self.channels.append(Channel(ours))
         return pid

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING
 from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.hangs import Watch, drop_empty_stacks, report_of, take_places
+from ddpw_runtime.launch.job_processes import JobProcesses
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.protocol import RankExited
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import held, raise_terminated, send_to_group, signal_of
 from ddpw_runtime.launch.stacks import RankPlace, shown_ranks
-from ddpw_runtime.launch.starter import Inbox
+from ddpw_runtime.launch.starter import Inbox, StarterGone
 
 if TYPE_CHECKING:
     from ddpw_runtime.launch.engine import LocalJob
@@ -76,6 +77,8 @@ class NodeRanks:
         self.local = local
         self.key = str(local.workdir)
         self.outside = outside
+        self.adopted: list[int] = []
+        """Processes started elsewhere that are the job's while it runs (`adopt`), let go when it ends."""
         self.ranks = list(ranks)
         self.console = console
         self.on_stop = on_stop
@@ -102,7 +105,7 @@ class NodeRanks:
         first = self.local.plan.global_ranks[0]
         if self.outside is not None:
             self.pids[self.outside.pid] = 0
-            self.local.starter.adopt(self.key, self.outside.pid)
+            self.adopt(self.outside.pid)
         for rank in self.ranks:
             if self.outside is not None and rank == 0:
                 continue
@@ -113,6 +116,12 @@ class NodeRanks:
                 )
                 self.console.handed_over(rank)
                 self.pids[pid] = rank
+
+    def adopt(self, pid: int) -> None:
+        """Count process `pid`, which this node did not start (rank 0 in the user's or the caller's process), as
+        one of the job's while it runs: what it starts meanwhile ends with the job; it is let go at `end`."""
+        self.local.starter.adopt(self.key, pid)
+        self.adopted.append(pid)
 
     def running(self, spare: int | None = None) -> list[int]:
         """The pids of the ranks still running, but `spare`."""
@@ -246,8 +255,13 @@ class NodeRanks:
         stacks files no rank wrote to."""
         drop_empty_stacks(self.local.plan)
         try:
-            left = self.local.starter.end_job(self.key, (self.outside.pid,) if self.outside is not None else ())
-        except RuntimeError:  # the starter is gone, and every process of the job with it
+            left = self.local.starter.end_job(self.key, tuple(self.adopted))
+        except StarterGone:  # its ranks died with it (SIGKILL at its death); what they started is stopped here
+            for pid in self.pids:
+                if pid not in self.adopted:
+                    send_to_group(pid, signal.SIGKILL)  # forks of a rank are in its process group
+            left = tuple(JobProcesses.named(self.key).stop())  # and what they started elsewhere names the job
+        except RuntimeError:  # the starter did not answer in time: it stops what it can when it ends
             return
         if left:
             log.error("processes the ranks started would not die 6 s after SIGTERM and SIGKILL (stuck in the "
