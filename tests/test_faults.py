@@ -357,6 +357,82 @@ def test_ctrl_c_right_after_the_job_starts_exits_130(tmp_path: Path, flags: tupl
     assert not jobs or leftover(seen(jobs[0])) == []
 
 
+_SWEEP_RUNS = 30
+"""How many moments the Ctrl-C sweep tries (~15 ms apart on a machine where the ranks are in their tasks 0.4 s
+after the program's imports)."""
+
+
+def _processes_under(tmp: Path) -> set[int]:
+    """The live processes whose TMPDIR is `tmp` or a folder in it: a program started with TMPDIR=`tmp`, and
+    every process of its jobs (each job's TMPDIR is its private folder there)."""
+    marker = f"TMPDIR={tmp}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and any(
+                value.startswith(marker) for value in (entry / "environ").read_bytes().split(b"\0")
+            ):
+                found.add(int(entry.name))
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    return {pid for pid in found if alive(pid)}
+
+
+def _interrupted_run(cwd: Path, tmp: Path, moment: float | None) -> tuple[int | None, float, str, float]:
+    """Run the interrupt app in `cwd` (TMPDIR `tmp`) from a shell's process group, and press Ctrl-C `moment`
+    seconds after its imports are done (None: once rank 0 is in its task). Returns the exit code (None: it was
+    still running 30 s later, and was killed), the seconds from Ctrl-C to its end, what it wrote, and the
+    seconds from its imports to the Ctrl-C."""
+    with started_with(signal.SIGINT, signal.SIG_DFL):
+        proc = subprocess.Popen(
+            [sys.executable, str(APPS / "interrupt_app.py"), "hydra.launcher.interrupt_grace_s=60"], cwd=cwd,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+            env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True,
+        )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stderr.readline()
+    imported = time.monotonic()
+    assert "imports done" in first, first + proc.communicate()[1]
+    if moment is None:
+        line = proc.stdout.readline()
+        while line and "rank 0 in its task" not in line:
+            line = proc.stdout.readline()
+    else:
+        time.sleep(moment)  # the moment of the Ctrl-C (the thing under test), not a wait for anything
+    os.killpg(proc.pid, signal.SIGINT)  # a Ctrl-C typed in the terminal reaches the whole process group
+    pressed = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, time.monotonic() - pressed, out + err, pressed - imported
+    return proc.returncode, time.monotonic() - pressed, out + err, pressed - imported
+
+
+def test_ctrl_c_at_any_moment_of_the_start_ends_the_program_at_once_and_leaves_nothing(
+    tmp_path: Path, private_tmp: Path
+) -> None:
+    """Ctrl-C swept from the end of the program's imports (before, `import torch` may swallow it, as without
+    hydra-ddpw) through the fork, the hand-over of the job and the ranks' start, to just after rank 0 is in
+    its task: every run ends within a few seconds (the ranks' task would have 60 s of grace), interrupted
+    (130) or with Python's own KeyboardInterrupt (before hydra-ddpw took over: -2), and leaves no process and
+    no private folder."""
+    runs = []
+    for k in range(-1, _SWEEP_RUNS):  # first (-1): once rank 0 is in its task, which spans the sweep
+        cwd = tmp_path / f"run_{k}"
+        cwd.mkdir()
+        code, took, shown, moment = _interrupted_run(
+            cwd, private_tmp, None if k < 0 else (runs[0][0] + 0.05) * k / _SWEEP_RUNS
+        )
+        runs.append((moment, code, took, shown))
+        wait_for(lambda: not _processes_under(private_tmp), timeout=10, what=f"every process to end ({moment:.3f} s)")
+        assert list(private_tmp.iterdir()) == [], f"{moment:.3f} s"
+    failed = [f"Ctrl-C {moment:.3f} s after the imports: exit {code} after {took:.1f} s\n{shown[-1500:]}"
+              for moment, code, took, shown in runs if code not in (130, -2) or took > 5]
+    assert not failed, "\n".join(failed)
+
+
 def test_ctrl_c_before_any_rank_starts_exits_130_with_a_message(tmp_path: Path) -> None:
     proc = start_app(tmp_path, "-m", "behaviour=wait", "+slow=1,2,3", "hydra/sweeper=basic",
                      "hydra.sweeper.max_batch_size=3", "platform.spawn_method=spawn")

@@ -180,6 +180,7 @@ class RankZeroSide:
             self.rank = RankInThisProcess(message.plan, message.env, output=output)
             try:
                 self.rank.enter()
+                Path(message.task_mark).touch(0o600)
                 return
             except BaseException as exc:  # rank 0 could not join (or was interrupted): the job's end says why
                 stopped = _stopped.is_set() or not isinstance(exc, Exception)

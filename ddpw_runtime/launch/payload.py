@@ -61,6 +61,10 @@ class RankPayload:
         """Where global rank `rank` writes its `RankResult`."""
         return Path(self.result_dir) / f"rank_{rank}.result"
 
+    def task_mark(self, rank: int) -> Path:
+        """The file global rank `rank` makes just before it calls its task: until then it is still starting."""
+        return Path(self.result_dir) / f"rank_{rank}.in_task"
+
     def job_environment(self) -> dict[str, str]:
         """The job's variables for every rank: its name (`JOB_ENV`), and its private folder as TMPDIR, so what a
         killed rank leaves there goes with the folder (the folder itself: Unix socket paths must stay short)."""

@@ -138,11 +138,13 @@ class JobStarting(NamedTuple):
 
 class RankZero(NamedTuple):
     """To rank 0's process: be rank 0 of this attempt (`plan`), with `env` added to its environment, and
-    join the job's store, which the supervisor serves. Attached: its terminal when `terminal`."""
+    join the job's store, which the supervisor serves; once joined, make the file `task_mark`
+    (`RankPayload.task_mark`). Attached: its terminal when `terminal`."""
 
     plan: LaunchPlan
     env: dict[str, str]
     terminal: bool
+    task_mark: str
 
 
 class TaskEnded(NamedTuple):

@@ -26,8 +26,8 @@ from ddpw_runtime.launch.engine import LocalJob, NodeJob, settle, starter_for, w
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import portable_pickle
-from ddpw_runtime.launch.signals import blocked, handle, send_to_group, signal_of, stopped_line
-from ddpw_runtime.launch.starter import close_starters
+from ddpw_runtime.launch.signals import blocked, handle, held, send_to_group, signal_of, stopped_line
+from ddpw_runtime.launch.starter import WAIT_SLICE_S, close_starters
 from ddpw_runtime.launch.starter_process import die_with_parent
 from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, OutsideRank, supervise
 
@@ -53,6 +53,11 @@ def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
     parent = os.getpid()
     gc.freeze()  # neither process's garbage collector copies what the program holds (~0.3 s with torch loaded)
     with blocked(_SIGNALS) as before:  # none is handled half-way through the fork
+        # One that came before the fork would be this process's alone (a fork starts with none pending): it is
+        # handled here, as without hydra-ddpw (Ctrl-C raises KeyboardInterrupt); the fork comes after.
+        while set(_SIGNALS) & signal.sigpending():
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+            signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
         pid = os.fork()
         if pid == 0:
             ours.close()
@@ -87,8 +92,9 @@ class RunSupervisor:
         self.options = options
         self.grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
         self.signal_mask = signal_mask
-        self.events: queue.SimpleQueue[JobStarting | RunEnded | None] = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[JobStarting | RunEnded | TaskEnded | None] = queue.SimpleQueue()
         """What rank 0's process said; None once it ended (`exited`)."""
+        self._watcher: threading.Thread | None = None
         self.result_file: Path | None = None
         self.ranks: NodeRanks | None = None
         """The ranks of the attempt that runs (what a second Ctrl-C or SIGTERM kills at once; its inbox
@@ -108,13 +114,13 @@ class RunSupervisor:
     def run(self) -> int:
         """Supervise the run until rank 0's process ends; the program's exit code."""
         handle(_SIGNALS, self._on_signal)  # (rank 0 ignores what this ignores; the others have groups of their own)
-        signal.pthread_sigmask(signal.SIG_SETMASK, self.signal_mask)
-        # The starter first, while this process has no thread but its own: it is then a fork of this one
-        # (torch loaded, in a CPU build), not a fresh interpreter that imports torch again.
-        starter_for(self.platform)
-        threading.Thread(target=self._watch, name="ddpw-rank-0", daemon=True).start()
         try:
-            first = self.events.get()
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.signal_mask)  # what came since the fork is handled here
+            # The starter first, while this process has no thread but its own: it is then a fork of this one
+            # (torch loaded, in a CPU build), not a fresh interpreter that imports torch again.
+            starter_for(self.platform)
+            self._watching()
+            first = self._next_event()
             if isinstance(first, JobStarting):
                 return self._after_job(self._job(first))
             return self._end_of_run()
@@ -149,8 +155,9 @@ class RunSupervisor:
         """One attempt of the job: rank 0 told to join it, the other ranks started, every rank supervised."""
         if job.restart_count:
             self.task_ended.clear()
-            self._answer(JobSettled(None, restart=True))
-            self.awaiting.set()  # rank 0 waits for the next `RankZero` now
+            with held():
+                self._answer(JobSettled(None, restart=True))
+                self.awaiting.set()  # rank 0 waits for the next `RankZero` now
         from ddpw_runtime.rank.environment import rank_environment
 
         with closing(LocalJob(starting.task, starting.state, job)) as local, local.console() as console:
@@ -158,13 +165,18 @@ class RunSupervisor:
             env = {**rank_environment(local.plan, 0, 0), **local.payload.job_environment()}
             terminal = console.terminal_of(0)
             stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
-            outside = OutsideRank(self.pid, self.sees_ctrl_c)
+            rank_zero = RankZero(local.plan, env, terminal is not None, str(local.payload.task_mark(0)))
+
+            def join() -> None:  # as the ranks start (`NodeRanks.start`)
+                with held():  # told to join, and no longer counted as waiting for an answer: both or neither
+                    self.awaiting.clear()
+                    self.channel.send(rank_zero, [terminal] if terminal else [])
+                console.handed_over(0)
+
+            outside = OutsideRank(self.pid, self.sees_ctrl_c, join)
             ranks = self.ranks = NodeRanks(local, local.plan.global_ranks, console, stores.clear, outside)
             if self.exited is not None:  # rank 0 died while the job was being prepared
                 ranks.inbox.put(RankExited(self.pid, self.exited))
-            self.awaiting.clear()
-            self.channel.send(RankZero(local.plan, env, terminal is not None), [terminal] if terminal else [])
-            console.handed_over(0)
             try:
                 outcomes = supervise(ranks)
             except (KeyboardInterrupt, Terminated) as stop:
@@ -192,14 +204,14 @@ class RunSupervisor:
 
     def _answer(self, settled: JobSettled) -> None:
         """Tell rank 0's process, which waits for it, how the job ended."""
-        self.awaiting.clear()
-        with suppress(OSError):  # it is gone
+        with held(), suppress(OSError):  # answered and no longer waiting, or neither (OSError: it is gone)
+            self.awaiting.clear()
             self.channel.send(settled)
 
     def _end_of_run(self) -> int:
         """Wait for rank 0's process to end (Hydra finishing the run); its exit code."""
         while self.exited is None:
-            event = self.events.get()
+            event = self._next_event()
             if isinstance(event, RunEnded) and event.threads:
                 sys.stderr.write(
                     f"[ddpw] every rank has ended; the program keeps running because the task left "
@@ -226,19 +238,21 @@ class RunSupervisor:
     # ------------------------------------------------------------------ interruptions outside the job
     def _interrupt_rank_zero(self, sig: int) -> int:
         """Ctrl-C or SIGTERM (`sig`): make sure every rank has it (those of a running job had it passed on
-        already), give rank 0's process the grace to end, then kill it; exit 128 + sig."""
-        if self.job_started:
-            sys.stderr.write(stopped_line(0, self.interrupted or sig))
-        if self.awaiting.is_set() and self.exited is None:  # it waits in hydra-ddpw's code: it ends there
-            self._answer(JobSettled(None, stopped=self.interrupted or sig))
-        elif self.interrupted is None and not (sig == signal.SIGINT and self.sees_ctrl_c):
-            send_to_group(self.pid, sig, group=False)
-        with suppress(KeyboardInterrupt, Terminated):  # asked again: at once
-            if not self._exited_within(self.grace.interrupt_s if len(self.received) < 2 else 0.0):
+        already), give rank 0's process the grace to end, then kill it; exit 128 + sig. Whenever rank 0 waits
+        in hydra-ddpw's code meanwhile (for its job, or to hear how it ended), it is told the job was stopped,
+        and ends there."""
+        sig = self.interrupted or sig
+        with suppress(KeyboardInterrupt, Terminated):  # asked again: at once (`_on_signal` killed it)
+            if self.job_started:
+                sys.stderr.write(stopped_line(0, sig))
+            if self.exited is None and not (self.interrupted or self.awaiting.is_set()
+                                            or sig == signal.SIGINT and self.sees_ctrl_c):
+                send_to_group(self.pid, sig, group=False)
+            if not self._exited_within(self.grace.interrupt_s if len(self.received) < 2 else 0.0, stopped=sig):
                 sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}, the program's task) did not end in the time "
                                  "it was given; killed\n")
         self._kill_rank_zero()
-        return 128 + (self.interrupted or sig)
+        return 128 + sig
 
     def _kill_rank_zero(self) -> None:
         """SIGKILL rank 0's process (what it started is the job's, stopped with it) and reap it, bounded."""
@@ -247,36 +261,55 @@ class RunSupervisor:
             sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}) did not exit {KILL_WAIT_S:.0f} s after SIGKILL "
                              "(stuck in the kernel?); left behind\n")
 
-    def _exited_within(self, seconds: float) -> bool:
-        """Wait at most `seconds` for rank 0's process to end; whether it did."""
+    def _exited_within(self, seconds: float, stopped: int | None = None) -> bool:
+        """Wait at most `seconds` for rank 0's process to end; whether it did. `stopped`: the signal that stopped
+        the run, which rank 0 hears whenever it waits for an answer."""
+        self._watching()
         end = time.monotonic() + seconds
         while self.exited is None:
+            if stopped is not None and self.awaiting.is_set():
+                self._answer(JobSettled(None, stopped=stopped))
             try:
-                self.events.get(timeout=max(0.0, end - time.monotonic()))
+                self._next_event(end)
             except queue.Empty:
                 return False
         return True
 
+    def _next_event(self, end: float = float("inf")) -> JobStarting | RunEnded | TaskEnded | None:
+        """The next of `events`, waited for until `end` (monotonic) at most (then `queue.Empty`), in slices
+        of `WAIT_SLICE_S`, so that a signal the kernel gave to another thread is handled."""
+        while True:
+            try:
+                return self.events.get(timeout=max(0.0, min(WAIT_SLICE_S, end - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() >= end:
+                    raise
+
+    def _watching(self) -> None:
+        """Start the thread that reads rank 0's channel (`_watch`), if it is not running yet."""
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="ddpw-rank-0", daemon=True)
+            self._watcher.start()
+
     # ------------------------------------------------------------------ what rank 0's process says
     def _watch(self) -> None:
-        """The thread that reads rank 0's channel: its task's end goes to the job's inbox, the rest to
-        `events`; when it ends, its exit code."""
+        """The thread that reads rank 0's channel: each message goes to `events` (its task's end to the job's
+        inbox too); when it ends, its exit code."""
         while True:
             try:
                 message, _ = self.channel.recv()
             except (EOFError, OSError):
                 break
+            if isinstance(message, (JobStarting, TaskEnded)):
+                self.awaiting.set()
             if isinstance(message, TaskEnded):
                 if message.result is not None and self.result_file is not None:
                     write_atomically(self.result_file, pickle.dumps(message.result))
                 self.task_ended.set()
-                self.awaiting.set()
                 ranks = self.ranks
                 if ranks is not None:
                     ranks.inbox.put(RankExited(self.pid, 0 if message.result is not None and message.result.ok else 1))
-            elif isinstance(message, (JobStarting, RunEnded)):
-                if isinstance(message, JobStarting):
-                    self.awaiting.set()
+            if isinstance(message, (JobStarting, RunEnded, TaskEnded)):
                 self.events.put(message)
         _, status = os.waitpid(self.pid, 0)
         self.exited = os.waitstatus_to_exitcode(status)

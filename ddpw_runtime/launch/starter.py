@@ -40,10 +40,10 @@ _CLOSE_WAIT_S = 5.0
 """How long closing a starter waits for it to exit (it kills its ranks first) before killing it, and
 then for it to vanish after SIGKILL."""
 
-_WAIT_SLICE_S = 1.0
-"""The longest single wait for a rank's exit: Python runs a signal's handler (Ctrl-C) in the main thread,
-but the kernel may hand the signal to another thread of this process, which does not end the main
-thread's wait; the handler then runs when the wait ends."""
+WAIT_SLICE_S = 1.0
+"""The longest single wait of a supervising main thread (for a rank's exit, say): Python runs a signal's
+handler (Ctrl-C) in the main thread, but the kernel may hand the signal to another thread of this process,
+which does not end the main thread's wait; the handler then runs when the wait ends."""
 
 
 class StarterGone(RuntimeError):
@@ -68,11 +68,11 @@ class Inbox:
 
     def next(self, timeout: float | None) -> RankExited | None:
         """The next exit; None when `timeout` seconds (None: no limit) pass first, a wake-up comes (the
-        caller looks at what it was asked), or `_WAIT_SLICE_S` passed. Raises StarterGone when the
+        caller looks at what it was asked), or `WAIT_SLICE_S` passed. Raises StarterGone when the
         starter died."""
         if self._gone is None:
             try:
-                item = self._items.get(timeout=_WAIT_SLICE_S if timeout is None else min(timeout, _WAIT_SLICE_S))
+                item = self._items.get(timeout=WAIT_SLICE_S if timeout is None else min(timeout, WAIT_SLICE_S))
             except queue.Empty:
                 return None
             if not isinstance(item, StarterGone):

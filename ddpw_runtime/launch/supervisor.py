@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 KILL_WAIT_S = 10.0
 """How long a rank may take to vanish after SIGKILL before it is reported as stuck and left behind."""
+STARTING_GRACE_S = 1.0
+"""How long a rank that has not reached its task yet gets to end after Ctrl-C or SIGTERM before it is killed:
+one still joining its group waits in torch's C++ code, which a signal does not end (its peers may be gone)."""
 
 
 @dataclass
@@ -58,10 +61,12 @@ class OutsideRank:
     (its process group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`: the terminal's
     Ctrl-C reaches it directly, so an interrupt is not passed on to it again. When the job is stopped it gets
     `_REPORT_S` (5 s) beyond the others' grace to end its task (through Hydra: the user's callbacks run
-    before it says its task ended)."""
+    before it says its task ended). `join`: tells it to join the job, as the ranks start (so an interruption
+    from then on stops it with them)."""
 
     pid: int
     sees_ctrl_c: bool
+    join: Callable[[], None]
 
 
 _REPORT_S = 5.0
@@ -106,6 +111,7 @@ class NodeRanks:
         if self.outside is not None:
             self.pids[self.outside.pid] = 0
             self.adopt(self.outside.pid)
+            self.outside.join()
         for rank in self.ranks:
             if self.outside is not None and rank == 0:
                 continue
@@ -135,11 +141,17 @@ class NodeRanks:
             self._requests.append(sig)
         self.inbox.wake()  # nothing once supervision is over: there is nothing left to stop
 
-    def send(self, sig: int, group: bool = True, stopping: bool = False, spare: int | None = None) -> None:
-        """Send `sig` to every running rank but `spare` (and, with `group`, to what it started); each counts as
-        stopped. `stopping`: the job is being stopped (an outside rank gets `STOP_SIGNAL`, see `OutsideRank`)."""
+    def starting(self) -> list[int]:
+        """The pids of the running ranks that have not reached their task (`RankPayload.task_mark`)."""
+        return [pid for pid in self.running() if not self.local.payload.task_mark(self.pids[pid]).exists()]
+
+    def send(self, sig: int, group: bool = True, stopping: bool = False, spare: int | None = None,
+             to: list[int] | None = None) -> None:
+        """Send `sig` to every running rank but `spare` (or to the ranks of pids `to`; and, with `group`, to
+        what it started); each counts as stopped. `stopping`: the job is being stopped (an outside rank gets
+        `STOP_SIGNAL`, see `OutsideRank`)."""
         self.signals_sent.add(sig)
-        for pid in self.running(spare):
+        for pid in self.running(spare) if to is None else to:
             self.stopped.add(self.pids[pid])
             if self.outside is None or pid != self.outside.pid:
                 send_to_group(pid, sig, group)
@@ -200,12 +212,15 @@ class NodeRanks:
         return bool(requests)
 
     def interrupt(self, sig: int) -> None:
-        """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace.interrupt_s` to finish, then
-        kill them; a second Ctrl-C kills them at once."""
+        """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace.interrupt_s` to finish (those
+        still starting, `STARTING_GRACE_S`), then kill them; a second Ctrl-C kills them at once."""
         self.console.freeze()  # what the ranks print as they stop stays in their logs
         self.send(sig)
+        start, grace = time.monotonic(), self.local.job.grace.interrupt_s
         with suppress(KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM (or a request): kill now
-            self._reap(time.monotonic() + self.local.job.grace.interrupt_s, until_asked=True)
+            self._reap(start + min(STARTING_GRACE_S, grace), until_asked=True)
+            self.send(signal.SIGKILL, to=self.starting())
+            self._reap(start + grace, until_asked=True)
         self.kill()
 
     def kill(self, spare: int | None = None) -> None:

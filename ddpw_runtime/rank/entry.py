@@ -67,6 +67,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
         configure_logging(rank)
         task: TaskCall = pickle.loads(payload.task)
         before_task = len(sys.modules)
+        payload.task_mark(rank).touch(0o600)
         value = task()
         result = RankResult.success(rank, value, _loaded_since(before_task))
     except SystemExit as exc:  # `sys.exit()` in a task: success for status 0 or None
