@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from ddpw_conf import Platform
+from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LauncherOptions, selected_options
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankStopped
@@ -79,6 +79,9 @@ def _start_run(config: DictConfig) -> RankZeroSide | None:
     options = selected_options(config.hydra.launcher)
     if options is None:
         return None
+    if options.resume:  # (`fail_fast` holds by itself: a plain run is one job, which ends the run when it fails)
+        raise ConfigError("hydra.launcher.resume", True, "a plain run is one job, not a sweep to go on with: resume a "
+                          "sweep with -m and its hydra.sweep.dir, or run again without resume")
     with hydra_config_of(config):
         platform = checked_platform(config, options)
         pin_now(config)
