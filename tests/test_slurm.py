@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,12 @@ def test_cancelled_job_is_reported_as_cancelled(slurm_env: dict[str, str], tmp_p
     proc = start_app(tmp_path, *multirun("behaviour=wait", f"hydra.run.dir={out}"), app=APP)
     try:
         wait_for(lambda: len(list(out.glob("running_rank_*"))) == 2, timeout=90, what="both ranks to run")
+        # Asked while it runs, the job on its node says where each rank is, and goes on.
+        asked = subprocess.run([sys.executable, "-m", "ddpw_runtime.launch.where", str(out)], capture_output=True,
+                               text=True, timeout=60)
+        assert asked.returncode == 0, asked.stderr
+        assert "    rank 0: " in asked.stdout and "    rank 1: " in asked.stdout
+        assert "in main" in (out / "stacks_rank_1.txt").read_text()
         (submitted,) = manifest(out)
         slurm("scancel", submitted["slurm_job_id"])
         start = time.monotonic()
