@@ -69,6 +69,18 @@ def _held_up_by_rank_1() -> None:
 
 
 @pytest.mark.subprocess
+def test_in_ddp_training_the_rank_outside_the_gradient_all_reduce_is_named_among_3(tmp_path: Path) -> None:
+    """DDP all-reduces gradients inside `backward()`, from hooks that leave no frame of torch.distributed on the
+    waiting ranks' stacks: they still count as waiting, and the rank stuck loading its batch is the cause."""
+    proc = run_app(tmp_path, "behaviour=train_held_up", "fail_rank=2", "platform.n_procs_per_node=3", SHORT)
+    assert proc.returncode == 1, proc.stderr
+    assert "rank 2 failed: NotInCollective: ranks 0-1 waited for it in all_reduce #" in proc.stdout
+    assert f"  rank 2: NOT IN THE COLLECTIVE, at load_batch ({APP}:{LOAD_BATCH}) <- train_held_up (" in proc.stderr
+    for waiting in (0, 1):
+        assert f"  rank {waiting}: waiting in backward (DDP's gradient all-reduce), at train_held_up (" in proc.stderr
+
+
+@pytest.mark.subprocess
 def test_the_failure_names_the_rank_outside_the_collective_among_2(tmp_path: Path) -> None:
     with pytest.raises(RankFailure) as info:
         run_ranks(_held_up_by_rank_1, platform=Platform(n_procs_per_node=2, collective_timeout_min=0.03),

@@ -20,6 +20,9 @@ _FRAMES_SHOWN = 3
 _COLLECTIVES = ("/torch/distributed/", "/torch/nn/parallel/distributed.py")
 """Where a rank's Python stack is when it waits for the other ranks: torch.distributed (its collectives, barrier,
 rendezvous) and DDP's own collectives."""
+_BACKWARD = ("/torch/autograd/graph.py", "_engine_run_backward")
+"""The frame (file, function) of autograd's C++ engine running `backward()`, where DDP all-reduces the gradients
+from hooks that leave no Python frame: a rank held there while a collective times out waits in that all-reduce."""
 _WRAPPER = "/torch/distributed/c10d_logger.py"
 """Where torch wraps its collectives (a frame `wrapper` outside the one the task called)."""
 _NOT_THE_USERS = (
@@ -43,8 +46,14 @@ class Frame:
 
     @property
     def in_collective(self) -> bool:
-        """Whether this frame is torch.distributed's (a collective, a barrier, the rendezvous) or DDP's."""
-        return any(part in self.file for part in _COLLECTIVES)
+        """Whether this frame is torch.distributed's (a collective, a barrier, the rendezvous) or DDP's, or
+        autograd's engine running `backward()` (DDP's gradient all-reduce)."""
+        return any(part in self.file for part in _COLLECTIVES) or self.in_backward
+
+    @property
+    def in_backward(self) -> bool:
+        """Whether this frame is autograd's engine running `backward()` (see `_BACKWARD`)."""
+        return self.file.endswith(_BACKWARD[0]) and self.function == _BACKWARD[1]
 
     @property
     def is_users(self) -> bool:
@@ -68,7 +77,9 @@ class RankPlace:
     def call(self) -> str | None:
         """The torch.distributed function the task called and waits in (`all_reduce`, `barrier`)."""
         inside = [frame for frame in self.frames if frame.in_collective and not frame.file.endswith(_WRAPPER)]
-        return inside[-1].function if inside else None
+        if not inside:
+            return None
+        return "backward (DDP's gradient all-reduce)" if inside[-1].in_backward else inside[-1].function
 
     def where(self) -> str:
         """Where the rank was, the user's frames first: `load_batch (train.py:57) <- train (train.py:80)`, then

@@ -184,6 +184,18 @@ def hold_up(holder: int) -> None:
     dist.all_reduce(torch.ones(1))
 
 
+def train_held_up(holder: int) -> None:
+    """DDP training: rank `holder` is stuck loading its third batch while the other ranks wait for it in
+    `backward()`, where DDP all-reduces the gradients (no frame of torch.distributed on their Python stacks)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    for step in range(4):
+        if step == 2 and ddpw_runtime.rank() == holder:  # (DDP's first steps also synchronise in forward)
+            load_batch()
+        model(torch.ones(2, 4)).sum().backward()
+
+
 def ignore_then_wait(sig: int) -> None:
     """Ignore `sig`, as a task that handles its own signals may, and wait for ever."""
     signal.signal(sig, signal.SIG_IGN)
@@ -281,6 +293,8 @@ def main(cfg: DictConfig) -> object:
         load_until_a_peer_fails(cfg.fail_rank)
     if cfg.behaviour == "hold_up":
         hold_up(cfg.fail_rank)
+    if cfg.behaviour == "train_held_up":
+        train_held_up(cfg.fail_rank)
     if cfg.behaviour == "all_reduce_until_a_peer_goes":
         all_reduce_until_a_peer_goes(cfg.fail_rank)
     if cfg.behaviour == "fork_report" and seen["rank"] == 0:
