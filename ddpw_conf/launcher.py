@@ -118,8 +118,11 @@ class LocalLauncherConf(LauncherOptions):
         return self
 
     def validate_platform(self, platform: Platform) -> None:
-        """Raise `ConfigError` for a (validated) platform that cannot run on this machine."""
-        platform.validate_local()
+        """Raise `ConfigError` for a (validated) platform that cannot run with these options: a job across machines
+        (`platform.n_nodes` > 1) is not started again after a failure (yet)."""
+        if platform.n_nodes > 1 and self.max_restarts:
+            raise ConfigError("hydra.launcher.max_restarts", self.max_restarts, "a job across machines "
+                              f"(platform.n_nodes={platform.n_nodes}) is not started again yet; use 0")
 
 
 # Values that end up in the sbatch script.

@@ -77,7 +77,16 @@ class Platform:
     spawn_method: str = "forkserver"
     ipc_protocol: str = "tcp"
     master_addr: str | None = None
+    """Where the ranks meet: node 0's address. None: loopback on one node; across machines, what the platform
+    the node runs on says (docs/multi-node.md)."""
     master_port: int | None = None
+    """The rendezvous port. None: a free one on one node; across machines, what the platform says, else
+    `DEFAULT_PORT` (29500, as torchrun's), which every node agrees on."""
+    node_rank: int | None = None
+    """This machine's node, in a job across machines without SLURM (0 hosts the rendezvous and decides for the
+    job). None: what the platform the node runs on says."""
+    join_timeout_min: float = 10
+    """How long the nodes of a job across machines wait for each other (torchrun's rendezvous join timeout)."""
     ipc_groups: list[list[int]] | None = field(default_factory=list)
     """Partition of the ranks into groups (`[]`: the world only); None: hydra-ddpw initialises no
     process group and the task makes its own (`init_process_group()`, as under torchrun)."""
@@ -199,13 +208,13 @@ class Platform:
             )
         return self
 
-    def validate_local(self) -> None:
-        """Raise `ConfigError` unless every rank can run on this machine (one node)."""
+    def validate_local(self, where: str = "ranks started here run on this machine only") -> None:
+        """Raise `ConfigError` unless every rank can run on this machine (one node); `where` says why not."""
         if self.n_nodes > 1:
             raise ConfigError(
                 "platform.n_nodes", self.n_nodes,
-                "ranks started here run on this machine only; use n_nodes=1, or hydra/launcher=ddpw_slurm "
-                "for several nodes",
+                f"{where}; use n_nodes=1, or a plain run (no -m) of hydra/launcher=ddpw_cpu or ddpw_gpu on every "
+                "machine (docs/multi-node.md), or hydra/launcher=ddpw_slurm for several nodes",
             )
 
     def _validate_names(self) -> None:
@@ -226,11 +235,17 @@ class Platform:
                 "platform.n_gpus_per_node", self.n_gpus_per_node,
                 "device=gpu needs at least one GPU per node; set n_gpus_per_node >= 1 or use device=cpu",
             )
-        if kind in (Device.CPU, Device.MPS) and self.n_nodes > 1:
+        if kind is Device.MPS and self.n_nodes > 1:
             raise ConfigError(
-                "platform.n_nodes", self.n_nodes, f"device={kind.value} runs on this machine only; "
-                "use n_nodes=1, or the ddpw_slurm launcher (device=slurm) for several nodes",
+                "platform.n_nodes", self.n_nodes, "device=mps runs on this machine only; use n_nodes=1, or "
+                "device=cpu or gpu across machines",
             )
+        check_int("platform.node_rank", self.node_rank, 0, " or null (what the platform the node runs on says)",
+                  optional=True)
+        if self.node_rank is not None and self.node_rank >= self.n_nodes:
+            raise ConfigError("platform.node_rank", self.node_rank,
+                              f"nodes are numbered 0..{self.n_nodes - 1} (platform.n_nodes={self.n_nodes}); use one "
+                              "of those, or null")
         if self.uses_gpus and self.ranks_per_node > self.n_gpus_per_node:
             raise ConfigError(
                 "platform.n_procs_per_node", self.n_procs_per_node,
@@ -246,7 +261,7 @@ class Platform:
                     "gets the same number of CPUs",
                 )
         check_int("platform.mem_per_node", self.mem_per_node, 0)
-        for key in ("timeout_min", "collective_timeout_min", "stall_timeout_min"):
+        for key in ("timeout_min", "collective_timeout_min", "stall_timeout_min", "join_timeout_min"):
             value = getattr(self, key)
             if key == "stall_timeout_min" and value is None:
                 continue

@@ -106,6 +106,12 @@ class SlurmJobError(CompactError, RuntimeError):
     or a node controller failed outside the ranks. The message says which, and where the logs are."""
 
 
+class NodeError(CompactError, RuntimeError):
+    """A job across machines (`platform.n_nodes` > 1 with a local launcher) could not run on all its nodes: a node
+    never joined, node 0 could not be reached, or another node stopped the job (Ctrl-C or SIGTERM there, or its
+    failure). The message names the node, and the address and port where it matters."""
+
+
 class RankStopped(Exception):
     """Raised inside a rank that runs in the caller's own process (a plain run's rank 0, or
     `Wrapper(caller_rank=True)`) when the job is stopped around it: another rank failed, or the time

@@ -85,6 +85,8 @@ TYPED = [
                  "whole milliseconds", id="collective-timeout-below-1ms"),
     pytest.param(["platform.stop_on_stall=true"], "platform.stop_on_stall", True,
                  "platform.stall_timeout_min set", id="stop_on_stall-without-stall_timeout_min"),
+    pytest.param(["platform.n_nodes=2", "platform.node_rank=1"], "platform.master_addr", None,
+                 "needs each machine's node rank and node 0's address", id="across-machines-without-node-0s-address"),
     pytest.param(["hydra.launcher.resume=true"], "hydra.launcher.resume", True,
                  "a plain run is one job, not a sweep to go on with: resume a sweep with -m", id="resume-a-plain-run"),
     pytest.param(["platform.upon_finish=raises_on_import:done"], "platform.upon_finish", "raises_on_import:done",

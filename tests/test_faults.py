@@ -470,10 +470,11 @@ def test_a_second_sigterm_still_ends_with_143(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------- refused before anything starts
-def test_a_local_launcher_refuses_several_nodes_whatever_the_device(tmp_path: Path) -> None:
-    proc = run_app(tmp_path, "platform.device=slurm", "platform.n_gpus_per_node=0", "platform.n_nodes=2")
+def test_a_local_launcher_across_machines_without_a_node_rank_is_refused(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "platform.n_nodes=2")
     assert proc.returncode == 1
-    assert "platform.n_nodes=2: ranks started here run on this machine only" in proc.stderr
+    assert "platform.node_rank=None: a job across machines (platform.n_nodes=2) needs each machine's node rank" in \
+        proc.stderr
     assert not list(tmp_path.rglob("rank_*.log"))
 
 

@@ -1,7 +1,7 @@
 """The runtime's layout rules, read off the code: which process each subpackage runs in decides what it
 may import.
 
-- The controller side (`ddpw_runtime.launch`, `.hydra_jobs`, `.slurm`, the top-level modules),
+- The controller side (`ddpw_runtime.launch`, `.hydra_jobs`, `.slurm`, `.nodes`, the top-level modules),
   `ddpw_conf` and the Hydra plugin never import torch at import time (the controller of a sweep stays
   light; Hydra imports the plugin at every start-up).
 - Rank code (`ddpw_runtime.rank`) imports only the data modules of the controller side.
@@ -77,7 +77,7 @@ def test_the_controller_side_never_imports_torch_at_import_time() -> None:
 
 
 def test_rank_code_imports_only_the_data_modules_of_the_controller_side() -> None:
-    controller = ("ddpw_runtime.launch", "ddpw_runtime.hydra_jobs", "ddpw_runtime.slurm")
+    controller = ("ddpw_runtime.launch", "ddpw_runtime.hydra_jobs", "ddpw_runtime.slurm", "ddpw_runtime.nodes")
     for path in python_files(RUNTIME / "rank"):
         used = {name for name in imported(path) if name.startswith(controller)}
         modules = {name for name in used if name in DATA_MODULES or not any(name.startswith(d) for d in DATA_MODULES)}
@@ -97,7 +97,7 @@ def test_only_the_hydra_plugin_imports_the_slurm_runtime() -> None:
 def test_a_handful_of_modules_at_the_top() -> None:
     assert {p.name for p in RUNTIME.glob("*.py")} == TOP_LEVEL
     assert {p.name for p in RUNTIME.iterdir() if p.is_dir() and not p.name.startswith("__")} == {
-        "launch", "rank", "hydra_jobs", "slurm"
+        "launch", "rank", "hydra_jobs", "slurm", "nodes"
     }
 
 

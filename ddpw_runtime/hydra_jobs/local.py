@@ -52,6 +52,9 @@ def run_jobs(
     """Run each (prepared) job of a batch as a distributed job in a job process of its own, side by side
     when their devices fit (`max_parallel_jobs`), else one after another; one JobReturn per job, in order.
     Each job's entry goes to `summary` as it ends."""
+    for job in jobs:  # before any job starts
+        with options.naming_platform_keys():
+            job.platform.validate_local("a multirun across machines is not supported yet")
     if options.dry_run:
         return [_dry_run(job) for job in jobs]
     return _Sweep(hydra_context, task_function, jobs, options, summary).run()

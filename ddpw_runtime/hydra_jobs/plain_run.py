@@ -84,6 +84,10 @@ def _start_run(config: DictConfig) -> RankZeroSide | None:
                           "sweep with -m and its hydra.sweep.dir, or run again without resume")
     with hydra_config_of(config):
         platform = checked_platform(config, options)
+        if platform.node_rank and not options.dry_run:  # another node of a job across machines: it follows node 0's
+            from ddpw_runtime.nodes.controller import follow
+
+            sys.exit(follow(platform, options))
         pin_now(config)
         if options.dry_run:
             output_dir = Path(str(config.hydra.run.dir)).absolute()
@@ -99,8 +103,11 @@ def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
     """The platform of a plain run's job config (`config`, with or without its `hydra` node), after
     every check a plain run must pass."""
     from ddpw_runtime.launch.caller_rank import check_caller_rank
+    from ddpw_runtime.nodes.environment import place_node
 
     platform = options.platform_of(config)
+    with options.naming_platform_keys():
+        platform = place_node(platform.validate())
     job_check(options, platform)
     check_caller_rank(platform)
     return platform

@@ -40,8 +40,8 @@ def check(platform: Platform, here: bool = True) -> Platform:
             raise ConfigError("platform.n_cpus_per_node", n_cpus,
                               f"this machine gives this program {cores} CPU cores; ask for at most {cores}")
         # A fixed port that is taken, or below the unprivileged range, is refused by listening on it for a
-        # moment (on a SLURM node the first node's controller does it: `rendezvous.listen`).
-        if platform.master_port is not None and platform.ipc_protocol == "tcp":
+        # moment (on a SLURM node the first node's controller does it: `rendezvous.listen`; across machines, node 0).
+        if platform.master_port is not None and platform.ipc_protocol == "tcp" and not platform.node_rank:
             rendezvous.listen(platform, None, None).close()
     if platform.upon_finish:
         resolve_callable("platform.upon_finish", platform.upon_finish)

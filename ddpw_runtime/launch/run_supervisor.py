@@ -30,6 +30,7 @@ from ddpw_runtime.launch.signals import blocked, handle, held, send_to_group, si
 from ddpw_runtime.launch.starter import WAIT_SLICE_S, close_starters
 from ddpw_runtime.launch.starter_process import die_with_parent
 from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, OutsideRank, supervise
+from ddpw_runtime.nodes.controller import Nodes
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -165,6 +166,7 @@ class RunSupervisor:
             env = {**rank_environment(local.plan, 0, 0), **local.payload.job_environment()}
             terminal = console.terminal_of(0)
             stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
+            nodes = Nodes.lead(stores[0], local, starting)  # a job across machines: the other nodes join
             rank_zero = RankZero(local.plan, env, terminal is not None, str(local.payload.task_mark(0)))
 
             def join() -> None:  # as the ranks start (`NodeRanks.start`)
@@ -174,11 +176,12 @@ class RunSupervisor:
                 console.handed_over(0)
 
             outside = OutsideRank(self.pid, self.sees_ctrl_c, join)
-            ranks = self.ranks = NodeRanks(local, local.plan.global_ranks, console, stores.clear, outside)
+            ranks = self.ranks = nodes.ranks(local, console, stores.clear, outside)
             if self.exited is not None:  # rank 0 died while the job was being prepared
                 ranks.inbox.put(RankExited(self.pid, self.exited))
             try:
-                outcomes = supervise(ranks)
+                with nodes.watching(ranks):
+                    outcomes = supervise(ranks)
             except (KeyboardInterrupt, Terminated) as stop:
                 self.interrupted = signal_of(stop)
                 raise
@@ -186,7 +189,7 @@ class RunSupervisor:
                 self.ranks = None
             if self.task_ended.is_set():  # rank 0's process goes on: its exit code is not its task's
                 outcomes[0].exit_code = None
-            settle(job, outcomes)
+            settle(job, nodes.gathered(outcomes))
 
     # ------------------------------------------------------------------ after the job
     def _after_job(self, failure: BaseException | None) -> int:

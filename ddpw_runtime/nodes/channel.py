@@ -1,0 +1,160 @@
+"""What the controllers of a job across machines say to each other, through the job's TCPStore (torch's own, served
+by node 0's controller on `master_addr:master_port`, the store the ranks use too, under keys of its own): node 0
+publishes the job (`JobSpec`), each other node says it joined, any node may stop the job (`NodeStop`, the first
+one counts), and each other node sends how its ranks ended (`NodeEnd`). Every wait is bounded. Torch is imported
+only by `NodeChannel.connect`, where a node's controller has it loaded anyway."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from ddpw_conf import Platform
+from ddpw_runtime.errors import NodeError
+from ddpw_runtime.launch import pickling
+from ddpw_runtime.launch.outcome import RankOutcome
+from ddpw_runtime.launch.process_state import ProcessState
+
+_KEY = "ddpw/nodes/"
+_POLL_S = 0.05
+
+
+@dataclass
+class JobSpec:
+    """The job as node 0 decided it, for every other node: its platform (node 0's, with the rendezvous), the task
+    (`TaskCall.pack`, with node 0's config, output dir and `${now:}`), node 0's process state (its Hydra state is
+    every rank's), what the job set in node 0's environment (`hydra.job.env_set`) and the working dir it entered
+    (`hydra.job.chdir`, else None), the output dir and the run id."""
+
+    platform: Platform
+    task: bytes
+    state: ProcessState
+    env_set: dict[str, str]
+    job_cwd: str | None
+    output_dir: str
+    run_id: str
+
+    def state_here(self, environ: dict[str, str], cwd: str, sys_path: list[str]) -> ProcessState:
+        """The state this node's ranks take on: this node's environment with what the job set on node 0, the
+        working dir the job entered there (else this node's), this node's import path, node 0's Hydra state."""
+        return ProcessState({**environ, **self.env_set}, self.job_cwd or cwd, sys_path, self.state.hydra_state)
+
+
+@dataclass(frozen=True)
+class NodeStop:
+    """Node `node` stopped the job: it got `signal` (Ctrl-C or SIGTERM), or (None) its ranks failed or reached
+    their time limit; `lost`: node 0 could no longer be reached (seen by the node that says so)."""
+
+    node: int
+    signal: int | None = None
+    lost: bool = False
+
+    def text(self) -> str:
+        """Why the job was stopped, in the words every node prints."""
+        if self.lost:
+            return "node 0 could no longer be reached (it ended, or the network between the nodes failed)"
+        if self.signal is not None:
+            what = "Ctrl-C (SIGINT)" if self.signal == signal.SIGINT else signal.Signals(self.signal).name
+            return f"node {self.node} got {what}, which ends the job on every node"
+        return f"the job was stopped on node {self.node} (a rank failed there, or its time limit passed)"
+
+
+@dataclass
+class NodeEnd:
+    """How the ranks of node `node` (> 0) ended: their outcomes, or the signal that interrupted the node, or
+    the error of its controller."""
+
+    node: int
+    ranks: list[RankOutcome] = field(default_factory=list)
+    interrupted: int | None = None
+    error: BaseException | None = None
+
+
+class NodeChannel:
+    """Node `node`'s side of the job's store `store` (node 0 serves it at `where`, `host:port`)."""
+
+    def __init__(self, store: Any, node: int, n_nodes: int, where: str) -> None:
+        self.store = store
+        self.node = node
+        self.n_nodes = n_nodes
+        self.where = where
+
+    @staticmethod
+    def connect(platform: Platform) -> NodeChannel:
+        """Node `platform.node_rank` (> 0) reaches node 0's store, trying for `platform.join_timeout_min`;
+        `NodeError` naming the address and port when it cannot."""
+        from torch.distributed import TCPStore
+
+        assert platform.master_addr is not None and platform.master_port is not None and platform.node_rank
+        where = f"{platform.master_addr}:{platform.master_port}"
+        try:
+            store = TCPStore(platform.master_addr, platform.master_port, is_master=False, wait_for_workers=False,
+                             timeout=timedelta(minutes=platform.join_timeout_min))
+        except RuntimeError as exc:  # torch's DistNetworkError / DistStoreError
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise NodeError(
+                f"node {platform.node_rank} could not reach node 0 at {where} within platform.join_timeout_min="
+                f"{platform.join_timeout_min:g} ({first}); start the same command on node 0, and check that this "
+                "machine reaches it at that address (platform.master_addr) and port (platform.master_port)"
+            ) from None
+        return NodeChannel(store, platform.node_rank, platform.n_nodes, where)
+
+    def publish(self, spec: JobSpec) -> None:
+        """Node 0: the job, for the other nodes."""
+        self.store.set(_KEY + "spec", pickling.dumps(spec))
+
+    def spec(self, timeout_min: float) -> JobSpec:
+        """The job node 0 published, waited for at most `timeout_min`; NodeError past it."""
+        try:
+            self.store.wait([_KEY + "spec"], timedelta(minutes=timeout_min))
+        except RuntimeError:
+            raise NodeError(f"node {self.node} reached node 0 at {self.where}, which did not start the job within "
+                            f"platform.join_timeout_min={timeout_min:g}") from None
+        spec: JobSpec = pickle.loads(self.store.get(_KEY + "spec"))
+        return spec
+
+    def join(self) -> None:
+        """This node has the job and starts its ranks."""
+        self.store.set(f"{_KEY}joined/{self.node}", b"1")
+
+    def missing(self, timeout_min: float) -> list[int]:
+        """Node 0: the nodes that have not joined after at most `timeout_min` (none once all have)."""
+        deadline = time.monotonic() + timeout_min * 60.0
+        while True:
+            missing = [node for node in range(1, self.n_nodes) if not self.store.check([f"{_KEY}joined/{node}"])]
+            if not missing or time.monotonic() >= deadline:
+                return missing
+            time.sleep(_POLL_S)
+
+    def stop(self, stop: NodeStop) -> None:
+        """Stop the job on every node, unless another node stopped it first."""
+        self.store.compare_set(_KEY + "stop", "", pickling.dumps(stop))  # set only where not set yet
+
+    def stopped(self) -> NodeStop | None:
+        """Who stopped the job, once one has (a node that lost node 0 finds `lost`)."""
+        try:
+            if not self.store.check([_KEY + "stop"]):
+                return None
+            stop: NodeStop = pickle.loads(self.store.get(_KEY + "stop"))
+        except RuntimeError:  # the store is gone with node 0
+            return NodeStop(0, lost=True)
+        return stop
+
+    def end(self, end: NodeEnd) -> None:
+        """A node's end, for node 0 (nothing when node 0 is gone)."""
+        try:
+            self.store.set(f"{_KEY}end/{end.node}", pickling.dumps(end))
+        except RuntimeError:
+            pass
+
+    def ends(self, timeout_s: float) -> dict[int, NodeEnd]:
+        """Node 0: the other nodes' ends, waited for at most `timeout_s` (those that came by then)."""
+        deadline = time.monotonic() + timeout_s
+        keys = {node: f"{_KEY}end/{node}" for node in range(1, self.n_nodes)}
+        while not self.store.check(list(keys.values())) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        return {node: pickle.loads(self.store.get(key)) for node, key in keys.items() if self.store.check([key])}

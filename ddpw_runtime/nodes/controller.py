@@ -1,0 +1,212 @@
+"""Each node's controller in a job across machines without SLURM (docs/multi-node.md). Node 0's is a plain run's
+supervisor: it publishes the job it prepared (`Nodes.lead`), waits (bounded) for the other nodes to join, runs its
+ranks and gathers every node's end (`Nodes.gathered`), so the root cause across nodes is found by the one rule
+(`launch/outcome.py`) and shown on node 0's console. Every other node runs the same command; its controller never
+runs Hydra's job: it follows node 0's (`follow`), running its ranks with node 0's spec. On every node a stop
+(a failure, Ctrl-C, SIGTERM) is published in the job's store, and a watcher thread stops the ranks of every other
+node when it sees one."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import closing, contextmanager, nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddpw_conf import Platform
+from ddpw_conf.launcher import LauncherOptions
+from ddpw_runtime.errors import NodeError, Terminated
+from ddpw_runtime.launch.console import ConsoleRanks
+from ddpw_runtime.launch.outcome import RankOutcome, root_cause
+from ddpw_runtime.launch.records import portable
+from ddpw_runtime.launch.signals import held, signal_of
+from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, OutsideRank, supervise
+from ddpw_runtime.nodes.channel import JobSpec, NodeChannel, NodeEnd, NodeStop
+
+if TYPE_CHECKING:
+    from ddpw_runtime.launch.engine import LocalJob
+    from ddpw_runtime.launch.protocol import JobStarting
+
+_WATCH_S = 0.1
+"""How often each node's watcher looks for a stop from another node."""
+_END_MARGIN_S = 10.0
+"""What node 0 waits for the other nodes' ends beyond their grace and kill bound."""
+_PUBLISH_TRIES = 3
+"""How often a node tries to publish its interruption when more Ctrl-C or SIGTERM cut the try short."""
+"""What node 0 waits for the other nodes' ends beyond their grace and kill bound."""
+
+
+class _RanksOfANode(NodeRanks):
+    """A node's ranks in a job across machines: an interruption here (Ctrl-C, SIGTERM) is published first, so
+    every other node stops its ranks too."""
+
+    def __init__(self, nodes: Nodes, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.nodes = nodes
+
+    def interrupt(self, sig: int) -> None:
+        """Publish the stop, whole, then pass `sig` on to this node's ranks (see `NodeRanks.interrupt`); a second
+        Ctrl-C or SIGTERM meanwhile kills them at once, as it does there."""
+        again = False
+        for _ in range(_PUBLISH_TRIES):
+            try:
+                with held():
+                    self.nodes.stop(NodeStop(self.local.plan.node_rank, sig))
+                break
+            except (KeyboardInterrupt, Terminated):  # it came before `held` took the signals
+                again = True
+        if not again:
+            super().interrupt(sig)
+            return
+        self.send(sig)
+        self.kill()
+
+
+class Nodes:
+    """This node's part in a job's nodes: nothing for a job of one node (`channel` None)."""
+
+    def __init__(self, channel: NodeChannel | None, grace: Grace) -> None:
+        self.channel = channel
+        self.grace = grace
+        self.seen: NodeStop | None = None
+        """The stop another node published, once this node's watcher saw it."""
+
+    @staticmethod
+    def lead(store: Any, local: LocalJob, starting: JobStarting) -> Nodes:
+        """Node 0 of `local`'s job (its store `store`, its rank 0 `starting`): publish the job and wait for the
+        other nodes, at most `platform.join_timeout_min`; NodeError naming those that never joined."""
+        plan = local.plan
+        platform = plan.platform
+        if platform.n_nodes == 1:
+            return Nodes(None, local.job.grace)
+        channel = NodeChannel(store, 0, platform.n_nodes, f"{plan.master_addr}:{plan.master_port}")
+        env = starting.state.env
+        channel.publish(JobSpec(
+            platform, starting.task, starting.state, {k: v for k, v in env.items() if os.environ.get(k) != v},
+            starting.state.cwd if starting.state.cwd != os.getcwd() else None, starting.log_dir, plan.run_id,
+        ))
+        missing = channel.missing(platform.join_timeout_min)
+        if missing:
+            channel.stop(NodeStop(0))
+            raise NodeError(
+                f"node(s) {', '.join(map(str, missing))} of {platform.n_nodes} never joined within "
+                f"platform.join_timeout_min={platform.join_timeout_min:g} (node 0 waited at {channel.where}): start "
+                "the same command on each machine (its platform.node_rank, or its platform's variables, saying "
+                "which node it is), and check that it reaches this address and port"
+            )
+        return Nodes(channel, local.job.grace)
+
+    def ranks(self, local: LocalJob, console: ConsoleRanks, on_stop: Any = lambda: None,
+              outside: OutsideRank | None = None) -> NodeRanks:
+        """This node's ranks of `local` (see `NodeRanks`); across nodes, a stop here is published."""
+        if self.channel is None:
+            return NodeRanks(local, local.plan.global_ranks, console, on_stop, outside)
+        node = local.plan.node_rank
+
+        def stopping() -> None:
+            on_stop()
+            self.stop(NodeStop(node))
+
+        return _RanksOfANode(self, local, local.plan.global_ranks, console, stopping, outside)
+
+    def stop(self, stop: NodeStop) -> None:
+        """Publish `stop` (unless this node stops only because another did)."""
+        if self.channel is not None and self.seen is None:
+            self.channel.stop(stop)
+
+    @contextmanager
+    def watching(self, ranks: NodeRanks) -> Iterator[None]:
+        """While the block runs, a thread stops `ranks` when another node stops the job."""
+        channel = self.channel
+        if channel is None:
+            with nullcontext():
+                yield
+            return
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(_WATCH_S):
+                stop = channel.stopped()
+                if stop is not None and stop.node != channel.node:
+                    self.seen = stop
+                    ranks.request_stop()
+                    return
+                if stop is not None:
+                    return
+
+        watcher = threading.Thread(target=watch, name="ddpw-nodes", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join(timeout=5.0)
+
+    def gathered(self, outcomes: list[RankOutcome]) -> list[RankOutcome]:
+        """Node 0, after its ranks ended (`outcomes`): every node's outcomes, in rank order, once each other node
+        sent its end (waited for at most their grace, kill bound and a margin). NodeError when a node was
+        interrupted, its controller failed, or it sent nothing while every rank here returned."""
+        if self.channel is None:
+            return outcomes
+        ends = self.channel.ends(self.grace.interrupt_s + KILL_WAIT_S + _END_MARGIN_S)
+        for end in ends.values():
+            if end.interrupted is not None:
+                raise NodeError(NodeStop(end.node, end.interrupted).text())
+        every = sorted([*outcomes, *(o for end in ends.values() for o in end.ranks)], key=lambda o: o.rank)
+        cause = root_cause(every)
+        if cause is not None and not cause.is_secondary:  # a rank's own failure, on any node
+            return every
+        errors = [end.error for end in ends.values() if end.error is not None]
+        if errors:
+            raise errors[0]
+        missing = [node for node in range(1, self.channel.n_nodes) if node not in ends]
+        if missing:
+            raise NodeError(f"node(s) {', '.join(map(str, missing))} sent no end of their ranks (their controller "
+                            "ended, or lost node 0)")
+        return every
+
+
+def follow(platform: Platform, options: LauncherOptions) -> int:
+    """Node `platform.node_rank` (> 0, placed by `place_node`) of a job across machines: reach node 0, take the job
+    it publishes, run this node's ranks of it until they end or another node stops the job; the exit code (0, 1
+    when the job failed or was stopped elsewhere, 130 or 143 after Ctrl-C or SIGTERM here). Node 0's console shows
+    the job's report; this node's says what ended it here."""
+    from ddpw_runtime.launch.engine import LocalJob, NodeJob, starter_for
+
+    node = platform.node_rank
+    assert node
+    starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
+    channel = NodeChannel.connect(platform)
+    spec = channel.spec(platform.join_timeout_min)
+    grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
+    job_platform = replace(spec.platform, node_rank=node)
+    Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
+    job = NodeJob(job_platform, Path(spec.output_dir), grace, node, run_id=spec.run_id, restart_on_failure=False)
+    state = spec.state_here(dict(os.environ), os.getcwd(), list(sys.path))
+    nodes = Nodes(channel, grace)
+    try:
+        with closing(LocalJob(spec.task, state, job)) as local, local.console() as console:
+            channel.join()
+            ranks = nodes.ranks(local, console)
+            with nodes.watching(ranks):
+                outcomes = supervise(ranks)
+    except (KeyboardInterrupt, Terminated) as stop:
+        channel.end(NodeEnd(node, interrupted=signal_of(stop)))
+        return 128 + signal_of(stop)
+    except Exception as error:
+        channel.end(NodeEnd(node, error=portable(error, NodeError)))
+        raise
+    channel.end(NodeEnd(node, outcomes))
+    cause = root_cause(outcomes)
+    if cause is not None and not cause.is_secondary and nodes.seen is None:
+        sys.stderr.write(f"[ddpw] rank {cause.rank} failed on this node (node {node}); node 0 shows the job's error\n")
+        return 1
+    stopped = nodes.seen or channel.stopped()
+    if stopped is not None and stopped.node != node:
+        sys.stderr.write(f"[ddpw] {stopped.text()}; this node's ranks were stopped\n")
+        return 1
+    return 1 if cause is not None else 0

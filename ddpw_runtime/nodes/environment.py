@@ -1,0 +1,140 @@
+"""Where this machine stands in a job across machines (`platform.n_nodes` > 1 with a local launcher): its node rank,
+node 0's address and the rendezvous port, from the platform's fields or, where they are left null, from what the
+platform the node runs on sets (Kubeflow's PyTorchJob, SkyPilot, torchrun-style variables). A bare `RANK` or
+`WORLD_SIZE` is never read: it is a node's number on some platforms and a process's on others. No torch."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ddpw_conf import ConfigError, Platform
+
+DEFAULT_PORT = 29500
+"""The rendezvous port when neither the platform's fields nor its environment give one (torchrun's default), so
+every node agrees on it without being told."""
+
+
+@dataclass(frozen=True)
+class Given:
+    """A value the node's environment gives, and the variable it came from."""
+
+    variable: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class NodeEnvironment:
+    """What the platform a node runs on says about the job's nodes (None: it says nothing of that)."""
+
+    name: str
+    node_rank: Given | None = None
+    n_nodes: Given | None = None
+    master_addr: Given | None = None
+    master_port: Given | None = None
+    ranks_per_node: Given | None = None
+    gpus_per_node: Given | None = None
+
+
+def detect(environ: Mapping[str, str]) -> NodeEnvironment | None:
+    """The platform whose variables `environ` holds (Kubeflow's PyTorchJob, then SkyPilot, then torchrun-style
+    `NODE_RANK`/`MASTER_ADDR`), or None."""
+    if "PET_NNODES" in environ or "PET_NODE_RANK" in environ:
+        return _pytorchjob(environ)
+    if "SKYPILOT_NODE_RANK" in environ:
+        ips = [line.strip() for line in environ.get("SKYPILOT_NODE_IPS", "").splitlines() if line.strip()]
+        return NodeEnvironment(
+            "SkyPilot",
+            node_rank=_int(environ, "SKYPILOT_NODE_RANK"),
+            n_nodes=_int(environ, "SKYPILOT_NUM_NODES", minimum=1),
+            master_addr=Given("SKYPILOT_NODE_IPS", ips[0]) if ips else None,
+            gpus_per_node=_int(environ, "SKYPILOT_NUM_GPUS_PER_NODE"),
+        )
+    if "NODE_RANK" in environ or "MASTER_ADDR" in environ:
+        return NodeEnvironment(
+            "torchrun-style variables",
+            node_rank=_int(environ, "NODE_RANK"),
+            master_addr=_text(environ, "MASTER_ADDR"),
+            master_port=_int(environ, "MASTER_PORT", minimum=1),
+        )
+    return None
+
+
+def _pytorchjob(environ: Mapping[str, str]) -> NodeEnvironment:
+    nnodes = environ.get("PET_NNODES", "")
+    if ":" in nnodes:
+        raise ConfigError("PET_NNODES", nnodes, "an elastic PyTorchJob (a range of workers, c10d rendezvous) lets "
+                          "the rendezvous number the nodes; give the PyTorchJob a fixed number of workers (no "
+                          "elasticPolicy), so node 0 is the master pod")
+    nproc = environ.get("PET_NPROC_PER_NODE", "")
+    return NodeEnvironment(
+        "Kubeflow PyTorchJob",
+        node_rank=_int(environ, "PET_NODE_RANK"),
+        n_nodes=_int(environ, "PET_NNODES", minimum=1),
+        master_addr=_text(environ, "MASTER_ADDR") or _text(environ, "PET_MASTER_ADDR"),
+        master_port=_int(environ, "MASTER_PORT", minimum=1) or _int(environ, "PET_MASTER_PORT", minimum=1),
+        ranks_per_node=_int(environ, "PET_NPROC_PER_NODE", minimum=1) if nproc.strip().isdigit() else None,
+    )
+
+
+def _text(environ: Mapping[str, str], variable: str) -> Given | None:
+    value = environ.get(variable, "").strip()
+    return Given(variable, value) if value else None
+
+
+def _int(environ: Mapping[str, str], variable: str, minimum: int = 0) -> Given | None:
+    value = environ.get(variable, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < minimum:
+        raise ConfigError(variable, value, f"the node's environment must give an integer >= {minimum} here; fix "
+                          "how the platform sets it, or unset it")
+    return Given(variable, int(value))
+
+
+def place_node(platform: Platform, environ: Mapping[str, str] | None = None) -> Platform:
+    """`platform` (validated) with this machine's place in the job filled in: for `n_nodes` > 1, `node_rank`,
+    `master_addr` and `master_port` (`DEFAULT_PORT` where nothing gives one), each from its field or else the
+    node's environment (`os.environ` by default). `ConfigError`, before anything starts, when the environment and
+    the fields disagree, or when the node rank or node 0's address is given by neither; also for `n_nodes` = 1 where
+    the platform runs this command on several machines."""
+    found = detect(os.environ if environ is None else environ)
+    given_nodes = found.n_nodes if found is not None else None
+    if platform.n_nodes == 1:
+        if found is not None and given_nodes is not None and given_nodes.value > 1:
+            raise ConfigError("platform.n_nodes", 1, f"{found.name} runs this command on {given_nodes.value} machines "
+                              f"({given_nodes.variable}={given_nodes.value}); set platform.n_nodes="
+                              f"{given_nodes.value} so that they run one job")
+        return platform
+    values: dict[str, Any] = {}
+    name = found.name if found is not None else ""
+    for key in ("n_nodes", "node_rank", "master_addr", "master_port"):
+        ours, given = getattr(platform, key), getattr(found, key) if found is not None else None
+        if given is not None and ours is not None and ours != given.value:
+            raise ConfigError(f"platform.{key}", ours, f"{name} gives this node {given.variable}={given.value}; "
+                              f"make them agree (or leave platform.{key} unset, null, to take the platform's)")
+        values[key] = ours if ours is not None else given.value if given is not None else None
+    if found is not None and found.ranks_per_node is not None and found.ranks_per_node.value != platform.ranks_per_node:
+        given = found.ranks_per_node
+        raise ConfigError("platform.n_procs_per_node", platform.n_procs_per_node, f"{found.name} gives "
+                          f"{given.variable}={given.value} and this platform runs {platform.ranks_per_node} rank(s) "
+                          f"per node; set platform.n_procs_per_node={given.value} (or change the platform's)")
+    if (found is not None and found.gpus_per_node is not None and platform.uses_gpus
+            and platform.n_gpus_per_node > found.gpus_per_node.value):
+        given = found.gpus_per_node
+        raise ConfigError("platform.n_gpus_per_node", platform.n_gpus_per_node, f"{found.name} gives each node "
+                          f"{given.value} GPU(s) ({given.variable}); ask for at most that many")
+    for key in ("node_rank", "master_addr"):
+        if values[key] is None:
+            raise ConfigError(f"platform.{key}", None, f"a job across machines (platform.n_nodes={platform.n_nodes}) "
+                              "needs each machine's node rank and node 0's address: set platform.node_rank and "
+                              "platform.master_addr on each, or run where a platform sets them (Kubeflow PyTorchJob: "
+                              "PET_NODE_RANK, MASTER_ADDR; SkyPilot: SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS; "
+                              "torchrun-style: NODE_RANK, MASTER_ADDR); a bare RANK is not read")
+    if values["master_port"] is None:
+        values["master_port"] = DEFAULT_PORT
+    placed = replace(platform, **values)
+    placed.validate()
+    return placed

@@ -1,0 +1,244 @@
+"""One job across machines without SLURM (docs/multi-node.md): the same command on every node, node 0 deciding.
+Two nodes are two process trees on this machine, started 1-2 s apart, meeting at 127.0.0.2 (not `localhost`),
+driven by explicit fields, a Kubeflow PyTorchJob pod's environment and SkyPilot's; one rank per node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ddpw_conf import ConfigError, Platform
+from ddpw_conf.launcher import LocalLauncherConf
+from ddpw_runtime.nodes.environment import DEFAULT_PORT, detect, place_node
+from tests.helpers import APPS, job_dirs, leftover, seen, wait_for
+
+HOST = "127.0.0.2"
+_CLEAN = ("PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR", "PET_MASTER_PORT", "MASTER_ADDR",
+          "MASTER_PORT", "NODE_RANK", "RANK", "WORLD_SIZE", "SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS",
+          "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+# ----------------------------------------------------------------------- where a node stands, before anything starts
+def _two(**fields: object) -> Platform:
+    return Platform(n_nodes=2, **fields)  # type: ignore[arg-type]
+
+
+def test_explicit_fields_place_the_node_and_every_node_agrees_on_torchruns_port() -> None:
+    placed = place_node(_two(node_rank=1, master_addr=HOST), environ={})
+    assert (placed.node_rank, placed.master_addr, placed.master_port) == (1, HOST, DEFAULT_PORT) == (1, HOST, 29500)
+
+
+def test_a_pytorchjob_pods_environment_places_the_node_and_its_bare_rank_is_never_read() -> None:
+    pod = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "1", "MASTER_ADDR": "job-master-0",
+           "MASTER_PORT": "23456", "RANK": "7", "WORLD_SIZE": "2"}
+    placed = place_node(_two(), environ=pod)
+    assert (placed.node_rank, placed.master_addr, placed.master_port) == (1, "job-master-0", 23456)
+    assert detect(pod) is not None and detect(pod).name == "Kubeflow PyTorchJob"  # type: ignore[union-attr]
+
+
+def test_skypilots_environment_places_the_node_at_the_head_nodes_address() -> None:
+    node = {"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.6\n", "SKYPILOT_NUM_NODES": "2",
+            "SKYPILOT_NUM_GPUS_PER_NODE": "0"}
+    placed = place_node(_two(), environ=node)
+    assert (placed.node_rank, placed.master_addr, placed.master_port) == (1, "10.0.0.5", DEFAULT_PORT)
+
+
+def test_torchrun_style_variables_place_the_node() -> None:
+    placed = place_node(_two(), environ={"NODE_RANK": "0", "MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "29400"})
+    assert (placed.node_rank, placed.master_addr, placed.master_port) == (0, "10.1.1.1", 29400)
+
+
+def test_one_node_ignores_the_environment_it_does_not_need() -> None:
+    platform = Platform()
+    assert place_node(platform, environ={"NODE_RANK": "3", "MASTER_ADDR": "10.1.1.1"}) is platform
+
+
+@pytest.mark.parametrize(("fields", "environ", "key", "hint"), [
+    pytest.param({}, {}, "platform.node_rank", "PET_NODE_RANK", id="nothing-found"),
+    pytest.param({"node_rank": 1}, {}, "platform.master_addr", "SKYPILOT_NODE_IPS", id="no-address"),
+    pytest.param({}, {"RANK": "1", "WORLD_SIZE": "2"}, "platform.node_rank", "a bare RANK is not read",
+                 id="bare-rank-only"),
+    pytest.param({}, {"PET_NNODES": "3", "PET_NODE_RANK": "0", "MASTER_ADDR": "m"}, "platform.n_nodes",
+                 "PET_NNODES=3", id="pytorchjob-nnodes-disagree"),
+    pytest.param({"node_rank": 0}, {"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NODE_IPS": "a\nb", "SKYPILOT_NUM_NODES": "2"},
+                 "platform.node_rank", "SKYPILOT_NODE_RANK=1", id="skypilot-rank-disagrees"),
+    pytest.param({"master_port": 1234}, {"NODE_RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "4321"},
+                 "platform.master_port", "MASTER_PORT=4321", id="port-disagrees"),
+    pytest.param({}, {"PET_NNODES": "1:2", "PET_NODE_RANK": "0"}, "PET_NNODES", "elastic", id="elastic-pytorchjob"),
+    pytest.param({}, {"PET_NNODES": "2", "PET_NODE_RANK": "one", "MASTER_ADDR": "m"}, "PET_NODE_RANK", "integer",
+                 id="rank-not-a-number"),
+    pytest.param({}, {"PET_NNODES": "2", "PET_NODE_RANK": "1", "MASTER_ADDR": "m", "PET_NPROC_PER_NODE": "4"},
+                 "platform.n_procs_per_node", "PET_NPROC_PER_NODE=4", id="ranks-per-node-disagree"),
+])
+def test_a_node_that_cannot_be_placed_is_refused_naming_key_value_and_fix(fields: dict, environ: dict, key: str,
+                                                                          hint: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        place_node(_two(**fields), environ=environ)
+    assert info.value.key == key and hint in str(info.value)
+
+
+def test_one_node_where_the_platform_runs_the_command_on_several_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"platform.n_nodes=1: SkyPilot runs this command on 2 machines"):
+        place_node(Platform(), environ={"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "2"})
+
+
+@pytest.mark.parametrize(("fields", "key", "hint"), [
+    pytest.param({"n_nodes": 2, "node_rank": 2}, "platform.node_rank", "0..1", id="node_rank-outside"),
+    pytest.param({"n_nodes": 2, "node_rank": -1}, "platform.node_rank", "integer >= 0", id="node_rank-negative"),
+    pytest.param({"join_timeout_min": 0}, "platform.join_timeout_min", "positive", id="join_timeout-0"),
+    pytest.param({"device": "mps", "n_nodes": 2}, "platform.n_nodes", "device=cpu or gpu", id="mps-across"),
+])
+def test_bad_values_of_the_new_fields_are_refused(fields: dict, key: str, hint: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Platform(**fields).validate()
+    assert info.value.key == key and hint in str(info.value)
+
+
+def test_restarts_of_a_job_across_machines_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"hydra.launcher.max_restarts=1: a job across machines"):
+        LocalLauncherConf(max_restarts=1).validate_platform(_two(node_rank=0, master_addr=HOST))
+
+
+def test_a_multirun_across_machines_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(APPS / "app.py"), "-m", "platform.n_nodes=2", "platform.node_rank=0",
+                           f"platform.master_addr={HOST}", "platform.n_procs_per_node=1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_env({}))
+    assert proc.returncode == 1
+    assert "platform.n_nodes=2: a multirun across machines is not supported yet" in proc.stderr
+    assert not list(tmp_path.rglob("rank_*.log"))
+
+
+# ----------------------------------------------------------------------- two nodes, two process trees
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _CLEAN}
+    return {**env, "GLOO_SOCKET_IFNAME": "lo", **extra}  # the ranks' traffic stays on loopback
+
+
+def _node(cwd: Path, overrides: list[str], environ: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(APPS / "app.py"), *overrides], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=_env(environ))
+
+
+def _explicit(port: int, node: int) -> tuple[list[str], dict[str, str]]:
+    return [f"platform.node_rank={node}", f"platform.master_addr={HOST}", f"platform.master_port={port}"], {}
+
+
+def _pytorchjob(port: int, node: int) -> tuple[list[str], dict[str, str]]:
+    return [], {"PET_NNODES": "2", "PET_NODE_RANK": str(node), "PET_NPROC_PER_NODE": "1", "MASTER_ADDR": HOST,
+                "MASTER_PORT": str(port), "PET_MASTER_ADDR": HOST, "PET_MASTER_PORT": str(port), "RANK": str(node),
+                "WORLD_SIZE": "2"}
+
+
+def _skypilot(port: int, node: int) -> tuple[list[str], dict[str, str]]:
+    skypilot = {"SKYPILOT_NODE_RANK": str(node), "SKYPILOT_NODE_IPS": f"{HOST}\n127.0.0.3", "SKYPILOT_NUM_NODES": "2",
+                "SKYPILOT_NUM_GPUS_PER_NODE": "0"}
+    return [f"platform.master_port={port}"], skypilot  # SkyPilot gives no port: one the test knows is free
+
+
+Way = Callable[[int, int], tuple[list[str], dict[str, str]]]
+"""How node `k` of a job whose rendezvous port is `p` is told where it stands: its overrides and environment."""
+PLATFORMS = [pytest.param(_explicit, id="explicit"), pytest.param(_pytorchjob, id="pytorchjob"),
+             pytest.param(_skypilot, id="skypilot")]
+
+
+def _start_two(tmp_path: Path, way: Way, *overrides: str, second_after: float = 1.5) -> tuple[subprocess.Popen, ...]:
+    port = free_port()
+    nodes = []
+    for node in (0, 1):
+        own, environ = way(port, node)
+        nodes.append(_node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", *own, *overrides], environ))
+        if node == 0:
+            time.sleep(second_after)
+    return tuple(nodes)
+
+
+@pytest.mark.parametrize("way", PLATFORMS)
+def test_a_plain_run_spans_two_nodes_in_node_0s_output_dir(tmp_path: Path, way: Way) -> None:
+    zero, one = _start_two(tmp_path, way)
+    out0, err0 = zero.communicate(timeout=120)
+    out1, err1 = one.communicate(timeout=120)
+    assert (zero.returncode, one.returncode) == (0, 0), err0 + err1
+    [job] = job_dirs(tmp_path)  # one output dir, `.hydra/` written once, by node 0
+    ranks = seen(job)
+    assert sorted(ranks) == [0, 1]
+    assert [ranks[r]["env"]["GROUP_RANK"] for r in (0, 1)] == ["0", "1"]
+    assert {r["world_size"] for r in ranks.values()} == {2} and ranks[0]["all_reduce_world"] == 2.0
+    assert ranks[0]["output_dir"] == ranks[1]["output_dir"] == str(job)
+    assert ranks[0]["run_id"] == ranks[1]["run_id"]
+    assert "COMPLETED" in out0 and "COMPLETED" not in out1  # the job's report is on node 0's console
+    assert leftover(ranks) == []
+
+
+def test_a_failure_on_node_1_ends_both_and_node_0_shows_the_root_cause_once(tmp_path: Path) -> None:
+    zero, one = _start_two(tmp_path, _explicit, "behaviour=raise", "fail_rank=1")
+    _, err0 = zero.communicate(timeout=120)
+    _, err1 = one.communicate(timeout=120)
+    assert (zero.returncode, one.returncode) == (1, 1), err0 + err1
+    assert err0.count("rank 1 (node 1) failed: ValueError: rank asked to fail") == 1
+    assert "raise ValueError(\"rank asked to fail\")" in err0
+    assert "node 0 shows the job's error" in err1 and "Traceback" not in err1
+
+
+def test_ctrl_c_on_node_1_ends_the_job_on_both_and_node_0_says_which_node(tmp_path: Path) -> None:
+    zero, one = _start_two(tmp_path, _explicit, "behaviour=wait")
+    wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
+             what="both ranks to run")
+    ranks = seen(job_dirs(tmp_path)[0])
+    started = time.monotonic()
+    one.send_signal(signal.SIGINT)
+    _, err1 = one.communicate(timeout=60)
+    _, err0 = zero.communicate(timeout=60)
+    assert one.returncode == 130, err1
+    assert zero.returncode == 1 and "node 1 got Ctrl-C (SIGINT), which ends the job on every node" in err0, err0
+    assert time.monotonic() - started < 20
+    wait_for(lambda: leftover(ranks) == [], timeout=10, what="every rank to end")
+
+
+def test_a_node_that_never_starts_is_named_by_node_0_within_the_join_timeout(tmp_path: Path) -> None:
+    own, environ = _explicit(free_port(), 0)
+    started = time.monotonic()
+    zero = _node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", "platform.join_timeout_min=0.05",
+                            *own], environ)
+    _, err = zero.communicate(timeout=60)
+    assert zero.returncode == 1
+    assert "node(s) 1 of 2 never joined within platform.join_timeout_min=0.05" in err
+    assert time.monotonic() - started < 30
+
+
+def test_a_node_that_cannot_reach_node_0_names_the_address_and_port(tmp_path: Path) -> None:
+    port = free_port()
+    own, environ = _explicit(port, 1)
+    one = _node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", "platform.join_timeout_min=0.05",
+                           *own], environ)
+    _, err = one.communicate(timeout=60)
+    assert one.returncode == 1
+    assert f"node 1 could not reach node 0 at {HOST}:{port} within platform.join_timeout_min=0.05" in err
+    assert not job_dirs(tmp_path)  # it never ran a job of its own
+
+
+def test_node_1_started_first_waits_for_node_0(tmp_path: Path) -> None:
+    port = free_port()
+    nodes = {}
+    for node in (1, 0):
+        own, environ = _explicit(port, node)
+        nodes[node] = _node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", *own], environ)
+        time.sleep(1.5)
+    errs = {node: proc.communicate(timeout=120)[1] for node, proc in nodes.items()}
+    assert (nodes[0].returncode, nodes[1].returncode) == (0, 0), errs
+    assert sorted(seen(job_dirs(tmp_path)[0])) == [0, 1]
+    assert json.loads((job_dirs(tmp_path)[0] / "seen_rank_1.json").read_text())["env"]["MASTER_ADDR"] == HOST
