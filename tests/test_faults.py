@@ -418,7 +418,7 @@ def test_ctrl_c_at_any_moment_of_the_start_ends_the_program_at_once_and_leaves_n
     its task: every run ends within a few seconds (the ranks' task would have 60 s of grace), interrupted
     (130) or with Python's own KeyboardInterrupt (before hydra-ddpw took over: -2), and leaves no process and
     no private folder."""
-    runs = []
+    runs: list[tuple[float, int | None, float, str]] = []
     for k in range(-1, _SWEEP_RUNS):  # first (-1): once rank 0 is in its task, which spans the sweep
         cwd = tmp_path / f"run_{k}"
         cwd.mkdir()
