@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from ddpw_conf import ConfigError
 from ddpw_conf.launcher import LocalLauncherConf
 from ddpw_runtime.errors import Interrupted, Terminated
-from ddpw_runtime.hydra_jobs.job_process import RESULT, JobEnd, JobPayload
+from ddpw_runtime.hydra_jobs.job_process import RESULT, JobEnd, JobPayload, run_job_process
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast_line
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
@@ -200,7 +200,7 @@ class _Sweep:
         write_private(folder / "payload.pkl", payload)
         log.info(f"#{job.idx} : {job.shown}")
         with signals.held():  # Ctrl-C or SIGTERM comes once the job is known here, so that it is stopped too
-            pid = starter_for(job.platform).start_job(self.inbox, str(folder / "payload.pkl"))
+            pid = starter_for(job.platform).start_job(self.inbox, str(folder / "payload.pkl"), run_job_process)
             self.running[pid] = _Running(job, share, folder, time.monotonic())
 
     def _wait_one(self, deadline: float | None = None) -> bool:

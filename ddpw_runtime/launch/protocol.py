@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ddpw_runtime.launch.plan import LaunchPlan
@@ -76,11 +76,14 @@ class StartRank(NamedTuple):
 
 
 class StartJob(NamedTuple):
-    """Fork a job process (a Hydra job of a multirun, `hydra_jobs/job_process.py`) from its payload at
-    `payload_path`; it gets a channel of its own to the starter, for its ranks."""
+    """Fork a job process (a Hydra job of a multirun, `hydra_jobs/job_process.py`) that runs
+    `run(payload_path, channel, starter_pid, preload)` and exits with what it returns; it gets a channel of its own
+    to the starter, for its ranks. `run` travels by reference (a module-level function), so the starter imports
+    no code of the job processes it serves."""
 
     request: int
     payload_path: str
+    run: Callable[[str, Channel, int, bool], int]
 
 
 class Adopt(NamedTuple):

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from ddpw_runtime.launch.protocol import (
@@ -210,9 +210,9 @@ class RankStarter:
         fds = [fd for fd in (listen_fd, terminal) if fd is not None]
         return self._ask(request, fds, f"start rank {local_rank}", RankStarted, inbox).pid
 
-    def start_job(self, inbox: Inbox, payload_path: str) -> int:
-        """Start a job process (see `StartJob`), whose exit will go to `inbox`; its pid."""
-        request = StartJob(next(self._requests), payload_path)
+    def start_job(self, inbox: Inbox, payload_path: str, run: Callable[[str, Channel, int, bool], int]) -> int:
+        """Start a job process that calls `run` (see `StartJob`), whose exit will go to `inbox`; its pid."""
+        request = StartJob(next(self._requests), payload_path, run)
         return self._ask(request, (), "start a job process", RankStarted, inbox).pid
 
     def adopt(self, job: str, pid: int) -> None:

@@ -194,10 +194,8 @@ class _Server:
 
         def job_process() -> int:
             ours.close()
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # let through by `run_job_process`
-            from ddpw_runtime.hydra_jobs.job_process import run_job_process
-
-            return run_job_process(request.payload_path, Channel(theirs), self.pid, self.preload)
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # let through by the job process
+            return request.run(request.payload_path, Channel(theirs), self.pid, self.preload)
 
         # A job process that outlives this starter (killed by the OOM killer, say) gets SIGTERM: it ends as
         # when stopped, and stops what its ranks started itself (`NodeRanks.end`).
