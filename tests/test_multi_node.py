@@ -242,3 +242,15 @@ def test_node_1_started_first_waits_for_node_0(tmp_path: Path) -> None:
     assert (nodes[0].returncode, nodes[1].returncode) == (0, 0), errs
     assert sorted(seen(job_dirs(tmp_path)[0])) == [0, 1]
     assert json.loads((job_dirs(tmp_path)[0] / "seen_rank_1.json").read_text())["env"]["MASTER_ADDR"] == HOST
+
+
+def test_node_0_killed_ends_node_1_naming_it_and_nothing_is_left(tmp_path: Path) -> None:
+    zero, one = _start_two(tmp_path, _explicit, "behaviour=wait")
+    wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
+             what="both ranks to run")
+    ranks = seen(job_dirs(tmp_path)[0])
+    zero.kill()
+    zero.communicate(timeout=30)
+    _, err1 = one.communicate(timeout=30)
+    assert one.returncode == 1 and "node 0 could no longer be reached" in err1, err1
+    wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")

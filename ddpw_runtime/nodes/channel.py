@@ -82,6 +82,8 @@ class NodeChannel:
         self.node = node
         self.n_nodes = n_nodes
         self.where = where
+        self.lost = False
+        """Node 0's store could no longer be reached (nothing more is sent to it)."""
 
     @staticmethod
     def connect(platform: Platform) -> NodeChannel:
@@ -141,11 +143,14 @@ class NodeChannel:
                 return None
             stop: NodeStop = pickle.loads(self.store.get(_KEY + "stop"))
         except RuntimeError:  # the store is gone with node 0
+            self.lost = True
             return NodeStop(0, lost=True)
         return stop
 
     def end(self, end: NodeEnd) -> None:
         """A node's end, for node 0 (nothing when node 0 is gone)."""
+        if self.lost:
+            return
         try:
             self.store.set(f"{_KEY}end/{end.node}", pickling.dumps(end))
         except RuntimeError:
