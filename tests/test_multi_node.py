@@ -254,3 +254,17 @@ def test_node_0_killed_ends_node_1_naming_it_and_nothing_is_left(tmp_path: Path)
     _, err1 = one.communicate(timeout=30)
     assert one.returncode == 1 and "node 0 could no longer be reached" in err1, err1
     wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
+
+
+def test_node_1_killed_ends_node_0_naming_it_within_seconds(tmp_path: Path) -> None:
+    zero, one = _start_two(tmp_path, _explicit, "behaviour=wait")  # ranks that never notice a peer gone
+    wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
+             what="both ranks to run")
+    ranks = seen(job_dirs(tmp_path)[0])
+    started = time.monotonic()
+    one.kill()
+    one.communicate(timeout=30)
+    _, err0 = zero.communicate(timeout=60)
+    assert zero.returncode == 1 and "node 1 could no longer be reached" in err0, err0
+    assert time.monotonic() - started < 30
+    wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")

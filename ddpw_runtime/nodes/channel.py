@@ -47,7 +47,7 @@ class JobSpec:
 @dataclass(frozen=True)
 class NodeStop:
     """Node `node` stopped the job: it got `signal` (Ctrl-C or SIGTERM), or (None) its ranks failed or reached
-    their time limit; `lost`: node 0 could no longer be reached (seen by the node that says so)."""
+    their time limit; `lost`: it could no longer be reached (seen by the node that says so)."""
 
     node: int
     signal: int | None = None
@@ -56,7 +56,7 @@ class NodeStop:
     def text(self) -> str:
         """Why the job was stopped, in the words every node prints."""
         if self.lost:
-            return "node 0 could no longer be reached (it ended, or the network between the nodes failed)"
+            return f"node {self.node} could no longer be reached (it ended, or the network between the nodes failed)"
         if self.signal is not None:
             what = "Ctrl-C (SIGINT)" if self.signal == signal.SIGINT else signal.Signals(self.signal).name
             return f"node {self.node} got {what}, which ends the job on every node"
@@ -138,6 +138,8 @@ class NodeChannel:
 
     def stopped(self) -> NodeStop | None:
         """Who stopped the job, once one has (a node that lost node 0 finds `lost`)."""
+        if self.lost:
+            return NodeStop(0, lost=True)
         try:
             if not self.store.check([_KEY + "stop"]):
                 return None
@@ -146,6 +148,20 @@ class NodeChannel:
             self.lost = True
             return NodeStop(0, lost=True)
         return stop
+
+    def beat(self) -> NodeStop | None:
+        """A node other than 0: say it is still there; who stopped the job, once one has (`stopped`)."""
+        try:
+            self.store.add(f"{_KEY}beat/{self.node}", 1)
+        except RuntimeError:  # the store is gone with node 0
+            self.lost = True
+            return NodeStop(0, lost=True)
+        return self.stopped()
+
+    def beats(self) -> dict[int, int]:
+        """Node 0: how often each other node that has not sent its end has beaten so far."""
+        return {node: self.store.add(f"{_KEY}beat/{node}", 0) for node in range(1, self.n_nodes)
+                if not self.store.check([f"{_KEY}end/{node}"])}
 
     def end(self, end: NodeEnd) -> None:
         """A node's end, for node 0 (nothing when node 0 is gone)."""
@@ -156,10 +172,11 @@ class NodeChannel:
         except RuntimeError:
             pass
 
-    def ends(self, timeout_s: float) -> dict[int, NodeEnd]:
-        """Node 0: the other nodes' ends, waited for at most `timeout_s` (those that came by then)."""
+    def ends(self, timeout_s: float, lost: int | None = None) -> dict[int, NodeEnd]:
+        """Node 0: the other nodes' ends (but node `lost`'s), waited for at most `timeout_s` (those that came by
+        then)."""
         deadline = time.monotonic() + timeout_s
-        keys = {node: f"{_KEY}end/{node}" for node in range(1, self.n_nodes)}
+        keys = {node: f"{_KEY}end/{node}" for node in range(1, self.n_nodes) if node != lost}
         while not self.store.check(list(keys.values())) and time.monotonic() < deadline:
             time.sleep(_POLL_S)
         return {node: pickle.loads(self.store.get(key)) for node, key in keys.items() if self.store.check([key])}

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
-from contextlib import closing, contextmanager, nullcontext
+from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,9 @@ _WATCH_S = 0.1
 """How often each node's watcher looks for a stop from another node."""
 _END_MARGIN_S = 10.0
 """What node 0 waits for the other nodes' ends beyond their grace and kill bound."""
+_SILENT_S = 5.0
+"""How long node 0 hears nothing from another node before it counts that node as lost (each beats every
+`_WATCH_S`)."""
 _PUBLISH_TRIES = 3
 """How often a node tries to publish its interruption when more Ctrl-C or SIGTERM cut the try short."""
 """What node 0 waits for the other nodes' ends beyond their grace and kill bound."""
@@ -120,21 +124,29 @@ class Nodes:
 
     @contextmanager
     def watching(self, ranks: NodeRanks) -> Iterator[None]:
-        """While the block runs, a thread stops `ranks` when another node stops the job."""
+        """While the block runs, a thread stops `ranks` when another node stops the job or can no longer be
+        reached: every other node beats in the store, and node 0 counts one silent for `_SILENT_S` as lost."""
         channel = self.channel
         if channel is None:
-            with nullcontext():
-                yield
+            yield
             return
         done = threading.Event()
 
         def watch() -> None:
+            heard: dict[int, tuple[int, float]] = {}
             while not done.wait(_WATCH_S):
-                stop = channel.stopped()
+                stop = channel.stopped() if channel.node == 0 else channel.beat()
+                if stop is None and channel.node == 0:
+                    now = time.monotonic()
+                    heard = {node: (beats, now if heard.get(node, (-1, 0.0))[0] != beats else heard[node][1])
+                             for node, beats in channel.beats().items()}
+                    silent = [node for node, (_, when) in heard.items() if now - when > _SILENT_S]
+                    if silent:
+                        stop = NodeStop(silent[0], lost=True)
+                        channel.stop(stop)
                 if stop is not None and stop.node != channel.node:
                     self.seen = stop
                     ranks.request_stop()
-                    return
                 if stop is not None:
                     return
 
@@ -152,22 +164,31 @@ class Nodes:
         interrupted, its controller failed, or it sent nothing while every rank here returned."""
         if self.channel is None:
             return outcomes
-        ends = self.channel.ends(self.grace.interrupt_s + KILL_WAIT_S + _END_MARGIN_S)
+        lost = self.seen.node if self.seen is not None and self.seen.lost else None
+        ends = self.channel.ends(self.grace.interrupt_s + KILL_WAIT_S + _END_MARGIN_S, lost)
         for end in ends.values():
             if end.interrupted is not None:
                 raise NodeError(NodeStop(end.node, end.interrupted).text())
         every = sorted([*outcomes, *(o for end in ends.values() for o in end.ranks)], key=lambda o: o.rank)
-        cause = root_cause(every)
-        if cause is not None and not cause.is_secondary:  # a rank's own failure, on any node
+        if _failed_by_itself(every):  # a rank's own failure, on any node
             return every
         errors = [end.error for end in ends.values() if end.error is not None]
         if errors:
             raise errors[0]
+        if self.seen is not None and self.seen.lost:
+            raise NodeError(self.seen.text())
         missing = [node for node in range(1, self.channel.n_nodes) if node not in ends]
         if missing:
             raise NodeError(f"node(s) {', '.join(map(str, missing))} sent no end of their ranks (their controller "
                             "ended, or lost node 0)")
         return every
+
+
+def _failed_by_itself(outcomes: list[RankOutcome]) -> bool:
+    """Whether the root cause among `outcomes` is a rank's own failure (not its stop by the launcher, nor only
+    a peer gone)."""
+    cause = root_cause(outcomes)
+    return cause is not None and cause.own_failure and not cause.is_secondary
 
 
 def follow(platform: Platform, options: LauncherOptions) -> int:
@@ -202,7 +223,7 @@ def follow(platform: Platform, options: LauncherOptions) -> int:
         raise
     channel.end(NodeEnd(node, outcomes))
     cause = root_cause(outcomes)
-    if cause is not None and not cause.is_secondary and nodes.seen is None:
+    if cause is not None and _failed_by_itself(outcomes) and nodes.seen is None:
         sys.stderr.write(f"[ddpw] rank {cause.rank} failed on this node (node {node}); node 0 shows the job's error\n")
         return 1
     stopped = nodes.seen or channel.stopped()
