@@ -268,3 +268,14 @@ def test_node_1_killed_ends_node_0_naming_it_within_seconds(tmp_path: Path) -> N
     assert zero.returncode == 1 and "node 1 could no longer be reached" in err0, err0
     assert time.monotonic() - started < 30
     wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
+
+
+def test_ctrl_c_on_a_node_waiting_for_node_0_ends_it_at_once(tmp_path: Path) -> None:
+    own, environ = _explicit(free_port(), 1)
+    one = _node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", *own], environ)
+    time.sleep(3)
+    started = time.monotonic()
+    one.send_signal(signal.SIGINT)
+    _, err = one.communicate(timeout=30)
+    assert one.returncode == 130 and time.monotonic() - started < 5, err
+    assert "c10d" not in err  # torch's client never tried (and logged) a connection

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -21,6 +22,10 @@ from ddpw_runtime.launch.process_state import ProcessState
 
 _KEY = "ddpw/nodes/"
 _POLL_S = 0.05
+_CONNECT_SLICE_S = 1.0
+"""How long each try to reach node 0 may last (Ctrl-C is seen between tries)."""
+_CONNECT_PAUSE_S = 0.25
+"""The pause after a try to reach node 0 that failed."""
 
 
 @dataclass
@@ -87,22 +92,27 @@ class NodeChannel:
 
     @staticmethod
     def connect(platform: Platform) -> NodeChannel:
-        """Node `platform.node_rank` (> 0) reaches node 0's store, trying for `platform.join_timeout_min`;
-        `NodeError` naming the address and port when it cannot."""
+        """Node `platform.node_rank` (> 0) reaches node 0's store, trying for `platform.join_timeout_min` (Ctrl-C is
+        seen between tries); `NodeError` naming the address and port when it cannot."""
         from torch.distributed import TCPStore
 
         assert platform.master_addr is not None and platform.master_port is not None and platform.node_rank
         where = f"{platform.master_addr}:{platform.master_port}"
-        try:
-            store = TCPStore(platform.master_addr, platform.master_port, is_master=False, wait_for_workers=False,
-                             timeout=timedelta(minutes=platform.join_timeout_min))
-        except RuntimeError as exc:  # torch's DistNetworkError / DistStoreError
-            first = (str(exc).strip().splitlines() or [""])[0]
-            raise NodeError(
-                f"node {platform.node_rank} could not reach node 0 at {where} within platform.join_timeout_min="
-                f"{platform.join_timeout_min:g} ({first}); start the same command on node 0, and check that this "
-                "machine reaches it at that address (platform.master_addr) and port (platform.master_port)"
-            ) from None
+        deadline = time.monotonic() + platform.join_timeout_min * 60.0
+        while True:  # a plain socket first: torch's own client would log every failed try, and holds Ctrl-C
+            try:
+                socket.create_connection((platform.master_addr, platform.master_port), _CONNECT_SLICE_S).close()
+                break
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    raise NodeError(
+                        f"node {platform.node_rank} could not reach node 0 at {where} within platform.join_timeout_min="
+                        f"{platform.join_timeout_min:g} ({exc}); start the same command on node 0, and check that this "
+                        "machine reaches it at that address (platform.master_addr) and port (platform.master_port)"
+                    ) from None
+                time.sleep(_CONNECT_PAUSE_S)
+        store = TCPStore(platform.master_addr, platform.master_port, is_master=False, wait_for_workers=False,
+                         timeout=timedelta(minutes=platform.join_timeout_min))
         return NodeChannel(store, platform.node_rank, platform.n_nodes, where)
 
     def publish(self, spec: JobSpec) -> None:
@@ -111,11 +121,12 @@ class NodeChannel:
 
     def spec(self, timeout_min: float) -> JobSpec:
         """The job node 0 published, waited for at most `timeout_min`; NodeError past it."""
-        try:
-            self.store.wait([_KEY + "spec"], timedelta(minutes=timeout_min))
-        except RuntimeError:
-            raise NodeError(f"node {self.node} reached node 0 at {self.where}, which did not start the job within "
-                            f"platform.join_timeout_min={timeout_min:g}") from None
+        deadline = time.monotonic() + timeout_min * 60.0
+        while not self.store.check([_KEY + "spec"]):
+            if time.monotonic() >= deadline:
+                raise NodeError(f"node {self.node} reached node 0 at {self.where}, which did not start the job "
+                                f"within platform.join_timeout_min={timeout_min:g}")
+            time.sleep(_POLL_S)
         spec: JobSpec = pickle.loads(self.store.get(_KEY + "spec"))
         return spec
 

@@ -9,10 +9,11 @@ node when it sees one."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +42,6 @@ _SILENT_S = 5.0
 `_WATCH_S`)."""
 _PUBLISH_TRIES = 3
 """How often a node tries to publish its interruption when more Ctrl-C or SIGTERM cut the try short."""
-"""What node 0 waits for the other nodes' ends beyond their grace and kill bound."""
 
 
 class _RanksOfANode(NodeRanks):
@@ -104,7 +104,7 @@ class Nodes:
             )
         return Nodes(channel, local.job.grace)
 
-    def ranks(self, local: LocalJob, console: ConsoleRanks, on_stop: Any = lambda: None,
+    def ranks(self, local: LocalJob, console: ConsoleRanks, on_stop: Callable[[], None] = lambda: None,
               outside: OutsideRank | None = None) -> NodeRanks:
         """This node's ranks of `local` (see `NodeRanks`); across nodes, a stop here is published."""
         if self.channel is None:
@@ -201,8 +201,11 @@ def follow(platform: Platform, options: LauncherOptions) -> int:
     node = platform.node_rank
     assert node
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
-    channel = NodeChannel.connect(platform)
-    spec = channel.spec(platform.join_timeout_min)
+    try:
+        channel = NodeChannel.connect(platform)
+        spec = channel.spec(platform.join_timeout_min)
+    except KeyboardInterrupt:  # while it waits for node 0: nothing of the job runs here yet
+        return 128 + signal.SIGINT
     grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
     job_platform = replace(spec.platform, node_rank=node)
     Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
