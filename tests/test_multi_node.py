@@ -169,7 +169,7 @@ def _start_two(tmp_path: Path, way: Way, *overrides: str, second_after: float = 
 
 @pytest.mark.parametrize("way", PLATFORMS)
 def test_a_plain_run_spans_two_nodes_in_node_0s_output_dir(tmp_path: Path, way: Way) -> None:
-    zero, one = _start_two(tmp_path, way)
+    zero, one = _start_two(tmp_path, way, "hydra.job.chdir=true")
     out0, err0 = zero.communicate(timeout=120)
     out1, err1 = one.communicate(timeout=120)
     assert (zero.returncode, one.returncode) == (0, 0), err0 + err1
@@ -179,6 +179,7 @@ def test_a_plain_run_spans_two_nodes_in_node_0s_output_dir(tmp_path: Path, way: 
     assert [ranks[r]["env"]["GROUP_RANK"] for r in (0, 1)] == ["0", "1"]
     assert {r["world_size"] for r in ranks.values()} == {2} and ranks[0]["all_reduce_world"] == 2.0
     assert ranks[0]["output_dir"] == ranks[1]["output_dir"] == str(job)
+    assert ranks[0]["cwd"] == ranks[1]["cwd"] == str(job)  # the dir node 0's job entered
     assert ranks[0]["run_id"] == ranks[1]["run_id"]
     assert "COMPLETED" in out0 and "COMPLETED" not in out1  # the job's report is on node 0's console
     assert leftover(ranks) == []

@@ -31,13 +31,14 @@ _CONNECT_PAUSE_S = 0.25
 @dataclass
 class JobSpec:
     """The job as node 0 decided it, for every other node: its platform (node 0's, with the rendezvous), the task
-    (`TaskCall.pack`, with node 0's config, output dir and `${now:}`), node 0's process state (its Hydra state is
-    every rank's), what the job set in node 0's environment (`hydra.job.env_set`) and the working dir it entered
-    (`hydra.job.chdir`, else None), the output dir and the run id."""
+    (`TaskCall.pack`, with node 0's config, output dir and `${now:}`), node 0's Hydra state (every rank's; see
+    `ProcessState.hydra_state`), what the job set in node 0's environment (`hydra.job.env_set`; the rest of node 0's
+    environment stays there) and the working dir it entered (`hydra.job.chdir`, else None), the output dir and the
+    run id."""
 
     platform: Platform
     task: bytes
-    state: ProcessState
+    hydra_state: bytes | None
     env_set: dict[str, str]
     job_cwd: str | None
     output_dir: str
@@ -46,7 +47,7 @@ class JobSpec:
     def state_here(self, environ: dict[str, str], cwd: str, sys_path: list[str]) -> ProcessState:
         """The state this node's ranks take on: this node's environment with what the job set on node 0, the
         working dir the job entered there (else this node's), this node's import path, node 0's Hydra state."""
-        return ProcessState({**environ, **self.env_set}, self.job_cwd or cwd, sys_path, self.state.hydra_state)
+        return ProcessState({**environ, **self.env_set}, self.job_cwd or cwd, sys_path, self.hydra_state)
 
 
 @dataclass(frozen=True)

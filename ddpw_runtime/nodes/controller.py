@@ -88,11 +88,11 @@ class Nodes:
         if platform.n_nodes == 1:
             return Nodes(None, local.job.grace)
         channel = NodeChannel(store, 0, platform.n_nodes, f"{plan.master_addr}:{plan.master_port}")
-        env = starting.state.env
-        channel.publish(JobSpec(
-            platform, starting.task, starting.state, {k: v for k, v in env.items() if os.environ.get(k) != v},
-            starting.state.cwd if starting.state.cwd != os.getcwd() else None, starting.log_dir, plan.run_id,
-        ))
+        state = starting.state
+        env_set = {k: v for k, v in state.env.items() if os.environ.get(k) != v}  # what the job set in rank 0's
+        job_cwd = state.cwd if state.cwd != os.getcwd() else None
+        channel.publish(JobSpec(platform, starting.task, state.hydra_state, env_set, job_cwd, starting.log_dir,
+                                plan.run_id))
         missing = channel.missing(platform.join_timeout_min)
         if missing:
             channel.stop(NodeStop(0))
