@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LocalLauncherConf
@@ -280,3 +281,15 @@ def test_ctrl_c_on_a_node_waiting_for_node_0_ends_it_at_once(tmp_path: Path) -> 
     _, err = one.communicate(timeout=30)
     assert one.returncode == 130 and time.monotonic() - started < 5, err
     assert "c10d" not in err  # torch's client never tried (and logged) a connection
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_two_nodes_of_gpu_ranks_span_one_job(tmp_path: Path) -> None:
+    # gloo: both nodes' ranks are bound to this machine's first GPU (NCCL needs a GPU per node: not run yet)
+    zero, one = _start_two(tmp_path, _explicit, "hydra/launcher=ddpw_gpu", "platform.n_gpus_per_node=1",
+                           "platform.backend=gloo")
+    _, err0 = zero.communicate(timeout=120)
+    _, err1 = one.communicate(timeout=120)
+    assert (zero.returncode, one.returncode) == (0, 0), err0 + err1
+    ranks = seen(job_dirs(tmp_path)[0])
+    assert [ranks[r]["device"] for r in (0, 1)] == ["cuda:0", "cuda:0"]
