@@ -115,6 +115,7 @@ def test_restarts_of_a_job_across_machines_are_refused() -> None:
         LocalLauncherConf(max_restarts=1).validate_platform(_two(node_rank=0, master_addr=HOST))
 
 
+@pytest.mark.subprocess
 def test_a_multirun_across_machines_is_refused_before_anything_starts(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(APPS / "app.py"), "-m", "platform.n_nodes=2", "platform.node_rank=0",
                            f"platform.master_addr={HOST}", "platform.n_procs_per_node=1"],
@@ -168,6 +169,7 @@ def _start_two(tmp_path: Path, way: Way, *overrides: str, second_after: float = 
     return tuple(nodes)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("way", PLATFORMS)
 def test_a_plain_run_spans_two_nodes_in_node_0s_output_dir(tmp_path: Path, way: Way) -> None:
     zero, one = _start_two(tmp_path, way, "hydra.job.chdir=true")
@@ -186,6 +188,7 @@ def test_a_plain_run_spans_two_nodes_in_node_0s_output_dir(tmp_path: Path, way: 
     assert leftover(ranks) == []
 
 
+@pytest.mark.subprocess
 def test_a_failure_on_node_1_ends_both_and_node_0_shows_the_root_cause_once(tmp_path: Path) -> None:
     zero, one = _start_two(tmp_path, _explicit, "behaviour=raise", "fail_rank=1")
     _, err0 = zero.communicate(timeout=120)
@@ -196,6 +199,7 @@ def test_a_failure_on_node_1_ends_both_and_node_0_shows_the_root_cause_once(tmp_
     assert "node 0 shows the job's error" in err1 and "Traceback" not in err1
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_on_node_1_ends_the_job_on_both_and_node_0_says_which_node(tmp_path: Path) -> None:
     zero, one = _start_two(tmp_path, _explicit, "behaviour=wait")
     wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
@@ -211,6 +215,7 @@ def test_ctrl_c_on_node_1_ends_the_job_on_both_and_node_0_says_which_node(tmp_pa
     wait_for(lambda: leftover(ranks) == [], timeout=10, what="every rank to end")
 
 
+@pytest.mark.subprocess
 def test_a_node_that_never_starts_is_named_by_node_0_within_the_join_timeout(tmp_path: Path) -> None:
     own, environ = _explicit(free_port(), 0)
     started = time.monotonic()
@@ -222,6 +227,7 @@ def test_a_node_that_never_starts_is_named_by_node_0_within_the_join_timeout(tmp
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.subprocess
 def test_a_node_that_cannot_reach_node_0_names_the_address_and_port(tmp_path: Path) -> None:
     port = free_port()
     own, environ = _explicit(port, 1)
@@ -233,6 +239,7 @@ def test_a_node_that_cannot_reach_node_0_names_the_address_and_port(tmp_path: Pa
     assert not job_dirs(tmp_path)  # it never ran a job of its own
 
 
+@pytest.mark.subprocess
 def test_node_1_started_first_waits_for_node_0(tmp_path: Path) -> None:
     port = free_port()
     nodes = {}
@@ -246,6 +253,7 @@ def test_node_1_started_first_waits_for_node_0(tmp_path: Path) -> None:
     assert json.loads((job_dirs(tmp_path)[0] / "seen_rank_1.json").read_text())["env"]["MASTER_ADDR"] == HOST
 
 
+@pytest.mark.subprocess
 def test_node_0_killed_ends_node_1_naming_it_and_nothing_is_left(tmp_path: Path) -> None:
     zero, one = _start_two(tmp_path, _explicit, "behaviour=wait")
     wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
@@ -258,6 +266,7 @@ def test_node_0_killed_ends_node_1_naming_it_and_nothing_is_left(tmp_path: Path)
     wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
 
 
+@pytest.mark.subprocess
 def test_node_1_killed_ends_node_0_naming_it_within_seconds(tmp_path: Path) -> None:
     zero, one = _start_two(tmp_path, _explicit, "behaviour=wait")  # ranks that never notice a peer gone
     wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
@@ -272,6 +281,7 @@ def test_node_1_killed_ends_node_0_naming_it_within_seconds(tmp_path: Path) -> N
     wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_on_a_node_waiting_for_node_0_ends_it_at_once(tmp_path: Path) -> None:
     own, environ = _explicit(free_port(), 1)
     one = _node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", *own], environ)
@@ -283,6 +293,7 @@ def test_ctrl_c_on_a_node_waiting_for_node_0_ends_it_at_once(tmp_path: Path) -> 
     assert "c10d" not in err  # torch's client never tried (and logged) a connection
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_two_nodes_of_gpu_ranks_span_one_job(tmp_path: Path) -> None:
     # gloo: both nodes' ranks are bound to this machine's first GPU (NCCL needs a GPU per node: not run yet)
