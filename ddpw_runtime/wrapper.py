@@ -72,9 +72,9 @@ class Wrapper:
         """Run `target(*args, **kwargs)` on every rank (a script's functions are its own there, others travel by
         value); every rank's return value, indexed by global rank (a value that cannot be pickled comes back as its
         repr()). Raises `RankFailure` when any rank fails; calls `platform.upon_finish` once after a successful run."""
-        from ddpw_runtime.launch.engine import NodeJob, run_ranks
+        from ddpw_runtime.launch.engine import run_ranks
+        from ddpw_runtime.launch.job import Grace, NodeJob
         from ddpw_runtime.launch.payload import TaskCall
-        from ddpw_runtime.launch.supervisor import Grace
 
         log_dir = self.log_dir or LOG_ROOT / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")  # a new folder per call
         self.last_log_dir = log_dir.resolve()

@@ -86,8 +86,8 @@ def open_fds() -> int:
 
 def run_ranks(target: Callable[..., Any], *args: Any, platform: Any, log_dir: Path) -> list[Any]:
     """The engine called directly: `target(*args)` on every rank of `platform`; every rank's value."""
-    from ddpw_runtime.launch.engine import NodeJob
     from ddpw_runtime.launch.engine import run_ranks as run
+    from ddpw_runtime.launch.job import NodeJob
     from ddpw_runtime.launch.payload import TaskCall
 
     return run(TaskCall(target, args), NodeJob(platform, log_dir))

@@ -6,6 +6,8 @@ may import.
   light; Hydra imports the plugin at every start-up).
 - Rank code (`ddpw_runtime.rank`) imports only the data modules of the controller side.
 - Only the Hydra plugin imports `ddpw_runtime.slurm`.
+- No import circle among the package's modules, imports inside functions (lazy ones) included; an
+  `if TYPE_CHECKING:` import, which only type checkers read, is no edge.
 - A handful of modules at the top of `ddpw_runtime`.
 """
 
@@ -107,3 +109,57 @@ def test_the_schemas_never_import_the_runtime_nor_read_the_command_line() -> Non
     for path in python_files(ROOT / "ddpw_conf"):
         assert not any(i.startswith("ddpw_runtime") for i in imported(path)), f"{module_name(path)} imports the runtime"
         assert "sys.argv" not in path.read_text(), f"{module_name(path)} reads the command line"
+
+
+def _run_time_imports(path: Path) -> set[str]:
+    """The package modules `path` imports when it runs: at its top or inside a function (lazy imports), not in an
+    `if TYPE_CHECKING:` block (read by type checkers only). A name `from package import name` counts as the
+    module `package.name` when there is one, else as `package`."""
+    tree = ast.parse(path.read_text())
+    hidden = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+              and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING" for node in ast.walk(block)}
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in hidden:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], *filter(None, [base])])
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+            names.add(base)
+    return names
+
+
+def test_no_import_circle_among_the_packages_modules_lazy_imports_included() -> None:
+    """Each module's imports, those inside functions too, never lead back to it."""
+    paths = {module_name(p): p for p in python_files(RUNTIME, ROOT / "ddpw_conf", ROOT / "hydra_plugins")}
+    edges: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        targets = set()
+        for imported_name in _run_time_imports(path):
+            while imported_name and imported_name not in paths:
+                imported_name = imported_name.rpartition(".")[0]
+            # importing a module also imports its package's __init__, which is no edge back to a module below it
+            if imported_name and imported_name != name and not name.startswith(imported_name + "."):
+                targets.add(imported_name)
+        edges[name] = targets
+
+    def reaches(start: str, goal: str) -> list[str] | None:
+        seen, todo = {start}, [[start]]
+        while todo:
+            route = todo.pop()
+            for nxt in sorted(edges[route[-1]]):
+                if nxt == goal:
+                    return [*route, nxt]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append([*route, nxt])
+        return None
+
+    circles = [route for name in sorted(edges) if (route := reaches(name, name))]
+    assert not circles, "import circle: " + " -> ".join(circles[0])

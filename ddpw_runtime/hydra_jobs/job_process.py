@@ -16,7 +16,7 @@ from ddpw_runtime import _compat
 from ddpw_runtime.errors import Terminated
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.launch import pickling
-from ddpw_runtime.launch.engine import NodeJob
+from ddpw_runtime.launch.job import NodeJob
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel

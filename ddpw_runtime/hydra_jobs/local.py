@@ -33,11 +33,12 @@ from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
 from ddpw_runtime.launch import pickling, signals
 from ddpw_runtime.launch.devices import Devices, Need, Share, cpu_cores, visible_gpus
-from ddpw_runtime.launch.engine import NodeJob, describe, gpus_available, starter_for
+from ddpw_runtime.launch.engine import describe, gpus_available
+from ddpw_runtime.launch.job import Grace, NodeJob, starter_for
 from ddpw_runtime.launch.payload import write_private
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.starter import Inbox
-from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace
+from ddpw_runtime.launch.supervisor import KILL_WAIT_S
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from hydra.types import TaskFunction
 from omegaconf import DictConfig
 
 from ddpw_runtime.hydra_jobs.summary import JobConsole
-from ddpw_runtime.launch.engine import NodeJob, run_ranks
+from ddpw_runtime.launch.engine import run_ranks
+from ddpw_runtime.launch.job import NodeJob
 from ddpw_runtime.launch.payload import TaskCall
 
 

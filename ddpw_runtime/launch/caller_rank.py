@@ -15,7 +15,7 @@ from typing import Any
 from ddpw_conf import ConfigError, Platform
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import JobTimedOut, RankStopped, Terminated
-from ddpw_runtime.launch.engine import LocalJob
+from ddpw_runtime.launch.job import LocalJob
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.records import RankResult

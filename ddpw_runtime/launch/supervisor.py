@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.hangs import Watch, drop_empty_stacks, report_of, take_places
+from ddpw_runtime.launch.job import LocalJob
 from ddpw_runtime.launch.job_processes import JobProcesses
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.protocol import RankExited
@@ -27,9 +27,6 @@ from ddpw_runtime.launch.signals import held, raise_terminated, send_to_group, s
 from ddpw_runtime.launch.stacks import RankPlace, shown_ranks
 from ddpw_runtime.launch.starter import Inbox, StarterGone
 
-if TYPE_CHECKING:
-    from ddpw_runtime.launch.engine import LocalJob
-
 log = logging.getLogger(__name__)
 
 KILL_WAIT_S = 10.0
@@ -37,16 +34,6 @@ KILL_WAIT_S = 10.0
 STARTING_GRACE_S = 1.0
 """How long a rank that has not reached its task yet gets to end after Ctrl-C or SIGTERM before it is killed:
 one still joining its group waits in torch's C++ code, which a signal does not end (its peers may be gone)."""
-
-
-@dataclass
-class Grace:
-    """How long ranks get to end after a signal."""
-
-    stop_s: float = 1.0
-    """After SIGTERM, when another rank failed or the time limit passed."""
-    interrupt_s: float = 10.0
-    """After Ctrl-C or SIGTERM to the controller (passed on to them)."""
 
 
 STOP_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2

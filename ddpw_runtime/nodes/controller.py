@@ -23,14 +23,15 @@ from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.errors import NodeError, Terminated
 from ddpw_runtime.launch.console import ConsoleRanks
+from ddpw_runtime.launch.job import Grace
 from ddpw_runtime.launch.outcome import RankOutcome, root_cause
 from ddpw_runtime.launch.records import portable
 from ddpw_runtime.launch.signals import held, signal_of
-from ddpw_runtime.launch.supervisor import KILL_WAIT_S, Grace, NodeRanks, OutsideRank, supervise
+from ddpw_runtime.launch.supervisor import KILL_WAIT_S, NodeRanks, OutsideRank, supervise
 from ddpw_runtime.nodes.channel import JobSpec, NodeChannel, NodeEnd, NodeStop
 
 if TYPE_CHECKING:
-    from ddpw_runtime.launch.engine import LocalJob
+    from ddpw_runtime.launch.job import LocalJob
     from ddpw_runtime.launch.protocol import JobStarting
 
 _WATCH_S = 0.1
@@ -196,7 +197,7 @@ def follow(platform: Platform, options: LauncherOptions) -> int:
     it publishes, run this node's ranks of it until they end or another node stops the job; the exit code (0, 1
     when the job failed or was stopped elsewhere, 130 or 143 after Ctrl-C or SIGTERM here). Node 0's console shows
     the job's report; this node's says what ended it here."""
-    from ddpw_runtime.launch.engine import LocalJob, NodeJob, starter_for
+    from ddpw_runtime.launch.job import LocalJob, NodeJob, starter_for
 
     node = platform.node_rank
     assert node

@@ -25,10 +25,9 @@ from ddpw_runtime.errors import SlurmJobError, Terminated
 from ddpw_runtime.hydra_jobs.prepare import task_config
 from ddpw_runtime.hydra_jobs.task import JobTask
 from ddpw_runtime.launch.checks import check
-from ddpw_runtime.launch.engine import NodeJob, starter_for
+from ddpw_runtime.launch.job import Grace, NodeJob, starter_for
 from ddpw_runtime.launch.outcome import root_cause
 from ddpw_runtime.launch.records import portable
-from ddpw_runtime.launch.supervisor import Grace
 from ddpw_runtime.rank.environment import RESTART_COUNT_ENV
 from ddpw_runtime.slurm.outcomes import NodeOutcome
 from ddpw_runtime.slurm.sbatch import rendezvous

@@ -29,8 +29,8 @@ from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
 from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.console import ConsoleEcho, console_of
+from ddpw_runtime.launch.job import Grace
 from ddpw_runtime.launch.payload import write_atomically
-from ddpw_runtime.launch.supervisor import Grace
 from ddpw_runtime.slurm import outcomes as node_outcomes
 from ddpw_runtime.slurm import sbatch
 

@@ -1,0 +1,138 @@
+"""One node's part of one distributed job, ready to start: what it is (`NodeJob`, with the `Grace` its ranks get
+after a signal) and what starting it needs (`LocalJob`: the rank starter, the rendezvous socket, the plan, the
+payload and a private folder). Every supervising process uses it; it starts no rank. No torch at import time."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddpw_conf import Platform
+from ddpw_runtime.launch import rendezvous
+from ddpw_runtime.launch.console import ConsoleRanks
+from ddpw_runtime.launch.devices import Share
+from ddpw_runtime.launch.payload import RankPayload, write_private
+from ddpw_runtime.launch.plan import LaunchPlan, plan_local
+from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.launch.starter import RankStarter, get_starter
+
+log = logging.getLogger("ddpw")
+
+
+@dataclass
+class Grace:
+    """How long ranks get to end after a signal."""
+
+    stop_s: float = 1.0
+    """After SIGTERM, when another rank failed or the time limit passed."""
+    interrupt_s: float = 10.0
+    """After Ctrl-C or SIGTERM to the controller (passed on to them)."""
+
+
+
+@dataclass(frozen=True)
+class NodeJob:
+    """One node's part of a distributed job, as the engine runs it."""
+
+    platform: Platform
+    log_dir: Path
+    grace: Grace = field(default_factory=Grace)
+    node_rank: int = 0
+    master_addr: str | None = None
+    """Where the ranks meet when the platform does not say (the first node of a SLURM allocation)."""
+    master_port: int | None = None
+    run_id: str | None = None
+    """The job's id as the ranks see it (`TORCHELASTIC_RUN_ID`, `run_id()`): the same on every node and
+    across restarts when given, else a new random id."""
+    max_restarts: int = 0
+    """How many times the job may be started again: after a failure (`restart_on_failure`), or, on SLURM,
+    after a preemption or its time limit."""
+    restart_count: int = 0
+    """How many times the job has been started again before this run."""
+    restart_on_failure: bool = True
+    """A failed run is started again while restarts are left (locally; a SLURM job is requeued instead)."""
+    console_prefix: str = ""
+    """Put before every console line of this job's ranks (a job's number when jobs run side by side)."""
+    share: Share | None = None
+    """The GPUs and CPU cores of its own, when jobs run side by side."""
+
+
+def starter_for(platform: Platform) -> RankStarter:
+    """The rank starter for `platform`'s start method, started now if need be (the launchers ask early, so
+    it imports torch while this process goes on)."""
+    return get_starter(preload=platform.spawn_method == "forkserver")
+
+
+class LocalJob:
+    """The ranks of one node of one job, ready to start: the rank starter (none with `starts_ranks=False`: a
+    world of one in the caller), the rendezvous socket (bound before any rank starts, on the node that hosts the
+    store), the plan, the payload (`task`, a packed `TaskCall`, and `state`, the launching process's) and a
+    private folder for the results, until `close`."""
+
+    def __init__(self, task: bytes, state: ProcessState, job: NodeJob, starts_ranks: bool = True) -> None:
+        platform = job.platform
+        self.job = job
+        self._starter = starter_for(platform) if starts_ranks else None
+        hosts_store = job.node_rank == 0 and platform.ipc_protocol == "tcp"
+        self.listener = rendezvous.listen(platform, job.master_addr, job.master_port) if hosts_store else None
+        self.listen_fd = self.listener.fileno() if self.listener is not None else None
+        """The bound rendezvous socket's descriptor, on the node that hosts the store."""
+        self.workdir = Path(tempfile.mkdtemp(prefix="ddpw-"))
+        try:
+            port = self.listener.getsockname()[1] if self.listener is not None else job.master_port
+            self.plan: LaunchPlan = plan_local(
+                platform, Path(job.log_dir).resolve(), self.workdir, job.run_id or uuid.uuid4().hex[:12],
+                job.node_rank, job.master_addr, port, job.max_restarts, job.restart_count, job.share,
+            )
+            self.payload = RankPayload(self.plan, task, state, str(self.workdir))
+            self.payload_path = self.workdir / "payload.pkl"
+            write_private(self.payload_path, self.payload)
+        except BaseException:
+            self.close()
+            raise
+        if platform.verbose:
+            log.info(self.plan.one_line())
+
+    @property
+    def starter(self) -> RankStarter:
+        """The rank starter (started here, before this process starts threads: only then is it a fork)."""
+        assert self._starter is not None, "this job starts no rank"
+        return self._starter
+
+    def host_store(self) -> Any:
+        """The job's TCPStore, served by this process on a duplicate of the rendezvous socket, as
+        torchrun's agent serves it (this imports torch): rank 0 then joins it like every rank, and when the
+        job is stopped, dropping it makes a rank still joining fail at once instead of after the collective
+        timeout (a rank blocked there cannot be told otherwise)."""
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        assert self.listen_fd is not None  # node 0 with the tcp rendezvous (check_caller_rank)
+        own_fd = os.dup(self.listen_fd)
+        try:
+            return TCPStore(self.plan.master_addr, self.plan.master_port, self.plan.world_size, is_master=True,
+                            wait_for_workers=False, master_listen_fd=own_fd,
+                            timeout=timedelta(minutes=self.plan.platform.collective_timeout_min))
+        except BaseException:
+            os.close(own_fd)
+            raise
+
+    def console(self, skip: int | None = None) -> ConsoleRanks:
+        """The console of this node's console ranks (`platform.console_ranks`), but `skip` (a rank that runs
+        in this process)."""
+        shown = [rank for rank in self.plan.console_ranks if rank in self.plan.global_ranks]
+        files = {rank: self.plan.log_file(rank) for rank in shown if rank != skip}
+        return ConsoleRanks(files, self.job.console_prefix, ranked=len(shown) > 1)
+
+    def close(self) -> None:
+        """Close the rendezvous socket and remove the private folder."""
+        if self.listener is not None:
+            self.listener.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
