@@ -59,7 +59,11 @@ class Inbox:
         self._gone: StarterGone | None = None
 
     def put(self, item: RankExited | StarterGone) -> None:
-        """Add `item` and wake the waiting thread (callable from any thread)."""
+        """Add `item` and wake the waiting thread (callable from any thread). That the starter died is kept
+        apart too: an interruption (the SIGTERM a job process gets when its starter dies, at the same moment)
+        that lands while `next` takes it from the queue cannot lose it."""
+        if isinstance(item, StarterGone):
+            self._gone = item
         self._items.put(item)
 
     def wake(self) -> None:
@@ -69,16 +73,19 @@ class Inbox:
     def next(self, timeout: float | None) -> RankExited | None:
         """The next exit; None when `timeout` seconds (None: no limit) pass first, a wake-up comes (the
         caller looks at what it was asked), or `WAIT_SLICE_S` passed. Raises StarterGone when the
-        starter died."""
-        if self._gone is None:
-            try:
+        starter died (once the exits it reported before are taken)."""
+        try:
+            if self._gone is not None:
+                item = self._items.get_nowait()
+            else:
                 item = self._items.get(timeout=WAIT_SLICE_S if timeout is None else min(timeout, WAIT_SLICE_S))
-            except queue.Empty:
+        except queue.Empty:
+            if self._gone is None:
                 return None
-            if not isinstance(item, StarterGone):
-                return item
-            self._gone = item  # for every later call too
-        raise self._gone
+            raise self._gone from None
+        if isinstance(item, StarterGone):
+            raise item
+        return item
 
 
 class RankStarter:
