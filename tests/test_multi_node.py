@@ -196,7 +196,10 @@ def test_a_failure_on_node_1_ends_both_and_node_0_shows_the_root_cause_once(tmp_
     assert (zero.returncode, one.returncode) == (1, 1), err0 + err1
     assert err0.count("rank 1 (node 1) failed: ValueError: rank asked to fail") == 1
     assert "raise ValueError(\"rank asked to fail\")" in err0
-    assert "node 0 shows the job's error" in err1 and "Traceback" not in err1
+    # Node 1 says its rank failed, or, when node 0's stop (its rank saw the peer go) reached it first, that node 0
+    # stopped the job; either way node 0 alone shows the error.
+    assert ("node 0 shows the job's error" in err1 or "the job was stopped on node 0" in err1), err1
+    assert "Traceback" not in err1
 
 
 @pytest.mark.subprocess
@@ -262,7 +265,10 @@ def test_node_0_killed_ends_node_1_naming_it_and_nothing_is_left(tmp_path: Path)
     zero.kill()
     zero.communicate(timeout=30)
     _, err1 = one.communicate(timeout=30)
-    assert one.returncode == 1 and "node 0 could no longer be reached" in err1, err1
+    assert one.returncode == 1, err1
+    # Node 1 names node 0 lost, or, when its rank's own connection to node 0's store broke first (it ends at once),
+    # that rank's failure.
+    assert "node 0 could no longer be reached" in err1 or "rank 1 failed on this node (node 1)" in err1, err1
     wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
 
 

@@ -227,7 +227,7 @@ def follow(platform: Platform, options: LauncherOptions) -> int:
         raise
     channel.end(NodeEnd(node, outcomes))
     cause = root_cause(outcomes)
-    if cause is not None and _failed_by_itself(outcomes):  # (also when another node's stop was seen first)
+    if cause is not None and _failed_by_itself(outcomes) and nodes.seen is None:
         sys.stderr.write(f"[ddpw] rank {cause.rank} failed on this node (node {node}); node 0 shows the job's error\n")
         return 1
     stopped = nodes.seen or channel.stopped()
