@@ -195,13 +195,19 @@ class _Sweep:
                            console_prefix=f"[job {job.idx}] " if self.schedule.devices is not None else "")
         job.pin()  # its output dir and ${now:...} as of its start, as Hydra's basic launcher resolves them
         self.summary.record(entry(job.idx, job.overrides, job.output_dir, 0.0, None, "RUNNING"))
-        folder = Path(tempfile.mkdtemp(prefix="ddpw-job-"))
         payload = JobPayload(ProcessState.capture(), pickling.dumps((self.hydra_context, self.task_function,
                                                                         job.config)), job.idx, node_job)
-        write_private(folder / "payload.pkl", payload)
         log.info(f"#{job.idx} : {job.shown}")
-        with signals.held():  # Ctrl-C or SIGTERM comes once the job is known here, so that it is stopped too
-            pid = starter_for(job.platform).start_job(self.inbox, str(folder / "payload.pkl"), run_job_process)
+        # Ctrl-C or SIGTERM comes once the job is known here (so that it is stopped too), or before its private
+        # folder exists (so that none is left behind).
+        with signals.held():
+            folder = Path(tempfile.mkdtemp(prefix="ddpw-job-"))
+            try:
+                write_private(folder / "payload.pkl", payload)
+                pid = starter_for(job.platform).start_job(self.inbox, str(folder / "payload.pkl"), run_job_process)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
             self.running[pid] = _Running(job, share, folder, time.monotonic())
 
     def _wait_one(self, deadline: float | None = None) -> bool:
@@ -209,14 +215,15 @@ class _Sweep:
         while (event := self.inbox.next(None if deadline is None else max(deadline - time.monotonic(), 0))) is None:
             if deadline is not None and time.monotonic() >= deadline:
                 return False
-        running = self.running.pop(event.pid)
-        try:
-            with open(running.folder / RESULT, "rb") as src:
-                end: JobEnd = pickle.load(src)
-        except (OSError, EOFError, pickle.UnpicklingError):
-            end = JobEnd(stopped_by=self.killed) if self.killed else JobEnd(error=RuntimeError(
-                f"the process of job #{running.job.idx} ended without a result (exit code {event.exit_code})"))
-        shutil.rmtree(running.folder, ignore_errors=True)
+        with signals.held():  # its private folder is either known here or gone
+            running = self.running.pop(event.pid)
+            try:
+                with open(running.folder / RESULT, "rb") as src:
+                    end: JobEnd = pickle.load(src)
+            except (OSError, EOFError, pickle.UnpicklingError):
+                end = JobEnd(stopped_by=self.killed) if self.killed else JobEnd(error=RuntimeError(
+                    f"the process of job #{running.job.idx} ended without a result (exit code {event.exit_code})"))
+            shutil.rmtree(running.folder, ignore_errors=True)
         self.schedule.ended(running.share)
         self.ended[running.job.idx] = end
         if end.error is None:  # an error outside the task is not a job's end

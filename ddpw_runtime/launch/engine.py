@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,7 +15,7 @@ from ddpw_conf import Platform
 from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.launch.checks import check, resolve_callable
 from ddpw_runtime.launch.checks import gpus_available as gpus_available  # imported from here by others
-from ddpw_runtime.launch.job import LocalJob, NodeJob
+from ddpw_runtime.launch.job import NodeJob, local_job
 from ddpw_runtime.launch.outcome import RankOutcome, failure, note_failures
 from ddpw_runtime.launch.payload import TaskCall
 from ddpw_runtime.launch.plan import plan_local
@@ -69,7 +68,7 @@ def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
 def _run_once(task: TaskCall, packed: bytes, state: ProcessState, job: NodeJob, caller_rank: bool) -> list[Any]:
     from ddpw_runtime.launch.caller_rank import CallerRank
 
-    with closing(LocalJob(packed, state, job, starts_ranks=not caller_rank or job.platform.world_size > 1)) as local:
+    with local_job(packed, state, job, starts_ranks=not caller_rank or job.platform.world_size > 1) as local:
         if not caller_rank:
             with local.console() as console:
                 outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console))

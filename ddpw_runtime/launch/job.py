@@ -9,6 +9,8 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from ddpw_runtime.launch.devices import Share
 from ddpw_runtime.launch.payload import RankPayload, write_private
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
 from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.launch.signals import held
 from ddpw_runtime.launch.starter import RankStarter, get_starter
 
 log = logging.getLogger("ddpw")
@@ -136,3 +139,19 @@ class LocalJob:
         if self.listener is not None:
             self.listener.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@contextmanager
+def local_job(task: bytes, state: ProcessState, job: NodeJob, starts_ranks: bool = True) -> Iterator[LocalJob]:
+    """A `LocalJob` for the block, closed however the block ends. It is made and closed whole (a Ctrl-C or
+    SIGTERM meanwhile comes right after), so that an interruption at any moment leaves no private folder."""
+    local = None
+    try:
+        with held():
+            local = LocalJob(task, state, job, starts_ranks)
+        yield local
+    finally:
+        if local is not None:
+            with held():
+                local.close()
+

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import traceback
-from contextlib import closing, suppress
+from contextlib import suppress
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -23,7 +23,7 @@ from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.errors import RankFailure, Terminated
 from ddpw_runtime.launch.engine import settle, with_restarts
-from ddpw_runtime.launch.job import Grace, LocalJob, NodeJob, starter_for
+from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import portable_pickle
@@ -162,7 +162,7 @@ class RunSupervisor:
                 self.awaiting.set()  # rank 0 waits for the next `RankZero` now
         from ddpw_runtime.rank.environment import rank_environment
 
-        with closing(LocalJob(starting.task, starting.state, job)) as local, local.console() as console:
+        with local_job(starting.task, starting.state, job) as local, local.console() as console:
             self.result_file = local.payload.result_file(0)
             env = {**rank_environment(local.plan, 0, 0), **local.payload.job_environment()}
             terminal = console.terminal_of(0)

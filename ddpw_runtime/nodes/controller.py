@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -197,7 +197,7 @@ def follow(platform: Platform, options: LauncherOptions) -> int:
     it publishes, run this node's ranks of it until they end or another node stops the job; the exit code (0, 1
     when the job failed or was stopped elsewhere, 130 or 143 after Ctrl-C or SIGTERM here). Node 0's console shows
     the job's report; this node's says what ended it here."""
-    from ddpw_runtime.launch.job import LocalJob, NodeJob, starter_for
+    from ddpw_runtime.launch.job import NodeJob, local_job, starter_for
 
     node = platform.node_rank
     assert node
@@ -214,7 +214,7 @@ def follow(platform: Platform, options: LauncherOptions) -> int:
     state = spec.state_here(dict(os.environ), os.getcwd(), list(sys.path))
     nodes = Nodes(channel, grace)
     try:
-        with closing(LocalJob(spec.task, state, job)) as local, local.console() as console:
+        with local_job(spec.task, state, job) as local, local.console() as console:
             channel.join()
             ranks = nodes.ranks(local, console)
             with nodes.watching(ranks):
