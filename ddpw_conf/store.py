@@ -16,7 +16,7 @@ from ddpw_conf.platform import Platform
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-_PLAIN_RUN = "ddpw_runtime.hydra_jobs.plain_run.PlainRun"
+_PLAIN_RUN = "ddpw_runtime.procs.plain_run.PlainRun"
 LAUNCHERS: dict[str, tuple[Any, Platform, str]] = {
     "ddpw_cpu": (LocalLauncherConf, Platform(device="cpu"), _PLAIN_RUN),
     "ddpw_gpu": (LocalLauncherConf, Platform(device="gpu", n_gpus_per_node=1), _PLAIN_RUN),

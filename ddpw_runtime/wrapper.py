@@ -49,9 +49,7 @@ class Wrapper:
         # `python -m ddpw_runtime.<package>.<module>`, which must not find themselves imported already; and
         # importing `ddpw_runtime` for the helpers of a rank need not pay for the launcher options.
         from ddpw_conf.launcher import LauncherOptions
-        from ddpw_runtime.launch.caller_rank import check_caller_rank
-        from ddpw_runtime.launch.checks import check
-
+        from ddpw_runtime.launch.checks import check, check_caller_rank
         check(platform)
         platform.validate_local()
         LauncherOptions(stop_grace_s=stop_grace_s, interrupt_grace_s=interrupt_grace_s,
@@ -75,13 +73,15 @@ class Wrapper:
         from ddpw_runtime.launch.engine import run_ranks
         from ddpw_runtime.launch.job import Grace, NodeJob
         from ddpw_runtime.launch.payload import TaskCall
+        from ddpw_runtime.procs.caller import run_with_caller_rank
 
         log_dir = self.log_dir or LOG_ROOT / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")  # a new folder per call
         self.last_log_dir = log_dir.resolve()
         task = target if self.task_context is None else functools.partial(_in_context, self.task_context, target)
         job = NodeJob(self.platform, log_dir, Grace(self.stop_grace_s, self.interrupt_grace_s),
                       max_restarts=self.max_restarts)
-        return run_ranks(TaskCall(task, args, kwargs), job, caller_rank=self.caller_rank)
+        run = run_with_caller_rank if self.caller_rank else run_ranks
+        return run(TaskCall(task, args, kwargs), job)
 
 
 def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]], Callable[..., list[_R]]]:

@@ -422,9 +422,16 @@ def test_ctrl_c_at_any_moment_of_the_start_ends_the_program_at_once_and_leaves_n
     for k in range(-1, _SWEEP_RUNS):  # first (-1): once rank 0 is in its task, which spans the sweep
         cwd = tmp_path / f"run_{k}"
         cwd.mkdir()
-        code, took, shown, moment = _interrupted_run(
-            cwd, private_tmp, None if k < 0 else (runs[0][0] + 0.05) * k / _SWEEP_RUNS
-        )
+        at = None if k < 0 else (runs[0][0] + 0.05) * k / _SWEEP_RUNS
+        code, took, shown, moment = _interrupted_run(cwd, private_tmp, at)
+        if code is None and "[ddpw] Ctrl-C" not in shown and "Interrupted" not in shown:
+            # Nothing of hydra-ddpw saw it: CPython may run a handler inside C code that then drops the
+            # KeyboardInterrupt it raised, before hydra-ddpw runs (seen in Hydra's composition of the config, 1
+            # run in 300), as without hydra-ddpw. Such a moment is tried once more; a loss that repeats fails.
+            wait_for(lambda: not _processes_under(private_tmp), timeout=10, what="every process to end")
+            shutil.rmtree(cwd)
+            cwd.mkdir()
+            code, took, shown, moment = _interrupted_run(cwd, private_tmp, at)
         runs.append((moment, code, took, shown))
         wait_for(lambda: not _processes_under(private_tmp), timeout=10, what=f"every process to end ({moment:.3f} s)")
         assert list(private_tmp.iterdir()) == [], f"{moment:.3f} s"

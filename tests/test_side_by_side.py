@@ -19,10 +19,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from ddpw_conf import Platform
-from ddpw_runtime.hydra_jobs.local import Schedule
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.launch.devices import Devices, Need, Share, visible_gpus
 from ddpw_runtime.launch.plan import plan_local
+from ddpw_runtime.procs.sweep import Schedule
 from ddpw_runtime.rank.environment import rank_environment
 from tests.helpers import alive, run_app, start_app
 

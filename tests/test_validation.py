@@ -472,8 +472,8 @@ def _plain_run_check(override: str) -> None:
     from hydra import compose, initialize_config_dir
 
     from ddpw_conf.launcher import selected_options
-    from ddpw_runtime.hydra_jobs.plain_run import checked_platform
     from ddpw_runtime.hydra_jobs.prepare import hydra_config_of
+    from ddpw_runtime.procs.plain_run import checked_platform
 
     with initialize_config_dir(config_dir=str(TRAIN.parent / "conf"), version_base=None):
         cfg = compose(config_name="config", overrides=[override], return_hydra_config=True)

@@ -90,3 +90,11 @@ def resolve_callable(key: str, path: str) -> Callable[..., Any]:
         raise ConfigError(key, path, "this names something that is not callable")
     return fn
 
+
+def check_caller_rank(platform: Platform) -> None:
+    """Raise ConfigError when the caller cannot be rank 0 of `platform`."""
+    why = "rank 0 runs in this process (a plain run, or Wrapper(caller_rank=True))"
+    if platform.ipc_protocol != "tcp":
+        raise ConfigError("platform.ipc_protocol", platform.ipc_protocol, f"{why}, which hosts the rendezvous store; "
+                          "that needs the tcp rendezvous: use ipc_protocol=tcp (or start a multirun with -m, or "
+                          "caller_rank=False)")

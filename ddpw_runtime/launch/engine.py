@@ -38,12 +38,11 @@ def settle(job: NodeJob, outcomes: list[RankOutcome]) -> None:
         resolve_callable("platform.upon_finish", job.platform.upon_finish)()
 
 
-def run_ranks(task: TaskCall, job: NodeJob, caller_rank: bool = False) -> list[Any]:
+def run_ranks(task: TaskCall, job: NodeJob) -> list[Any]:
     """Run `task` on every rank of this node; their return values in rank order. Raises RankFailure (root cause
-    first) when a rank fails and no restart is left (`with_restarts`); no rank outlives the call. With `caller_rank`
-    (checked by `check_caller_rank`), rank 0 runs in this process (`caller_rank.py`), its value the object itself."""
+    first) when a rank fails and no restart is left (`with_restarts`); no rank outlives the call."""
     packed, state = task.pack(), ProcessState.capture()
-    return with_restarts(job, lambda attempt: _run_once(task, packed, state, attempt, caller_rank))
+    return with_restarts(job, lambda attempt: _run_once(packed, state, attempt))
 
 
 def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
@@ -65,25 +64,11 @@ def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
             job = replace(job, restart_count=job.restart_count + 1)
 
 
-def _run_once(task: TaskCall, packed: bytes, state: ProcessState, job: NodeJob, caller_rank: bool) -> list[Any]:
-    from ddpw_runtime.launch.caller_rank import CallerRank
-
-    with local_job(packed, state, job, starts_ranks=not caller_rank or job.platform.world_size > 1) as local:
-        if not caller_rank:
-            with local.console() as console:
-                outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console))
-            settle(job, outcomes)
-            return [o.result.value() for o in outcomes if o.result is not None]
-        with CallerRank(local) as rank_zero:
-            own = rank_zero.call(task)
-            outcomes = rank_zero.finish()
-        try:
-            settle(job, outcomes)
-        except RankFailure as failure:
-            if failure.rank == 0 and rank_zero.own_error is not None:
-                failure.__cause__ = rank_zero.own_error  # the object itself, not a copy
-            raise
-        return [own, *(o.result.value() for o in outcomes[1:] if o.result is not None)]
+def _run_once(packed: bytes, state: ProcessState, job: NodeJob) -> list[Any]:
+    with local_job(packed, state, job) as local, local.console() as console:
+        outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console))
+    settle(job, outcomes)
+    return [o.result.value() for o in outcomes if o.result is not None]
 
 
 def describe(platform: Platform, log_dir: Path) -> str:

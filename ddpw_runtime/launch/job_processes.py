@@ -15,11 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ddpw_runtime.launch.bounds import KILL_WAIT_S, TERM_WAIT_S
 from ddpw_runtime.launch.payload import JOB_ENV
 from ddpw_runtime.launch.signals import send_to_group
 
-_TERM_WAIT_S = 1.0
-_KILL_WAIT_S = 5.0
 _POLL_S = 0.01
 _numbers = itertools.count()
 
@@ -98,7 +97,7 @@ class JobProcesses:
     def stop(self) -> list[int]:
         """Stop every process of the job (SIGTERM, a moment, SIGKILL) and remove its cgroup (once empty); the
         pids that are still there."""
-        for sig, wait_s in ((signal.SIGTERM, _TERM_WAIT_S), (signal.SIGKILL, _KILL_WAIT_S)):
+        for sig, wait_s in ((signal.SIGTERM, TERM_WAIT_S), (signal.SIGKILL, KILL_WAIT_S)):
             left = self._signal(sig)
             end = time.monotonic() + wait_s
             while left and time.monotonic() < end:

@@ -76,7 +76,7 @@ class StartRank(NamedTuple):
 
 
 class StartJob(NamedTuple):
-    """Fork a job process (a Hydra job of a multirun, `hydra_jobs/job_process.py`) that runs
+    """Fork a job process (a Hydra job of a multirun, `procs/job.py`) that runs
     `run(payload_path, channel, starter_pid, preload)` and exits with what it returns; it gets a channel of its own
     to the starter, for its ranks. `run` travels by reference (a module-level function), so the starter imports
     no code of the job processes it serves."""

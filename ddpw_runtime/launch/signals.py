@@ -79,6 +79,22 @@ def held() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While supervising, SIGTERM raises `Terminated` (in the main thread only) so the ranks are
+    stopped with a grace period instead of the controller vanishing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:  # installed inside: a SIGTERM that comes as it is installed does not leave it there
+        signal.signal(signal.SIGTERM, raise_terminated)
+        yield
+    finally:
+        if previous is not None:  # (None: set outside Python, and left as is)
+            signal.signal(signal.SIGTERM, previous)
+
+
 _state = {"jobs running": False}
 """Whether the launcher is running jobs now (it reports an interruption itself)."""
 

@@ -1,5 +1,5 @@
 """The controller's handle on its rank starter, the helper process that starts the ranks of every job and
-reports their exits (`starter_process.py`; docs/architecture.md, "Rank starter instead of `multiprocessing`").
+reports their exits (`procs/starter.py`; docs/architecture.md, "Rank starter instead of `multiprocessing`").
 Jobs that run side by side share one starter: a reader thread hands each answer to the thread that asked,
 and each exit to the `Inbox` of the job the rank belongs to."""
 
@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from ddpw_runtime.launch.bounds import ANSWER_WAIT_S, CLOSE_WAIT_S, KILL_WAIT_S, WAIT_SLICE_S
 from ddpw_runtime.launch.protocol import (
     Adopt,
     Channel,
@@ -34,18 +35,6 @@ from ddpw_runtime.launch.protocol import (
 from ddpw_runtime.launch.signals import STOPPING_SIGNALS, blocked, held
 
 _A = TypeVar("_A", RankStarted, JobEnded)
-_ANSWER_WAIT_S = 30.0
-"""The longest wait for the starter's answer (it stops a job's processes in 6 s at most)."""
-_CLOSE_WAIT_S = 5.0
-"""How long closing a starter waits for it to exit (it kills its ranks first) before killing it, and
-then for it to vanish after SIGKILL."""
-
-WAIT_SLICE_S = 1.0
-"""The longest single wait of a supervising main thread (for a rank's exit, say): Python runs a signal's
-handler (Ctrl-C) in the main thread, but the kernel may hand the signal to another thread of this process,
-which does not end the main thread's wait; the handler then runs when the wait ends."""
-
-
 class StarterGone(RuntimeError):
     """The rank starter died (every rank it started died with it)."""
 
@@ -128,14 +117,14 @@ class RankStarter:
                 if pid == 0:
                     ours.close()
                     try:
-                        from ddpw_runtime.launch.starter_process import serve
+                        from ddpw_runtime.procs.starter import serve
 
                         serve(Channel(theirs), True, controller, before)
                     finally:
                         os._exit(0)
         else:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "ddpw_runtime.launch.starter_process", str(theirs.fileno()),
+                [sys.executable, "-m", "ddpw_runtime.procs.starter", str(theirs.fileno()),
                  "1" if self.preload else "0", str(controller)],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
@@ -173,7 +162,7 @@ class RankStarter:
 
     def _ask(self, request: StartRank | StartJob | EndJob, fds: Sequence[int], what: str, answer_type: type[_A],
              inbox: Inbox | None = None) -> _A:
-        """Send `request` and wait for its answer, at most `_ANSWER_WAIT_S`; the exit of the process it
+        """Send `request` and wait for its answer, at most `ANSWER_WAIT_S`; the exit of the process it
         starts goes to `inbox`."""
         waiting: queue.SimpleQueue[object] = queue.SimpleQueue()
         with self._state_lock:
@@ -186,10 +175,10 @@ class RankStarter:
             with self._send_lock:
                 self.channel.send(request, fds)
             try:
-                answer = waiting.get(timeout=_ANSWER_WAIT_S)
+                answer = waiting.get(timeout=ANSWER_WAIT_S)
             except queue.Empty:
                 raise RuntimeError(f"the rank starter (pid {self.pid}) did not {what} within "
-                                   f"{_ANSWER_WAIT_S:.0f} s") from None
+                                   f"{ANSWER_WAIT_S:.0f} s") from None
         except OSError as exc:
             raise StarterGone(f"the rank starter (pid {self.pid}) died") from exc
         finally:
@@ -246,16 +235,16 @@ class RankStarter:
 
     def close(self) -> None:
         """Stop the starter (it kills any rank still running); kill it if it has not exited within
-        `_CLOSE_WAIT_S`."""
+        `CLOSE_WAIT_S`."""
         with contextlib.suppress(OSError):
             self.channel.sock.shutdown(socket.SHUT_RDWR)  # the starter sees the end; the reader wakes
             if self._owned:
                 os.kill(self.pid, signal.SIGHUP)  # the same, even while it imports modules (`Preload`)
-        self._reader.join(_CLOSE_WAIT_S)
+        self._reader.join(CLOSE_WAIT_S)
         self.channel.close()
         if not self._owned:
             return
-        deadline = time.monotonic() + _CLOSE_WAIT_S
+        deadline = time.monotonic() + CLOSE_WAIT_S
         killed = False
         while not self._reaped():
             if time.monotonic() > deadline:
@@ -263,7 +252,7 @@ class RankStarter:
                     sys.stderr.write(f"the rank starter (pid {self.pid}) did not exit after SIGKILL; left behind\n")
                     return
                 os.kill(self.pid, signal.SIGKILL)
-                killed, deadline = True, time.monotonic() + _CLOSE_WAIT_S
+                killed, deadline = True, time.monotonic() + KILL_WAIT_S
             time.sleep(0.001)
 
     def _reaped(self) -> bool:

@@ -10,12 +10,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
+from ddpw_runtime.launch.bounds import KILL_WAIT_S, REPORT_S, STARTING_GRACE_S
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.hangs import Watch, drop_empty_stacks, report_of, take_places
 from ddpw_runtime.launch.job import LocalJob
@@ -23,18 +25,11 @@ from ddpw_runtime.launch.job_processes import JobProcesses
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.protocol import RankExited
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.signals import held, raise_terminated, send_to_group, signal_of
+from ddpw_runtime.launch.signals import held, send_to_group, signal_of, sigterm_raises
 from ddpw_runtime.launch.stacks import RankPlace, shown_ranks
 from ddpw_runtime.launch.starter import Inbox, StarterGone
 
 log = logging.getLogger(__name__)
-
-KILL_WAIT_S = 10.0
-"""How long a rank may take to vanish after SIGKILL before it is reported as stuck and left behind."""
-STARTING_GRACE_S = 1.0
-"""How long a rank that has not reached its task yet gets to end after Ctrl-C or SIGTERM before it is killed:
-one still joining its group waits in torch's C++ code, which a signal does not end (its peers may be gone)."""
-
 
 STOP_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 """What asks a rank 0 that runs in the user's own process to stop (another rank failed, or the time
@@ -47,7 +42,7 @@ class OutsideRank:
     """Rank 0 when this node did not start it: a plain run's, the user's own process. It is signalled alone
     (its process group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`: the terminal's
     Ctrl-C reaches it directly, so an interrupt is not passed on to it again. When the job is stopped it gets
-    `_REPORT_S` (5 s) beyond the others' grace to end its task (through Hydra: the user's callbacks run
+    `REPORT_S` beyond the others' grace to end its task (through Hydra: the user's callbacks run
     before it says its task ended). `join`: tells it to join the job, as the ranks start (so an interruption
     from then on stops it with them)."""
 
@@ -56,7 +51,36 @@ class OutsideRank:
     join: Callable[[], None]
 
 
-_REPORT_S = 5.0
+
+
+class RankState(Enum):
+    """Where a rank this node started stands."""
+
+    STARTING = "starting"
+    """Started, not in its task yet (it has not left its mark, `RankPayload.task_mark`)."""
+    RUNNING = "running"
+    """In its task."""
+    ENDED = "ended"
+    LEFT_BEHIND = "left behind"
+    """It did not vanish `KILL_WAIT_S` after SIGKILL (stuck in the kernel); no longer waited for."""
+
+
+@dataclass
+class _Rank:
+    """One rank of this node: its process, where it stands, and how it ended."""
+
+    rank: int
+    pid: int
+    state: RankState = RankState.STARTING
+    stopped: bool = False
+    """The job's stop reached it while it ran (a rank stopping is one not ended yet with this set)."""
+    exit_code: int | None = None
+    ended_at: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Still waited for: not ended and not left behind."""
+        return self.state not in (RankState.ENDED, RankState.LEFT_BEHIND)
 
 
 class NodeRanks:
@@ -74,14 +98,8 @@ class NodeRanks:
         self.ranks = list(ranks)
         self.console = console
         self.on_stop = on_stop
-        self.pids: dict[int, int] = {}
-        """rank by pid"""
-        self.codes: dict[int, int] = {}
-        self.ended_at: dict[int, float] = {}
-        self.stopped: set[int] = set()
-        """Ranks that were still running when the job was stopped."""
-        self.left_behind: set[int] = set()
-        """Pids of ranks that did not exit after SIGKILL (stuck in the kernel); no longer waited for."""
+        self.started: dict[int, _Rank] = {}
+        """Each rank as it started, by pid."""
         self.signals_sent: set[int] = set()
         self.places: dict[int, RankPlace] = {}
         """Where each rank still running was when the job was stopped (before any rank was)."""
@@ -96,7 +114,7 @@ class NodeRanks:
         """Start every rank."""
         first = self.local.plan.global_ranks[0]
         if self.outside is not None:
-            self.pids[self.outside.pid] = 0
+            self.started[self.outside.pid] = _Rank(0, self.outside.pid)
             self.adopt(self.outside.pid)
             self.outside.join()
         for rank in self.ranks:
@@ -108,7 +126,7 @@ class NodeRanks:
                     self.local.listen_fd if rank == 0 else None, self.console.terminal_of(rank),
                 )
                 self.console.handed_over(rank)
-                self.pids[pid] = rank
+                self.started[pid] = _Rank(rank, pid)
 
     def adopt(self, pid: int) -> None:
         """Count process `pid`, which this node did not start (rank 0 in the user's or the caller's process), as
@@ -118,8 +136,7 @@ class NodeRanks:
 
     def running(self, spare: int | None = None) -> list[int]:
         """The pids of the ranks still running, but `spare`."""
-        return [pid for pid, rank in self.pids.items()
-                if rank not in self.codes and pid not in self.left_behind and pid != spare]
+        return [pid for pid, rank in self.started.items() if rank.alive and pid != spare]
 
     def request_stop(self, sig: int | None = None) -> None:
         """Ask the supervising thread (from any thread) to stop the ranks: as after a failure, or with `sig`
@@ -130,7 +147,10 @@ class NodeRanks:
 
     def starting(self) -> list[int]:
         """The pids of the running ranks that have not reached their task (`RankPayload.task_mark`)."""
-        return [pid for pid in self.running() if not self.local.payload.task_mark(self.pids[pid]).exists()]
+        for rank in self.started.values():
+            if rank.state is RankState.STARTING and self.local.payload.task_mark(rank.rank).exists():
+                rank.state = RankState.RUNNING
+        return [pid for pid in self.running() if self.started[pid].state is RankState.STARTING]
 
     def send(self, sig: int, group: bool = True, stopping: bool = False, spare: int | None = None,
              to: list[int] | None = None) -> None:
@@ -139,7 +159,7 @@ class NodeRanks:
         `STOP_SIGNAL`, see `OutsideRank`)."""
         self.signals_sent.add(sig)
         for pid in self.running(spare) if to is None else to:
-            self.stopped.add(self.pids[pid])
+            self.started[pid].stopped = True
             if self.outside is None or pid != self.outside.pid:
                 send_to_group(pid, sig, group)
             elif not (sig == signal.SIGINT and self.outside.sees_ctrl_c):
@@ -148,16 +168,15 @@ class NodeRanks:
     def _record(self, event: RankExited) -> bool:
         """Note how a rank ended; whether it failed (False for a process of an earlier job, one that outlived
         its job's bounded stop, see `kill`)."""
-        rank = self.pids.get(event.pid)
+        rank = self.started.get(event.pid)
         if rank is None:
             return False
-        self.codes[rank] = event.exit_code
-        self.ended_at[rank] = time.time()
+        rank.state, rank.exit_code, rank.ended_at = RankState.ENDED, event.exit_code, time.time()
         return event.exit_code != 0
 
     def take_places(self) -> dict[int, RankPlace]:
         """Where each running rank is now (its stacks, written next to its log)."""
-        return take_places(self.local.plan, {self.pids[pid]: pid for pid in self.running()})
+        return take_places(self.local.plan, {self.started[pid].rank: pid for pid in self.running()})
 
     def _begin_stop(self) -> float:
         """Stop showing the ranks' output, take the running ranks' stacks before any is stopped (where each
@@ -177,14 +196,14 @@ class NodeRanks:
         while self.running():
             event = self.inbox.next(max(0.0, min(grace_end, limit_end, self.watch.due) - time.monotonic()))
             failed = event is not None and self._record(event)
-            if (self._take_requests() or failed) and not self.stopped:
+            if (self._take_requests() or failed) and not self.stopping:
                 grace_end = self._begin_stop()
-            if time.monotonic() >= grace_end:  # an outside rank still running gets `_REPORT_S` more (once)
+            if time.monotonic() >= grace_end:  # an outside rank still running gets `REPORT_S` more (once)
                 spare = self.outside if self.outside and not reported and self.outside.pid in self.running() else None
                 reported = True
                 self.kill(spare=spare.pid if spare is not None else None)
-                grace_end = float("inf") if spare is None else time.monotonic() + _REPORT_S
-            elif time.monotonic() >= limit_end or (not self.stopped and self.watch.check()):
+                grace_end = float("inf") if spare is None else time.monotonic() + REPORT_S
+            elif time.monotonic() >= limit_end or (not self.stopping and self.watch.check()):
                 timed_out, limit_end = True, float("inf")
                 grace_end = self._begin_stop()
         return timed_out
@@ -220,9 +239,9 @@ class NodeRanks:
         for pid in self.running(spare):
             log.error(
                 "rank %d (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a hung GPU call); "
-                "it is left behind", self.pids[pid], pid, KILL_WAIT_S,
+                "it is left behind", self.started[pid].rank, pid, KILL_WAIT_S,
             )
-            self.left_behind.add(pid)
+            self.started[pid].state = RankState.LEFT_BEHIND
 
     def _reap(self, end: float, spare: int | None = None, until_asked: bool = False) -> None:
         """Note the ranks' exits until every rank but `spare` has exited or `end` (monotonic) passed; with
@@ -237,20 +256,26 @@ class NodeRanks:
     def outcomes(self) -> list[RankOutcome]:
         """How each rank ended, in rank order."""
         plan = self.local.plan
+        of_rank = {started.rank: started for started in self.started.values()}
         return [
             RankOutcome(
                 rank=rank,
                 node=plan.node_rank,
                 result=_read_result(self.local.payload.result_file(rank)),
-                exit_code=self.codes.get(rank),
-                stopped=rank in self.stopped,
+                exit_code=of_rank[rank].exit_code if rank in of_rank else None,
+                stopped=rank in of_rank and of_rank[rank].stopped,
                 signals_sent=frozenset(self.signals_sent),
-                ended_at=self.ended_at.get(rank, time.time()),
+                ended_at=(of_rank[rank].ended_at if rank in of_rank else None) or time.time(),
                 log_file=str(plan.log_file(rank)),
                 place=self.places.get(rank),
             )
             for rank in self.ranks
         ]
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the job is being stopped (a rank got the stop's signal)."""
+        return any(rank.stopped for rank in self.started.values())
 
     def end(self) -> None:
         """After the ranks ended: have the starter stop whatever they started (`job_processes.py`); remove the
@@ -259,31 +284,15 @@ class NodeRanks:
         try:
             left = self.local.starter.end_job(self.key, tuple(self.adopted))
         except StarterGone:  # its ranks died with it (SIGKILL at its death); what they started is stopped here
-            for pid in self.pids:
+            for pid in self.started:
                 if pid not in self.adopted:
                     send_to_group(pid, signal.SIGKILL)  # forks of a rank are in its process group
             left = tuple(JobProcesses.named(self.key).stop())  # and what they started elsewhere names the job
         except RuntimeError:  # the starter did not answer in time: it stops what it can when it ends
             return
         if left:
-            log.error("processes the ranks started would not die 6 s after SIGTERM and SIGKILL (stuck in the "
-                      "kernel?); left behind: pids %s", ", ".join(map(str, left)))
-
-
-@contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """While supervising, SIGTERM raises `Terminated` (in the main thread only) so the ranks are
-    stopped with a grace period instead of the controller vanishing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    try:  # installed inside: a SIGTERM that comes as it is installed does not leave it there
-        signal.signal(signal.SIGTERM, raise_terminated)
-        yield
-    finally:
-        if previous is not None:  # (None: set outside Python, and left as is)
-            signal.signal(signal.SIGTERM, previous)
+            log.error("processes the ranks started would not die %.0f s after SIGKILL (stuck in the kernel?); left "
+                      "behind: pids %s", KILL_WAIT_S, ", ".join(map(str, left)))
 
 
 def supervise(ranks: NodeRanks) -> list[RankOutcome]:

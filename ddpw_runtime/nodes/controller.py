@@ -1,34 +1,28 @@
 """Each node's controller in a job across machines without SLURM (docs/multi-node.md). Node 0's is a plain run's
 supervisor: it publishes the job it prepared (`Nodes.lead`), waits (bounded) for the other nodes to join, runs its
 ranks and gathers every node's end (`Nodes.gathered`), so the root cause across nodes is found by the one rule
-(`launch/outcome.py`) and shown on node 0's console. Every other node runs the same command; its controller never
-runs Hydra's job: it follows node 0's (`follow`), running its ranks with node 0's spec. On every node a stop
+(`launch/outcome.py`) and shown on node 0's console. Every other node runs the same command and follows node 0's job
+(`procs/node.py`). On every node a stop
 (a failure, Ctrl-C, SIGTERM) is published in the job's store, and a watcher thread stops the ranks of every other
 node when it sees one."""
 
 from __future__ import annotations
 
 import os
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpw_conf import Platform
-from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.errors import NodeError, Terminated
+from ddpw_runtime.launch.bounds import KILL_WAIT_S
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.job import Grace
 from ddpw_runtime.launch.outcome import RankOutcome, root_cause
-from ddpw_runtime.launch.records import portable
-from ddpw_runtime.launch.signals import held, signal_of
-from ddpw_runtime.launch.supervisor import KILL_WAIT_S, NodeRanks, OutsideRank, supervise
-from ddpw_runtime.nodes.channel import JobSpec, NodeChannel, NodeEnd, NodeStop
+from ddpw_runtime.launch.signals import held
+from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank
+from ddpw_runtime.nodes.channel import JobSpec, NodeChannel, NodeStop
 
 if TYPE_CHECKING:
     from ddpw_runtime.launch.job import LocalJob
@@ -171,7 +165,7 @@ class Nodes:
             if end.interrupted is not None:
                 raise NodeError(NodeStop(end.node, end.interrupted).text())
         every = sorted([*outcomes, *(o for end in ends.values() for o in end.ranks)], key=lambda o: o.rank)
-        if _failed_by_itself(every):  # a rank's own failure, on any node
+        if failed_by_itself(every):  # a rank's own failure, on any node
             return every
         errors = [end.error for end in ends.values() if end.error is not None]
         if errors:
@@ -185,53 +179,8 @@ class Nodes:
         return every
 
 
-def _failed_by_itself(outcomes: list[RankOutcome]) -> bool:
+def failed_by_itself(outcomes: list[RankOutcome]) -> bool:
     """Whether the root cause among `outcomes` is a rank's own failure (not its stop by the launcher, nor only
     a peer gone)."""
     cause = root_cause(outcomes)
     return cause is not None and cause.own_failure and not cause.is_secondary
-
-
-def follow(platform: Platform, options: LauncherOptions) -> int:
-    """Node `platform.node_rank` (> 0, placed by `place_node`) of a job across machines: reach node 0, take the job
-    it publishes, run this node's ranks of it until they end or another node stops the job; the exit code (0, 1
-    when the job failed or was stopped elsewhere, 130 or 143 after Ctrl-C or SIGTERM here). Node 0's console shows
-    the job's report; this node's says what ended it here."""
-    from ddpw_runtime.launch.job import NodeJob, local_job, starter_for
-
-    node = platform.node_rank
-    assert node
-    starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
-    try:
-        channel = NodeChannel.connect(platform)
-        spec = channel.spec(platform.join_timeout_min)
-    except KeyboardInterrupt:  # while it waits for node 0: nothing of the job runs here yet
-        return 128 + signal.SIGINT
-    grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
-    job_platform = replace(spec.platform, node_rank=node)
-    Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
-    job = NodeJob(job_platform, Path(spec.output_dir), grace, node, run_id=spec.run_id, restart_on_failure=False)
-    state = spec.state_here(dict(os.environ), os.getcwd(), list(sys.path))
-    nodes = Nodes(channel, grace)
-    try:
-        with local_job(spec.task, state, job) as local, local.console() as console:
-            channel.join()
-            ranks = nodes.ranks(local, console)
-            with nodes.watching(ranks):
-                outcomes = supervise(ranks)
-    except (KeyboardInterrupt, Terminated) as stop:
-        channel.end(NodeEnd(node, interrupted=signal_of(stop)))
-        return 128 + signal_of(stop)
-    except Exception as error:
-        channel.end(NodeEnd(node, error=portable(error, NodeError)))
-        raise
-    channel.end(NodeEnd(node, outcomes))
-    cause = root_cause(outcomes)
-    if cause is not None and _failed_by_itself(outcomes) and nodes.seen is None:
-        sys.stderr.write(f"[ddpw] rank {cause.rank} failed on this node (node {node}); node 0 shows the job's error\n")
-        return 1
-    stopped = nodes.seen or channel.stopped()
-    if stopped is not None and stopped.node != node:
-        sys.stderr.write(f"[ddpw] {stopped.text()}; this node's ranks were stopped\n")
-        return 1
-    return 1 if cause is not None else 0

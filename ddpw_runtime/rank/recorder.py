@@ -5,14 +5,12 @@ that were written, and a rank stuck in C code (the handler runs between Python l
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from types import FrameType
 
 from ddpw_runtime import _compat
 from ddpw_runtime.launch.payload import write_atomically
-from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.records import RankResult
 
 _dump_to: Path | None = None
@@ -21,15 +19,14 @@ _dump_to: Path | None = None
 
 def arm(path: Path | None, asked: bool = True) -> None:
     """Dump into `path` from now on (None: no longer) when the task's collective timed out (`after`) and, if
-    `asked`, when the supervisor takes the rank's stacks (`DUMP_SIGNAL`: faulthandler, registered after this with
-    `chain=True`, runs the handler once it has written them); an empty file there then says that this rank
-    answers (and drops an earlier attempt's dump). A rank in the user's process is not `asked`: its stacks
-    handler is faulthandler's alone, for the whole run."""
+    `asked`, when the supervisor takes the rank's stacks (`on_request`, which a rank's process installs for
+    `DUMP_SIGNAL` before faulthandler, registered with `chain=True`, so that it runs once faulthandler has written
+    them); an empty file there then says that this rank answers (and drops an earlier attempt's dump). A rank in
+    the user's process is not `asked`: its stacks handler is faulthandler's alone, for the whole run."""
     global _dump_to
     _dump_to = path
     if path is not None and asked:
         write_atomically(path, b"", 0o644)
-        signal.signal(DUMP_SIGNAL, on_request)
 
 
 def on_request(signum: int, frame: FrameType | None) -> None:

@@ -1,7 +1,7 @@
 """The torch side of a rank: threads, device, process group, groups, layout mesh, seeds; and its undoing.
 
 Shared by ranks in processes of their own (`entry.py`) and a rank that runs in the caller's process
-(`launch/caller_rank.py`).
+(`procs/caller.py`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from ddpw_conf import ConfigError
 from ddpw_conf.launcher import SlurmLauncherConf, selected_options
 from ddpw_runtime import _compat
-from ddpw_runtime.hydra_jobs.plain_run import PlainRun
+from ddpw_runtime.procs.plain_run import PlainRun
 
 
 class SlurmPlainRun(PlainRun):

@@ -169,7 +169,7 @@ def _submit(
     right after, so that a resume finds every submitted job."""
     import submitit
 
-    from ddpw_runtime.slurm.node import SlurmNode
+    from ddpw_runtime.procs.slurm_node import SlurmNode
 
     state = pickling.dumps(_compat.hydra_state())
     submitted: list[_Job] = []

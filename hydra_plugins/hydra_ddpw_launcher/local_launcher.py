@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the options and the runtime are imported when a launcher is
 
 
 class DdpwLocalLauncher(DdpwLauncher):
-    """Runs every job of a sweep as a distributed job on this machine (see `ddpw_runtime.hydra_jobs.local`)."""
+    """Runs every job of a sweep as a distributed job on this machine (see `ddpw_runtime.procs.sweep`)."""
 
     options: LocalLauncherConf
 
@@ -29,7 +29,7 @@ class DdpwLocalLauncher(DdpwLauncher):
         """Keep what `launch` needs; the sweep's checks and this launcher compose each job's config
         once between them (`ddpw_runtime.hydra_jobs.compose_once`); the rank starter starts now."""
         from ddpw_runtime.hydra_jobs.compose_once import compose_once
-        from ddpw_runtime.hydra_jobs.local import start_starter_early
+        from ddpw_runtime.procs.sweep import start_starter_early
 
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         compose_once(hydra_context)
@@ -37,6 +37,6 @@ class DdpwLocalLauncher(DdpwLauncher):
 
     def run_jobs(self, jobs: list[PreparedJob]) -> list[JobReturn]:
         """Run each job as a distributed job on this machine."""
-        from ddpw_runtime.hydra_jobs.local import run_jobs
+        from ddpw_runtime.procs.sweep import run_jobs
 
         return run_jobs(self.hydra_context, self.task_function, jobs, self.options, self.summary)

@@ -1,6 +1,6 @@
 """A plain run (no `-m`) with a ddpw launcher: Hydra's own run mode, with the user's process as rank 0. The
 launcher options install `PlainRun`, a callback: `on_run_start` checks and forks the job's supervisor
-(`launch/run_supervisor.py`), `on_job_start` joins the job, `on_job_end` leaves it (and starts it again while
+(`procs/run_supervisor.py`), `on_job_start` joins the job, `on_job_end` leaves it (and starts it again while
 restarts are left), `on_run_end` names the threads that keep the program running (docs/architecture.md,
 "A plain run is Hydra's own run mode", for the rest and the limits).
 """
@@ -85,7 +85,7 @@ def _start_run(config: DictConfig) -> RankZeroSide | None:
     with hydra_config_of(config):
         platform = checked_platform(config, options)
         if platform.node_rank and not options.dry_run:  # another node of a job across machines: it follows node 0's
-            from ddpw_runtime.nodes.controller import follow
+            from ddpw_runtime.procs.node import follow
 
             sys.exit(follow(platform, options))
         pin_now(config)
@@ -102,7 +102,7 @@ def _start_run(config: DictConfig) -> RankZeroSide | None:
 def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
     """The platform of a plain run's job config (`config`, with or without its `hydra` node), after
     every check a plain run must pass."""
-    from ddpw_runtime.launch.caller_rank import check_caller_rank
+    from ddpw_runtime.launch.checks import check_caller_rank
     from ddpw_runtime.nodes.environment import place_node
 
     platform = options.platform_of(config)
@@ -158,7 +158,7 @@ class RankZeroSide:
         """Fork the program: this call returns in the fork, which goes on as rank 0; the program's own
         process supervises the job (`run_supervisor.py`). With a build of torch without GPU support,
         torch is imported first, so the supervisor forks the ranks with it loaded (one import, not two)."""
-        from ddpw_runtime.launch.run_supervisor import fork_supervisor
+        from ddpw_runtime.procs.run_supervisor import fork_supervisor
 
         if "torch" not in sys.modules and _compat.torch_without_gpu_support():
             import torch  # noqa: F401  (see above)

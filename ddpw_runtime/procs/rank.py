@@ -1,7 +1,7 @@
 """What runs in each rank process: output to its log file, the launching process's state, logging,
 device, process group and seed, then the task; it always ends by writing a `RankResult`.
 
-Run as `python -m ddpw_runtime.rank.entry PAYLOAD LOCAL_RANK LISTEN_FD TERMINAL_FD` (spawn; `-` for a
+Run as `python -m ddpw_runtime.procs.rank PAYLOAD LOCAL_RANK LISTEN_FD TERMINAL_FD` (spawn; `-` for a
 descriptor it does not get) or called by the starter after fork.
 """
 
@@ -52,7 +52,8 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     plan = payload.plan
     rank = plan.node_rank * plan.ranks_per_node + local_rank
     _redirect_output(plan.log_file(rank), terminal)
-    recorder.arm(plan.recorder_file(rank))  # its collectives, asked: after faulthandler's stacks (chain)
+    recorder.arm(plan.recorder_file(rank))
+    signal.signal(DUMP_SIGNAL, recorder.on_request)  # its collectives, after faulthandler's stacks (chain)
     faulthandler.register(DUMP_SIGNAL, file=open_log(plan.stacks_file(rank)), all_threads=True, chain=True)
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held by the starter until now

@@ -12,12 +12,13 @@ from dataclasses import replace
 from types import FrameType, TracebackType
 from typing import Any
 
-from ddpw_conf import ConfigError, Platform
 from ddpw_runtime import _compat
-from ddpw_runtime.errors import JobTimedOut, RankStopped, Terminated
-from ddpw_runtime.launch.job import LocalJob
+from ddpw_runtime.errors import JobTimedOut, RankFailure, RankStopped, Terminated
+from ddpw_runtime.launch.engine import settle, with_restarts
+from ddpw_runtime.launch.job import LocalJob, NodeJob, local_job
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
 from ddpw_runtime.launch.payload import TaskCall, from_task
+from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import STOPPING_SIGNALS, handle, signal_of
 from ddpw_runtime.launch.stacks import RankPlace, from_frame
@@ -25,13 +26,25 @@ from ddpw_runtime.launch.supervisor import STOP_SIGNAL, NodeRanks, supervise
 from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack
 
 
-def check_caller_rank(platform: Platform) -> None:
-    """Raise ConfigError when the caller cannot be rank 0 of `platform`."""
-    why = "rank 0 runs in this process (a plain run, or Wrapper(caller_rank=True))"
-    if platform.ipc_protocol != "tcp":
-        raise ConfigError("platform.ipc_protocol", platform.ipc_protocol, f"{why}, which hosts the rendezvous store; "
-                          "that needs the tcp rendezvous: use ipc_protocol=tcp (or start a multirun with -m, or "
-                          "caller_rank=False)")
+def run_with_caller_rank(task: TaskCall, job: NodeJob) -> list[Any]:
+    """`run_ranks` with rank 0 in this process (checked by `check_caller_rank`): every rank's value in rank order,
+    rank 0's the object itself; the `RankFailure` of rank 0 has what its task raised here as its cause."""
+    packed, state = task.pack(), ProcessState.capture()
+    return with_restarts(job, lambda attempt: _run_once(task, packed, state, attempt))
+
+
+def _run_once(task: TaskCall, packed: bytes, state: ProcessState, job: NodeJob) -> list[Any]:
+    with local_job(packed, state, job, starts_ranks=job.platform.world_size > 1) as local:
+        with CallerRank(local) as rank_zero:
+            own = rank_zero.call(task)
+            outcomes = rank_zero.finish()
+        try:
+            settle(job, outcomes)
+        except RankFailure as failure:
+            if failure.rank == 0 and rank_zero.own_error is not None:
+                failure.__cause__ = rank_zero.own_error  # the object itself, not a copy
+            raise
+        return [own, *(o.result.value() for o in outcomes[1:] if o.result is not None)]
 
 
 class CallerRank:

@@ -1,5 +1,5 @@
 """The local launcher's jobs: one Hydra job = one distributed job on this machine, each in a job process of
-its own (`job_process.py`), started and stopped as docs/architecture.md ("Jobs side by side") says. A failed
+its own (`procs/job.py`), started and stopped as docs/architecture.md ("Jobs side by side") says. A failed
 job does not stop the others, unless `fail_fast`: then the jobs beside it are stopped (SIGTERM, the
 interrupt grace), no more start, and its error is raised; an error outside a task (a callback's) stops new
 jobs from starting and is raised once the running ones ended; after Ctrl-C or SIGTERM the program exits
@@ -27,18 +27,18 @@ from omegaconf import DictConfig
 from ddpw_conf import ConfigError
 from ddpw_conf.launcher import LocalLauncherConf
 from ddpw_runtime.errors import Interrupted, Terminated
-from ddpw_runtime.hydra_jobs.job_process import RESULT, JobEnd, JobPayload, run_job_process
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast_line
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
 from ddpw_runtime.launch import pickling, signals
+from ddpw_runtime.launch.bounds import KILL_WAIT_S
 from ddpw_runtime.launch.devices import Devices, Need, Share, cpu_cores, visible_gpus
 from ddpw_runtime.launch.engine import describe, gpus_available
 from ddpw_runtime.launch.job import Grace, NodeJob, starter_for
 from ddpw_runtime.launch.payload import write_private
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.starter import Inbox
-from ddpw_runtime.launch.supervisor import KILL_WAIT_S
+from ddpw_runtime.procs.job import RESULT, JobEnd, JobPayload, run_job_process
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ When the controller goes away (even by SIGKILL) the starter gets SIGHUP (PR_SET_
 socket close: it stops every job's processes, removes their private folders and exits; each rank gets
 SIGKILL if the starter dies first.
 
-Run as `python -m ddpw_runtime.launch.starter_process FD PRELOAD CONTROLLER_PID`, or called in a fork of
+Run as `python -m ddpw_runtime.procs.starter FD PRELOAD CONTROLLER_PID`, or called in a fork of
 the controller.
 """
 
@@ -91,7 +91,7 @@ class _Server:
         # a Ctrl-C sent to a child in the moment between its fork and its own handler; see `_fork`).
         signal.signal(signal.SIGINT, lambda *_: None)
         signal.signal(signal.SIGHUP, self.end)
-        handle((signal.SIGTERM,), self.end)  # (ignored on a SLURM node: see slurm/node.py)
+        handle((signal.SIGTERM,), self.end)  # (ignored on a SLURM node: see procs/slurm_node.py)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
@@ -189,7 +189,7 @@ class _Server:
                 os._exit(code)
 
     def _start_job(self, request: protocol.StartJob) -> int:
-        """Fork a job process (`hydra_jobs/job_process.py`), with a channel of its own to this starter."""
+        """Fork a job process (`procs/job.py`), with a channel of its own to this starter."""
         ours, theirs = socket.socketpair()
 
         def job_process() -> int:
@@ -218,8 +218,8 @@ class _Server:
                         os.set_inheritable(passed, True)
                 passed_fds = ("-" if fd is None else str(fd) for fd in (listen_fd, terminal))
                 args = [request.payload_path, str(request.local_rank), *passed_fds]
-                os.execv(sys.executable, [sys.executable, "-m", "ddpw_runtime.rank.entry", *args])
-            from ddpw_runtime.rank.entry import run_rank
+                os.execv(sys.executable, [sys.executable, "-m", "ddpw_runtime.procs.rank", *args])
+            from ddpw_runtime.procs.rank import run_rank
 
             return run_rank(request.payload_path, request.local_rank, listen_fd, terminal, job.adopt)
 

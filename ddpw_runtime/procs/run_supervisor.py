@@ -22,16 +22,17 @@ from typing import NoReturn
 from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.errors import RankFailure, Terminated
+from ddpw_runtime.launch.bounds import KILL_WAIT_S, WAIT_SLICE_S
 from ddpw_runtime.launch.engine import settle, with_restarts
 from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import portable_pickle
 from ddpw_runtime.launch.signals import blocked, handle, held, send_to_group, signal_of, stopped_line
-from ddpw_runtime.launch.starter import WAIT_SLICE_S, close_starters
-from ddpw_runtime.launch.starter_process import die_with_parent
-from ddpw_runtime.launch.supervisor import KILL_WAIT_S, NodeRanks, OutsideRank, supervise
+from ddpw_runtime.launch.starter import close_starters
+from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
 from ddpw_runtime.nodes.controller import Nodes
+from ddpw_runtime.procs.starter import die_with_parent
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -1,0 +1,65 @@
+"""A node other than 0 of a job across machines without SLURM (docs/multi-node.md): the program's own process,
+started with the same command as node 0's. It never runs Hydra's job: it follows node 0's (`follow`), running its
+ranks with node 0's spec, until they end or another node stops the job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from ddpw_conf import Platform
+from ddpw_conf.launcher import LauncherOptions
+from ddpw_runtime.errors import NodeError, Terminated
+from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
+from ddpw_runtime.launch.outcome import root_cause
+from ddpw_runtime.launch.records import portable
+from ddpw_runtime.launch.signals import signal_of
+from ddpw_runtime.launch.supervisor import supervise
+from ddpw_runtime.nodes.channel import NodeChannel, NodeEnd
+from ddpw_runtime.nodes.controller import Nodes, failed_by_itself
+
+
+def follow(platform: Platform, options: LauncherOptions) -> int:
+    """Node `platform.node_rank` (> 0, placed by `place_node`) of a job across machines: reach node 0, take the job
+    it publishes, run this node's ranks of it until they end or another node stops the job; the exit code (0, 1
+    when the job failed or was stopped elsewhere, 130 or 143 after Ctrl-C or SIGTERM here). Node 0's console shows
+    the job's report; this node's says what ended it here."""
+    node = platform.node_rank
+    assert node
+    starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
+    try:
+        channel = NodeChannel.connect(platform)
+        spec = channel.spec(platform.join_timeout_min)
+    except KeyboardInterrupt:  # while it waits for node 0: nothing of the job runs here yet
+        return 128 + signal.SIGINT
+    grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
+    job_platform = replace(spec.platform, node_rank=node)
+    Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
+    job = NodeJob(job_platform, Path(spec.output_dir), grace, node, run_id=spec.run_id, restart_on_failure=False)
+    state = spec.state_here(dict(os.environ), os.getcwd(), list(sys.path))
+    nodes = Nodes(channel, grace)
+    try:
+        with local_job(spec.task, state, job) as local, local.console() as console:
+            channel.join()
+            ranks = nodes.ranks(local, console)
+            with nodes.watching(ranks):
+                outcomes = supervise(ranks)
+    except (KeyboardInterrupt, Terminated) as stop:
+        channel.end(NodeEnd(node, interrupted=signal_of(stop)))
+        return 128 + signal_of(stop)
+    except Exception as error:
+        channel.end(NodeEnd(node, error=portable(error, NodeError)))
+        raise
+    channel.end(NodeEnd(node, outcomes))
+    cause = root_cause(outcomes)
+    if cause is not None and failed_by_itself(outcomes) and nodes.seen is None:
+        sys.stderr.write(f"[ddpw] rank {cause.rank} failed on this node (node {node}); node 0 shows the job's error\n")
+        return 1
+    stopped = nodes.seen or channel.stopped()
+    if stopped is not None and stopped.node != node:
+        sys.stderr.write(f"[ddpw] {stopped.text()}; this node's ranks were stopped\n")
+        return 1
+    return 1 if cause is not None else 0
