@@ -118,14 +118,17 @@ class LocalJob:
         from torch.distributed import TCPStore
 
         assert self.listen_fd is not None  # node 0 with the tcp rendezvous (check_caller_rank)
-        own_fd = os.dup(self.listen_fd)
-        try:
-            return TCPStore(self.plan.master_addr, self.plan.master_port, self.plan.world_size, is_master=True,
-                            wait_for_workers=False, master_listen_fd=own_fd,
-                            timeout=timedelta(minutes=self.plan.platform.collective_timeout_min))
-        except BaseException:
-            os.close(own_fd)
-            raise
+        # Made whole: a Ctrl-C that came right after the store took the descriptor (its handler runs as the call
+        # returns) would have it closed here too, and the store's own close then closes whatever reused it.
+        with held():
+            own_fd = os.dup(self.listen_fd)
+            try:
+                return TCPStore(self.plan.master_addr, self.plan.master_port, self.plan.world_size, is_master=True,
+                                wait_for_workers=False, master_listen_fd=own_fd,
+                                timeout=timedelta(minutes=self.plan.platform.collective_timeout_min))
+            except BaseException:
+                os.close(own_fd)
+                raise
 
     def console(self, skip: int | None = None) -> ConsoleRanks:
         """The console of this node's console ranks (`platform.console_ranks`), but `skip` (a rank that runs
