@@ -25,7 +25,8 @@ from tests.helpers import APPS, job_dirs, leftover, seen, wait_for
 HOST = "127.0.0.2"
 _CLEAN = ("PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR", "PET_MASTER_PORT", "MASTER_ADDR",
           "MASTER_PORT", "NODE_RANK", "RANK", "WORLD_SIZE", "SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS",
-          "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE")
+          "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS",
+          "SLURM_PROCID", "SLURM_STEP_NODELIST")
 
 
 def free_port() -> int:
@@ -64,6 +65,31 @@ def test_torchrun_style_variables_place_the_node() -> None:
     assert (placed.node_rank, placed.master_addr, placed.master_port) == (0, "10.1.1.1", 29400)
 
 
+_SRUN_STEP = {"SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1",
+              "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_NNODES": "4", "SLURM_NODEID": "3",
+              "SLURM_JOB_NODELIST": "gpu[05-08]"}
+"""What `srun -N2 --ntasks-per-node=1` gives the copy on the step's second node, in an allocation of four."""
+
+
+def test_an_srun_steps_environment_places_the_node_by_the_step_not_the_allocation() -> None:
+    placed = place_node(_two(), environ=_SRUN_STEP)
+    assert (placed.node_rank, placed.master_addr, placed.master_port) == (1, "gpu07", DEFAULT_PORT)
+
+
+def test_sbatchs_own_script_is_no_step_and_places_nothing() -> None:
+    script = {"SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_PROCID": "0", "SLURM_NODEID": "0",
+              "SLURM_JOB_NODELIST": "n[1-2]"}
+    assert detect(script) is None
+
+
+@pytest.mark.parametrize(("nodelist", "first"), [
+    ("n1", "n1"), ("n1,n2", "n1"), ("gpu[03-05,9],cpu1", "gpu03"), ("rack[1-2]-n[4-5]", "rack1-n4"),
+    ("gnode[10,20,25,37]", "gnode10"),
+])
+def test_node_0_of_an_srun_step_is_the_first_host_of_its_node_list(nodelist: str, first: str) -> None:
+    assert place_node(_two(), environ={**_SRUN_STEP, "SLURM_STEP_NODELIST": nodelist}).master_addr == first
+
+
 def test_one_node_ignores_the_environment_it_does_not_need() -> None:
     platform = Platform()
     assert place_node(platform, environ={"NODE_RANK": "3", "MASTER_ADDR": "10.1.1.1"}) is platform
@@ -85,6 +111,9 @@ def test_one_node_ignores_the_environment_it_does_not_need() -> None:
                  id="rank-not-a-number"),
     pytest.param({}, {"PET_NNODES": "2", "PET_NODE_RANK": "1", "MASTER_ADDR": "m", "PET_NPROC_PER_NODE": "4"},
                  "platform.n_procs_per_node", "PET_NPROC_PER_NODE=4", id="ranks-per-node-disagree"),
+    pytest.param({}, {**_SRUN_STEP, "SLURM_STEP_NUM_TASKS": "8"}, "SLURM_STEP_NUM_TASKS", "--ntasks-per-node=1",
+                 id="srun-a-task-per-rank"),
+    pytest.param({"node_rank": 0}, _SRUN_STEP, "platform.node_rank", "SLURM_PROCID=1", id="srun-rank-disagrees"),
 ])
 def test_a_node_that_cannot_be_placed_is_refused_naming_key_value_and_fix(fields: dict, environ: dict, key: str,
                                                                           hint: str) -> None:
@@ -96,6 +125,8 @@ def test_a_node_that_cannot_be_placed_is_refused_naming_key_value_and_fix(fields
 def test_one_node_where_the_platform_runs_the_command_on_several_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"platform.n_nodes=1: SkyPilot runs this command on 2 machines"):
         place_node(Platform(), environ={"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "2"})
+    with pytest.raises(ConfigError, match=r"SLURM \(srun\) runs this command on 2 machines .*n_nodes=2"):
+        place_node(Platform(), environ=_SRUN_STEP)
 
 
 @pytest.mark.parametrize(("fields", "key", "hint"), [

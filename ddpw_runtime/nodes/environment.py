@@ -1,11 +1,12 @@
 """Where this machine stands in a job across machines (`platform.n_nodes` > 1 with a local launcher): its node rank,
 node 0's address and the rendezvous port, from the platform's fields or, where they are left null, from what the
-platform the node runs on sets (Kubeflow's PyTorchJob, SkyPilot, torchrun-style variables). A bare `RANK` or
-`WORLD_SIZE` is never read: it is a node's number on some platforms and a process's on others. No torch."""
+platform the node runs on sets (Kubeflow's PyTorchJob, SkyPilot, SLURM's `srun`, torchrun-style variables). A bare
+`RANK` or `WORLD_SIZE` is never read: it is a node's number on some platforms and a process's on others. No torch."""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,8 +40,8 @@ class NodeEnvironment:
 
 
 def detect(environ: Mapping[str, str]) -> NodeEnvironment | None:
-    """The platform whose variables `environ` holds (Kubeflow's PyTorchJob, then SkyPilot, then torchrun-style
-    `NODE_RANK`/`MASTER_ADDR`), or None."""
+    """The platform whose variables `environ` holds (Kubeflow's PyTorchJob, then SkyPilot, then a step of SLURM's
+    `srun`, then torchrun-style `NODE_RANK`/`MASTER_ADDR`), or None."""
     if "PET_NNODES" in environ or "PET_NODE_RANK" in environ:
         return _pytorchjob(environ)
     if "SKYPILOT_NODE_RANK" in environ:
@@ -52,6 +53,8 @@ def detect(environ: Mapping[str, str]) -> NodeEnvironment | None:
             master_addr=Given("SKYPILOT_NODE_IPS", ips[0]) if ips else None,
             gpus_per_node=_int(environ, "SKYPILOT_NUM_GPUS_PER_NODE"),
         )
+    if "SLURM_STEP_NUM_NODES" in environ and "SLURM_PROCID" in environ:  # a step of srun (not sbatch's script)
+        return _srun(environ)
     if "NODE_RANK" in environ or "MASTER_ADDR" in environ:
         return NodeEnvironment(
             "torchrun-style variables",
@@ -77,6 +80,31 @@ def _pytorchjob(environ: Mapping[str, str]) -> NodeEnvironment:
         master_port=_int(environ, "MASTER_PORT", minimum=1) or _int(environ, "PET_MASTER_PORT", minimum=1),
         ranks_per_node=_int(environ, "PET_NPROC_PER_NODE", minimum=1) if nproc.strip().isdigit() else None,
     )
+
+
+def _srun(environ: Mapping[str, str]) -> NodeEnvironment:
+    """A step of `srun`: one copy of the command per node (task i on the step's node i), node 0 the step's first
+    host. SLURM_NNODES and SLURM_NODEID are the allocation's, not the step's, so they are not read."""
+    nodes = _int(environ, "SLURM_STEP_NUM_NODES", minimum=1)
+    tasks = _int(environ, "SLURM_STEP_NUM_TASKS", minimum=1)
+    if nodes is not None and tasks is not None and tasks.value != nodes.value:
+        raise ConfigError("SLURM_STEP_NUM_TASKS", tasks.value, f"srun runs {tasks.value} copies of this command on "
+                          f"{nodes.value} node(s), and each would start ranks of its own; run one per node (srun "
+                          "--ntasks-per-node=1 ...), which starts that node's ranks")
+    first = first_host(environ.get("SLURM_STEP_NODELIST", ""))
+    return NodeEnvironment(
+        "SLURM (srun)",
+        node_rank=_int(environ, "SLURM_PROCID"),
+        n_nodes=nodes,
+        master_addr=Given("SLURM_STEP_NODELIST", first) if first else None,
+        master_port=_int(environ, "MASTER_PORT", minimum=1),
+    )
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM host list: `gpu[03-05,9],cpu1` -> `gpu03`, `rack[1-2]-n[4-5]` -> `rack1-n4`."""
+    head = re.match(r"[^,\[]*(?:\[[^\]]*\][^,\[]*)*", nodelist.strip())
+    return re.sub(r"\[([^\]\-,]*)[^\]]*\]", r"\1", head.group(0)) if head else ""
 
 
 def _text(environ: Mapping[str, str], variable: str) -> Given | None:
@@ -131,7 +159,8 @@ def place_node(platform: Platform, environ: Mapping[str, str] | None = None) -> 
             raise ConfigError(f"platform.{key}", None, f"a job across machines (platform.n_nodes={platform.n_nodes}) "
                               "needs each machine's node rank and node 0's address: set platform.node_rank and "
                               "platform.master_addr on each, or run where a platform sets them (Kubeflow PyTorchJob: "
-                              "PET_NODE_RANK, MASTER_ADDR; SkyPilot: SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS; "
+                              "PET_NODE_RANK, MASTER_ADDR; SkyPilot: SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS; srun: "
+                              "SLURM_PROCID, SLURM_STEP_NODELIST; "
                               "torchrun-style: NODE_RANK, MASTER_ADDR); a bare RANK is not read")
     if values["master_port"] is None:
         values["master_port"] = DEFAULT_PORT
