@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -108,6 +109,30 @@ def test_two_nodes_one_rank_each_all_reduce_across_nodes(slurm_env: dict[str, st
         assert data["env"]["MASTER_PORT"] == str(20000 + job_id % 20000)
         assert data["output_dir"] == str(job)
     _gone(ranks)
+
+
+@pytest.mark.subprocess
+def test_a_plain_run_under_a_bare_srun_spans_the_steps_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """`srun -N2 --ntasks-per-node=1 python app.py platform.n_nodes=2` with a local launcher, as inside an
+    allocation without `ddpw_slurm`: each copy is placed by the step's variables (node rank SLURM_PROCID, node 0
+    the step's first host), and the two run one job, reported once, in node 0's output dir."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run(
+        ["srun", "-N2", "--ntasks-per-node=1", f"--chdir={tmp_path}", sys.executable, str(APPS / "app.py"),
+         "hydra/launcher=ddpw_cpu", "platform.n_nodes=2", "platform.n_procs_per_node=1"],
+        env={**os.environ, "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"}, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    [job] = job_dirs(tmp_path)  # one output dir: node 1 took node 0's
+    ranks = seen(job)
+    assert {r: d["env"]["GROUP_RANK"] for r, d in ranks.items()} == {0: "0", 1: "1"}  # node = SLURM_PROCID
+    assert {d["world_size"] for d in ranks.values()} == {2} and ranks[0]["all_reduce_world"] == 2.0
+    assert {d["env"]["MASTER_ADDR"] for d in ranks.values()} == {"n1"}  # the step's first host
+    assert proc.stdout.count("COMPLETED") == 1  # node 0's report
+    assert leftover(ranks) == []
 
 
 @pytest.mark.subprocess

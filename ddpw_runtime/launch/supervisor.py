@@ -283,11 +283,13 @@ class NodeRanks:
         drop_empty_stacks(self.local.plan)
         try:
             left = self.local.starter.end_job(self.key, tuple(self.adopted))
-        except StarterGone:  # its ranks died with it (SIGKILL at its death); what they started is stopped here
-            for pid in self.started:
-                if pid not in self.adopted:
-                    send_to_group(pid, signal.SIGKILL)  # forks of a rank are in its process group
-            left = tuple(JobProcesses.named(self.key).stop())  # and what they started elsewhere names the job
+        except StarterGone:  # its ranks died with it (SIGKILL at its death); what they started is stopped here,
+            # whole (bounded): a job process gets SIGTERM as its starter dies, which must not cut this short
+            with held():
+                for pid in self.started:
+                    if pid not in self.adopted:
+                        send_to_group(pid, signal.SIGKILL)  # forks of a rank are in its process group
+                left = tuple(JobProcesses.named(self.key).stop())  # and what they started elsewhere names the job
         except RuntimeError:  # the starter did not answer in time: it stops what it can when it ends
             return
         if left:
