@@ -200,6 +200,14 @@ def _start_two(tmp_path: Path, way: Way, *overrides: str, second_after: float = 
     return tuple(nodes)
 
 
+def _two_running(tmp_path: Path) -> tuple[subprocess.Popen, subprocess.Popen, dict]:
+    """Two nodes of a job whose ranks wait for a signal, once both ranks run; what each rank recorded."""
+    zero, one = _start_two(tmp_path, _explicit, "behaviour=wait")
+    wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
+             what="both ranks to run")
+    return zero, one, seen(job_dirs(tmp_path)[0])
+
+
 @pytest.mark.subprocess
 @pytest.mark.parametrize("way", PLATFORMS)
 def test_a_plain_run_spans_two_nodes_in_node_0s_output_dir(tmp_path: Path, way: Way) -> None:
@@ -235,10 +243,7 @@ def test_a_failure_on_node_1_ends_both_and_node_0_shows_the_root_cause_once(tmp_
 
 @pytest.mark.subprocess
 def test_ctrl_c_on_node_1_ends_the_job_on_both_and_node_0_says_which_node(tmp_path: Path) -> None:
-    zero, one = _start_two(tmp_path, _explicit, "behaviour=wait")
-    wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
-             what="both ranks to run")
-    ranks = seen(job_dirs(tmp_path)[0])
+    zero, one, ranks = _two_running(tmp_path)
     started = time.monotonic()
     one.send_signal(signal.SIGINT)
     _, err1 = one.communicate(timeout=60)
@@ -289,10 +294,7 @@ def test_node_1_started_first_waits_for_node_0(tmp_path: Path) -> None:
 
 @pytest.mark.subprocess
 def test_node_0_killed_ends_node_1_naming_it_and_nothing_is_left(tmp_path: Path) -> None:
-    zero, one = _start_two(tmp_path, _explicit, "behaviour=wait")
-    wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
-             what="both ranks to run")
-    ranks = seen(job_dirs(tmp_path)[0])
+    zero, one, ranks = _two_running(tmp_path)
     zero.kill()
     zero.communicate(timeout=30)
     _, err1 = one.communicate(timeout=30)
@@ -305,10 +307,7 @@ def test_node_0_killed_ends_node_1_naming_it_and_nothing_is_left(tmp_path: Path)
 
 @pytest.mark.subprocess
 def test_node_1_killed_ends_node_0_naming_it_within_seconds(tmp_path: Path) -> None:
-    zero, one = _start_two(tmp_path, _explicit, "behaviour=wait")  # ranks that never notice a peer gone
-    wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
-             what="both ranks to run")
-    ranks = seen(job_dirs(tmp_path)[0])
+    zero, one, ranks = _two_running(tmp_path)  # ranks that never notice a peer gone
     started = time.monotonic()
     one.kill()
     one.communicate(timeout=30)
