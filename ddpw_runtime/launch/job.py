@@ -38,7 +38,6 @@ class Grace:
     """After Ctrl-C or SIGTERM to the controller (passed on to them)."""
 
 
-
 @dataclass(frozen=True)
 class NodeJob:
     """One node's part of a distributed job, as the engine runs it."""
