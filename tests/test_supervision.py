@@ -217,3 +217,32 @@ def test_the_rank_starter_killed_leaves_no_process_of_the_job(tmp_path: Path, fl
     assert "rank starter" in out + err
     wait_for(lambda: not any(alive(pid) for pid in children) and leftover(ranks) == [], timeout=15,
              what="every process of the job to end")
+
+
+_IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \
+                   "time.sleep(60)"
+_ENDS_ON_SIGTERM = "import time; print('ready', flush=True); time.sleep(60)"
+
+
+def test_children_stop_gives_the_first_signal_a_grace_then_kills_and_reports_each_end() -> None:
+    """The one interface every supervising process watches and stops its children with: adopted children are
+    watched by their pidfd; `stop` sends the first signal, waits the grace, then SIGKILLs what ignored it."""
+    from ddpw_runtime.launch.children import Children, ChildState
+
+    ended: list[int] = []
+    children = Children(on_exit=lambda child: ended.append(child.pid))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+             for code in (_ENDS_ON_SIGTERM, _IGNORES_SIGTERM)]
+    for proc in procs:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        children.adopt(proc.pid, f"child {proc.pid}")
+    assert children.next_exit(0.0) is None  # both run
+    left = children.stop(signal.SIGTERM, grace_s=0.5)
+    assert left == []
+    assert sorted(ended) == sorted(proc.pid for proc in procs)
+    polite, stubborn = (children.of_pid[proc.pid] for proc in procs)
+    assert (polite.exit_code, stubborn.exit_code) == (-signal.SIGTERM, -signal.SIGKILL)
+    assert all(child.state is ChildState.ENDED and child.stopped and not child.alive for child in (polite, stubborn))
+    assert not any(alive(proc.pid) for proc in procs)
+    for proc in procs:  # (reaped by the watcher: Popen learns it here)
+        proc.wait()

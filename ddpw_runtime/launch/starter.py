@@ -15,12 +15,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ddpw_runtime.launch.bounds import ANSWER_WAIT_S, CLOSE_WAIT_S, KILL_WAIT_S, WAIT_SLICE_S
+from ddpw_runtime.launch.bounds import ANSWER_WAIT_S, CLOSE_WAIT_S
+from ddpw_runtime.launch.children import Children, Inbox, StarterGone
 from ddpw_runtime.launch.protocol import (
     Adopt,
     Channel,
@@ -35,48 +35,6 @@ from ddpw_runtime.launch.protocol import (
 from ddpw_runtime.launch.signals import STOPPING_SIGNALS, blocked, held
 
 _A = TypeVar("_A", RankStarted, JobEnded)
-class StarterGone(RuntimeError):
-    """The rank starter died (every rank it started died with it)."""
-
-
-class Inbox:
-    """What one job's supervisor waits on: its ranks' exits (from the starter's reader thread) and wake-ups
-    from other threads, in one queue."""
-
-    def __init__(self) -> None:
-        self._items: queue.SimpleQueue[RankExited | StarterGone | None] = queue.SimpleQueue()
-        self._gone: StarterGone | None = None
-
-    def put(self, item: RankExited | StarterGone) -> None:
-        """Add `item` and wake the waiting thread (callable from any thread). That the starter died is kept
-        apart too: an interruption (the SIGTERM a job process gets when its starter dies, at the same moment)
-        that lands while `next` takes it from the queue cannot lose it."""
-        if isinstance(item, StarterGone):
-            self._gone = item
-        self._items.put(item)
-
-    def wake(self) -> None:
-        """Wake the waiting thread (callable from any thread)."""
-        self._items.put(None)
-
-    def next(self, timeout: float | None) -> RankExited | None:
-        """The next exit; None when `timeout` seconds (None: no limit) pass first, a wake-up comes (the
-        caller looks at what it was asked), or `WAIT_SLICE_S` passed. Raises StarterGone when the
-        starter died (once the exits it reported before are taken)."""
-        try:
-            if self._gone is not None:
-                item = self._items.get_nowait()
-            else:
-                item = self._items.get(timeout=WAIT_SLICE_S if timeout is None else min(timeout, WAIT_SLICE_S))
-        except queue.Empty:
-            if self._gone is None:
-                return None
-            raise self._gone from None
-        if isinstance(item, StarterGone):
-            raise item
-        return item
-
-
 class RankStarter:
     """A handle on a starter process, callable from several threads (one per job that runs). `attached_to`: a
     channel to a starter that another process owns (a job process's); else this process starts its own."""
@@ -234,26 +192,16 @@ class RankStarter:
             return self._ask(EndJob(next(self._requests), job, release), (), "stop a job's processes", JobEnded).left
 
     def close(self) -> None:
-        """Stop the starter (it kills any rank still running); kill it if it has not exited within
-        `CLOSE_WAIT_S`."""
+        """Stop the starter (it kills any rank still running): it sees its channel close and gets SIGHUP, then
+        `CLOSE_WAIT_S` to exit, then SIGKILL (`Children.stop`)."""
         with contextlib.suppress(OSError):
             self.channel.sock.shutdown(socket.SHUT_RDWR)  # the starter sees the end; the reader wakes
-            if self._owned:
-                os.kill(self.pid, signal.SIGHUP)  # the same, even while it imports modules (`Preload`)
+        if self._owned:
+            starter = Children()
+            starter.adopt(self.pid, "the rank starter")
+            starter.stop(signal.SIGHUP, CLOSE_WAIT_S, group=False)  # (SIGHUP: even while it imports, `Preload`)
         self._reader.join(CLOSE_WAIT_S)
         self.channel.close()
-        if not self._owned:
-            return
-        deadline = time.monotonic() + CLOSE_WAIT_S
-        killed = False
-        while not self._reaped():
-            if time.monotonic() > deadline:
-                if killed:  # stuck in the kernel: named, and not waited for
-                    sys.stderr.write(f"the rank starter (pid {self.pid}) did not exit after SIGKILL; left behind\n")
-                    return
-                os.kill(self.pid, signal.SIGKILL)
-                killed, deadline = True, time.monotonic() + KILL_WAIT_S
-            time.sleep(0.001)
 
     def _reaped(self) -> bool:
         if self._process is not None:

@@ -13,21 +13,19 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S, REPORT_S, STARTING_GRACE_S
+from ddpw_runtime.launch.children import Child, Children, ChildState, StarterGone
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.hangs import Watch, drop_empty_stacks, report_of, take_places
 from ddpw_runtime.launch.job import LocalJob
 from ddpw_runtime.launch.job_processes import JobProcesses
 from ddpw_runtime.launch.outcome import RankOutcome, note_failures
-from ddpw_runtime.launch.protocol import RankExited
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import held, send_to_group, signal_of, sigterm_raises
 from ddpw_runtime.launch.stacks import RankPlace, shown_ranks
-from ddpw_runtime.launch.starter import Inbox, StarterGone
 
 log = logging.getLogger(__name__)
 
@@ -51,55 +49,24 @@ class OutsideRank:
     join: Callable[[], None]
 
 
-
-
-class RankState(Enum):
-    """Where a rank this node started stands."""
-
-    STARTING = "starting"
-    """Started, not in its task yet (it has not left its mark, `RankPayload.task_mark`)."""
-    RUNNING = "running"
-    """In its task."""
-    ENDED = "ended"
-    LEFT_BEHIND = "left behind"
-    """It did not vanish `KILL_WAIT_S` after SIGKILL (stuck in the kernel); no longer waited for."""
-
-
-@dataclass
-class _Rank:
-    """One rank of this node: its process, where it stands, and how it ended."""
-
-    rank: int
-    pid: int
-    state: RankState = RankState.STARTING
-    stopped: bool = False
-    """The job's stop reached it while it ran (a rank stopping is one not ended yet with this set)."""
-    exit_code: int | None = None
-    ended_at: float | None = None
-
-    @property
-    def alive(self) -> bool:
-        """Still waited for: not ended and not left behind."""
-        return self.state not in (RankState.ENDED, RankState.LEFT_BEHIND)
-
-
-class NodeRanks:
-    """`ranks` of `local`'s node as they start, run and end: their pids, how each ended, how to stop them. One
-    thread supervises them (`supervise`); another may ask for them to be stopped (`request_stop`).
-    `on_stop`: called when the job is being stopped; `outside`: rank 0, which this node did not start."""
+class NodeRanks(Children):
+    """`ranks` of `local`'s node as they start, run and end (`Children`, by pid; `rank_of` each one's rank), and how
+    to stop them. One thread supervises them (`supervise`); another may ask for them to be stopped
+    (`request_stop`). `on_stop`: called when the job is being stopped; `outside`: rank 0, which this node did not
+    start."""
 
     def __init__(self, local: LocalJob, ranks: Sequence[int], console: ConsoleRanks,
                  on_stop: Callable[[], None] = lambda: None, outside: OutsideRank | None = None) -> None:
+        super().__init__()
         self.local = local
         self.key = str(local.workdir)
         self.outside = outside
         self.adopted: list[int] = []
-        """Processes started elsewhere that are the job's while it runs (`adopt`), let go when it ends."""
+        """Processes started elsewhere that are the job's while it runs (`adopt_process`), let go when it ends."""
         self.ranks = list(ranks)
         self.console = console
         self.on_stop = on_stop
-        self.started: dict[int, _Rank] = {}
-        """Each rank as it started, by pid."""
+        self.rank_of: dict[int, int] = {}
         self.signals_sent: set[int] = set()
         self.places: dict[int, RankPlace] = {}
         """Where each rank still running was when the job was stopped (before any rank was)."""
@@ -107,15 +74,17 @@ class NodeRanks:
         self._requests: list[int | None] = []
         """What other threads asked for (`request_stop`)."""
         self._lock = threading.Lock()
-        self.inbox = Inbox()
-        """Where this node's rank exits arrive, and what wakes the supervising thread."""
+
+    def _started(self, rank: int, pid: int) -> None:
+        self.rank_of[pid] = rank
+        self.add(pid, f"rank {rank}", ChildState.STARTING)
 
     def start(self) -> None:
         """Start every rank."""
         first = self.local.plan.global_ranks[0]
         if self.outside is not None:
-            self.started[self.outside.pid] = _Rank(0, self.outside.pid)
-            self.adopt(self.outside.pid)
+            self._started(0, self.outside.pid)
+            self.adopt_process(self.outside.pid)
             self.outside.join()
         for rank in self.ranks:
             if self.outside is not None and rank == 0:
@@ -126,17 +95,13 @@ class NodeRanks:
                     self.local.listen_fd if rank == 0 else None, self.console.terminal_of(rank),
                 )
                 self.console.handed_over(rank)
-                self.started[pid] = _Rank(rank, pid)
+                self._started(rank, pid)
 
-    def adopt(self, pid: int) -> None:
+    def adopt_process(self, pid: int) -> None:
         """Count process `pid`, which this node did not start (rank 0 in the user's or the caller's process), as
         one of the job's while it runs: what it starts meanwhile ends with the job; it is let go at `end`."""
         self.local.starter.adopt(self.key, pid)
         self.adopted.append(pid)
-
-    def running(self, spare: int | None = None) -> list[int]:
-        """The pids of the ranks still running, but `spare`."""
-        return [pid for pid, rank in self.started.items() if rank.alive and pid != spare]
 
     def request_stop(self, sig: int | None = None) -> None:
         """Ask the supervising thread (from any thread) to stop the ranks: as after a failure, or with `sig`
@@ -145,38 +110,28 @@ class NodeRanks:
             self._requests.append(sig)
         self.inbox.wake()  # nothing once supervision is over: there is nothing left to stop
 
-    def starting(self) -> list[int]:
-        """The pids of the running ranks that have not reached their task (`RankPayload.task_mark`)."""
-        for rank in self.started.values():
-            if rank.state is RankState.STARTING and self.local.payload.task_mark(rank.rank).exists():
-                rank.state = RankState.RUNNING
-        return [pid for pid in self.running() if self.started[pid].state is RankState.STARTING]
+    def starting(self) -> list[Child]:
+        """The running ranks that have not reached their task (`RankPayload.task_mark`)."""
+        for rank in self.running():
+            if rank.state is ChildState.STARTING and self.local.payload.task_mark(self.rank_of[rank.pid]).exists():
+                rank.state = ChildState.RUNNING
+        return [rank for rank in self.running() if rank.state is ChildState.STARTING]
 
-    def send(self, sig: int, group: bool = True, stopping: bool = False, spare: int | None = None,
-             to: list[int] | None = None) -> None:
-        """Send `sig` to every running rank but `spare` (or to the ranks of pids `to`; and, with `group`, to
-        what it started); each counts as stopped. `stopping`: the job is being stopped (an outside rank gets
-        `STOP_SIGNAL`, see `OutsideRank`)."""
+    def send(self, sig: int, to: list[Child] | None = None, group: bool = True) -> None:
+        """Send `sig` to every running rank (or to those `to`), see `Children.send`."""
         self.signals_sent.add(sig)
-        for pid in self.running(spare) if to is None else to:
-            self.started[pid].stopped = True
-            if self.outside is None or pid != self.outside.pid:
-                send_to_group(pid, sig, group)
-            elif not (sig == signal.SIGINT and self.outside.sees_ctrl_c):
-                send_to_group(pid, STOP_SIGNAL if stopping else sig, group=False)
+        super().send(sig, to, group)
 
-    def _record(self, event: RankExited) -> bool:
-        """Note how a rank ended; whether it failed (False for a process of an earlier job, one that outlived
-        its job's bounded stop, see `kill`)."""
-        rank = self.started.get(event.pid)
-        if rank is None:
-            return False
-        rank.state, rank.exit_code, rank.ended_at = RankState.ENDED, event.exit_code, time.time()
-        return event.exit_code != 0
+    def signal(self, child: Child, sig: int, group: bool) -> None:
+        """An outside rank gets a signal alone, and no Ctrl-C when the terminal's reaches it (`OutsideRank`)."""
+        if self.outside is None or child.pid != self.outside.pid:
+            send_to_group(child.pid, sig, group)
+        elif not (sig == signal.SIGINT and self.outside.sees_ctrl_c):
+            send_to_group(child.pid, sig, group=False)
 
     def take_places(self) -> dict[int, RankPlace]:
         """Where each running rank is now (its stacks, written next to its log)."""
-        return take_places(self.local.plan, {self.started[pid].rank: pid for pid in self.running()})
+        return take_places(self.local.plan, {self.rank_of[rank.pid]: rank.pid for rank in self.running()})
 
     def _begin_stop(self) -> float:
         """Stop showing the ranks' output, take the running ranks' stacks before any is stopped (where each
@@ -184,24 +139,27 @@ class NodeRanks:
         self.console.freeze()
         self.places = self.take_places()
         self.on_stop()
-        self.send(signal.SIGTERM, stopping=True)
+        outside = [rank for rank in self.running() if self.outside is not None and rank.pid == self.outside.pid]
+        self.send(signal.SIGTERM, [rank for rank in self.running() if rank not in outside])
+        self.send(STOP_SIGNAL, outside)  # (see `OutsideRank`)
         return time.monotonic() + self.local.job.grace.stop_s
 
-    def wait(self) -> bool:
+    def wait_for_ranks(self) -> bool:
         """Wait for every rank; on the first failure (or a stop request) stop the others (SIGTERM,
         SIGKILL after `grace.stop_s`). Returns whether the job hit its time limit and was stopped."""
         grace_end = float("inf")
         limit_end = time.monotonic() + self.local.plan.platform.timeout_min * 60.0
         timed_out = reported = False
         while self.running():
-            event = self.inbox.next(max(0.0, min(grace_end, limit_end, self.watch.due) - time.monotonic()))
-            failed = event is not None and self._record(event)
+            ended = self.next_exit(max(0.0, min(grace_end, limit_end, self.watch.due) - time.monotonic()))
+            failed = ended is not None and ended.exit_code != 0
             if (self._take_requests() or failed) and not self.stopping:
                 grace_end = self._begin_stop()
             if time.monotonic() >= grace_end:  # an outside rank still running gets `REPORT_S` more (once)
-                spare = self.outside if self.outside and not reported and self.outside.pid in self.running() else None
+                outside = self.outside.pid if self.outside else None
+                spare = outside if not reported and outside in [rank.pid for rank in self.running()] else None
                 reported = True
-                self.kill(spare=spare.pid if spare is not None else None)
+                self.kill(spare=spare)
                 grace_end = float("inf") if spare is None else time.monotonic() + REPORT_S
             elif time.monotonic() >= limit_end or (not self.stopping and self.watch.check()):
                 timed_out, limit_end = True, float("inf")
@@ -224,39 +182,23 @@ class NodeRanks:
         self.send(sig)
         start, grace = time.monotonic(), self.local.job.grace.interrupt_s
         with suppress(KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM (or a request): kill now
-            self._reap(start + min(STARTING_GRACE_S, grace), until_asked=True)
+            self.wait(start + min(STARTING_GRACE_S, grace), until=lambda: bool(self._requests))
             self.send(signal.SIGKILL, to=self.starting())
-            self._reap(start + grace, until_asked=True)
+            self.wait(start + grace, until=lambda: bool(self._requests))
         self.kill()
 
-    def kill(self, spare: int | None = None) -> None:
-        """SIGKILL every running rank (but `spare`) and wait until each has exited, at most `KILL_WAIT_S`."""
-        if self.outside is not None and self.outside.pid in self.running() and spare != self.outside.pid:
+    def kill(self, spare: int | None = None, group: bool = True) -> list[Child]:
+        """SIGKILL every running rank (but `spare`), see `Children.kill`."""
+        if self.outside is not None and spare != self.outside.pid and \
+                self.outside.pid in [rank.pid for rank in self.running()]:
             sys.stderr.write(f"[ddpw] rank 0 (pid {self.outside.pid}, the program's task) did not end in the time it "
                              "was given; killed\n")
-        self.send(signal.SIGKILL, spare=spare)
-        self._reap(time.monotonic() + KILL_WAIT_S, spare)
-        for pid in self.running(spare):
-            log.error(
-                "rank %d (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a hung GPU call); "
-                "it is left behind", self.started[pid].rank, pid, KILL_WAIT_S,
-            )
-            self.started[pid].state = RankState.LEFT_BEHIND
-
-    def _reap(self, end: float, spare: int | None = None, until_asked: bool = False) -> None:
-        """Note the ranks' exits until every rank but `spare` has exited or `end` (monotonic) passed; with
-        `until_asked`, also until another thread asks for something."""
-        while self.running(spare) and not (until_asked and self._requests):
-            event = self.inbox.next(max(0.0, end - time.monotonic()))
-            if event is not None:
-                self._record(event)
-            elif time.monotonic() >= end:
-                return
+        return super().kill(spare, group)
 
     def outcomes(self) -> list[RankOutcome]:
         """How each rank ended, in rank order."""
         plan = self.local.plan
-        of_rank = {started.rank: started for started in self.started.values()}
+        of_rank = {self.rank_of[pid]: started for pid, started in self.of_pid.items()}
         return [
             RankOutcome(
                 rank=rank,
@@ -275,7 +217,7 @@ class NodeRanks:
     @property
     def stopping(self) -> bool:
         """Whether the job is being stopped (a rank got the stop's signal)."""
-        return any(rank.stopped for rank in self.started.values())
+        return any(rank.stopped for rank in self.of_pid.values())
 
     def end(self) -> None:
         """After the ranks ended: have the starter stop whatever they started (`job_processes.py`); remove the
@@ -286,7 +228,7 @@ class NodeRanks:
         except StarterGone:  # its ranks died with it (SIGKILL at its death); what they started is stopped here,
             # whole (bounded): a job process gets SIGTERM as its starter dies, which must not cut this short
             with held():
-                for pid in self.started:
+                for pid in self.of_pid:
                     if pid not in self.adopted:
                         send_to_group(pid, signal.SIGKILL)  # forks of a rank are in its process group
                 left = tuple(JobProcesses.named(self.key).stop())  # and what they started elsewhere names the job
@@ -304,7 +246,7 @@ def supervise(ranks: NodeRanks) -> list[RankOutcome]:
     with sigterm_raises():
         try:
             ranks.start()
-            timed_out = ranks.wait()
+            timed_out = ranks.wait_for_ranks()
         except (KeyboardInterrupt, Terminated) as stop:
             ranks.interrupt(signal_of(stop))
             note_failures(ranks.outcomes())

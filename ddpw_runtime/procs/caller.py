@@ -81,7 +81,7 @@ class CallerRank:
         try:
             self._store = self.local.host_store()
             if self._ranks.ranks:  # (a job of one rank starts no process, and has no starter to ask)
-                self._ranks.adopt(os.getpid())  # what rank 0 starts here ends with the job
+                self._ranks.adopt_process(os.getpid())  # what rank 0 starts here ends with the job
             if threading.current_thread() is threading.main_thread():
                 self._saved_handlers = {sig: signal.getsignal(sig) for sig in (STOP_SIGNAL, *STOPPING_SIGNALS)}
                 signal.signal(STOP_SIGNAL, self._on_stop_signal)

@@ -149,9 +149,6 @@ class RankZeroSide:
         self._dumps = os.open(os.devnull, os.O_WRONLY)
         faulthandler.register(DUMP_SIGNAL, file=self._dumps, all_threads=True)
         os.register_at_fork(after_in_child=_in_forks)
-        # Nor the channel: the supervisor learns that this process ended when the channel closes, which a
-        # process the task forked (a DataLoader's worker) would otherwise delay until it ends too.
-        os.register_at_fork(after_in_child=channel.close)
 
     @staticmethod
     def fork(platform: Platform, options: LauncherOptions) -> RankZeroSide:

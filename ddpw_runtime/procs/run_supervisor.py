@@ -8,6 +8,7 @@ import gc
 import os
 import pickle
 import queue
+import select
 import signal
 import socket
 import sys
@@ -23,6 +24,7 @@ from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.errors import RankFailure, Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S, WAIT_SLICE_S
+from ddpw_runtime.launch.children import wait_for_exit
 from ddpw_runtime.launch.engine import settle, with_restarts
 from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
 from ddpw_runtime.launch.payload import write_atomically
@@ -299,8 +301,15 @@ class RunSupervisor:
     # ------------------------------------------------------------------ what rank 0's process says
     def _watch(self) -> None:
         """The thread that reads rank 0's channel: each message goes to `events` (its task's end to the job's
-        inbox too); when it ends, its exit code."""
+        inbox too); when its process ends, its exit code. The process is watched by its pidfd: a process its task
+        forked may hold the channel open after rank 0 ended."""
+        pidfd = os.pidfd_open(self.pid)
         while True:
+            ready = select.select([self.channel.fileno(), pidfd], [], [])[0]
+            if self.channel.fileno() not in ready:
+                break  # it ended, and what it said before has been read
+            if pidfd in ready:  # it ended: a message it did not finish sending is not waited for
+                self.channel.sock.settimeout(WAIT_SLICE_S)
             try:
                 message, _ = self.channel.recv()
             except (EOFError, OSError):
@@ -316,8 +325,8 @@ class RunSupervisor:
                     ranks.inbox.put(RankExited(self.pid, 0 if message.result is not None and message.result.ok else 1))
             if isinstance(message, (JobStarting, RunEnded, TaskEnded)):
                 self.events.put(message)
-        _, status = os.waitpid(self.pid, 0)
-        self.exited = os.waitstatus_to_exitcode(status)
+        os.close(pidfd)
+        self.exited = wait_for_exit(self.pid)
         ranks = self.ranks
         if ranks is not None and not self.task_ended.is_set():
             ranks.inbox.put(RankExited(self.pid, self.exited))

@@ -32,12 +32,12 @@ from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
 from ddpw_runtime.launch import pickling, signals
 from ddpw_runtime.launch.bounds import KILL_WAIT_S
+from ddpw_runtime.launch.children import Child, Children
 from ddpw_runtime.launch.devices import Devices, Need, Share, cpu_cores, visible_gpus
 from ddpw_runtime.launch.engine import describe, gpus_available
 from ddpw_runtime.launch.job import Grace, NodeJob, starter_for
 from ddpw_runtime.launch.payload import write_private
 from ddpw_runtime.launch.process_state import ProcessState
-from ddpw_runtime.launch.starter import Inbox
 from ddpw_runtime.procs.job import RESULT, JobEnd, JobPayload, run_job_process
 
 log = logging.getLogger(__name__)
@@ -151,11 +151,12 @@ class _Sweep:
         self.summary = summary
         self.running: dict[int, _Running] = {}
         self.ended: dict[int, JobEnd] = {}
-        self.killed = 0
-        """The signal whose stop this process finished by killing the job processes still running (0: none)."""
+        self.stopped_by = 0
+        """The signal (Ctrl-C, SIGTERM) that stops the job processes still running (0: none)."""
         self.failed: JobReturn | None = None
         """With `fail_fast`: the JobReturn of the job that failed first, which stops the sweep."""
-        self.inbox = Inbox()
+        self.children = Children(on_exit=self._ended)
+        """The job processes, by pid (the running ones' jobs in `running`)."""
         devices = side_by_side_devices(jobs, options)
         if devices is not None:
             _note_shared_ports(jobs)
@@ -204,25 +205,29 @@ class _Sweep:
             folder = Path(tempfile.mkdtemp(prefix="ddpw-job-"))
             try:
                 write_private(folder / "payload.pkl", payload)
-                pid = starter_for(job.platform).start_job(self.inbox, str(folder / "payload.pkl"), run_job_process)
+                pid = starter_for(job.platform).start_job(self.children.inbox, str(folder / "payload.pkl"),
+                                                          run_job_process)
             except BaseException:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise
             self.running[pid] = _Running(job, share, folder, time.monotonic())
+            self.children.add(pid, f"the process of job #{job.idx}")
 
-    def _wait_one(self, deadline: float | None = None) -> bool:
-        """Wait until a running job ends, and note how; False when `deadline` (a `time.monotonic()`) came first."""
-        while (event := self.inbox.next(None if deadline is None else max(deadline - time.monotonic(), 0))) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
+    def _wait_one(self) -> None:
+        """Wait until a running job ends (`_ended` notes how)."""
+        while self.children.next_exit(None) is None:
+            pass
+
+    def _ended(self, child: Child) -> None:
+        """Job process `child` ended: note how its job ended (with `fail_fast`, a failure stops the others)."""
         with signals.held():  # its private folder is either known here or gone
-            running = self.running.pop(event.pid)
+            running = self.running.pop(child.pid)
             try:
                 with open(running.folder / RESULT, "rb") as src:
                     end: JobEnd = pickle.load(src)
             except (OSError, EOFError, pickle.UnpicklingError):
-                end = JobEnd(stopped_by=self.killed) if self.killed else JobEnd(error=RuntimeError(
-                    f"the process of job #{running.job.idx} ended without a result (exit code {event.exit_code})"))
+                end = JobEnd(stopped_by=self.stopped_by) if self.stopped_by else JobEnd(error=RuntimeError(
+                    f"the process of job #{running.job.idx} ended without a result (exit code {child.exit_code})"))
             shutil.rmtree(running.folder, ignore_errors=True)
         self.schedule.ended(running.share)
         self.ended[running.job.idx] = end
@@ -236,7 +241,6 @@ class _Sweep:
             if self.options.fail_fast and self.failed is None and end.job_return is not None and \
                     end.job_return.status is JobStatus.FAILED:
                 self._fail_fast(job, end.job_return)
-        return True
 
     def _fail_fast(self, job: PreparedJob, ret: JobReturn) -> None:
         """Job `job` failed (`ret`) with `fail_fast`: stop the jobs running beside it, start no more."""
@@ -244,8 +248,7 @@ class _Sweep:
         beside = sorted(running.job.idx for running in self.running.values())
         waiting = [pending.idx for pending in self.schedule.pending]
         sys.stderr.write(fail_fast_line(job.idx, beside, waiting) + "\n")
-        for pid in self.running:
-            signals.send_to_group(pid, signal.SIGTERM, group=False)
+        self.children.send(signal.SIGTERM, group=False)
 
     def _record_not_started(self) -> None:
         """An entry for each job that never started."""
@@ -256,29 +259,13 @@ class _Sweep:
         """Ctrl-C or SIGTERM: pass it on to every running job and wait until each has ended; one line per job;
         raise what ends the program. A job process that has not ended `interrupt_grace_s` + `KILL_WAIT_S` later
         (its ranks had their grace and their kill by then: it is held, by a callback of the user's that blocks
-        with signals blocked, say), or at a second Ctrl-C or SIGTERM, is killed, and the rank starter kills
-        what it started; it counts as stopped by `signum`. The wait after that kill is bounded too: a job
-        process that outlives it is named and left behind."""
-        for pid in self.running:
-            signals.send_to_group(pid, signum, group=False)
+        with signals blocked, say), or at a second Ctrl-C or SIGTERM, is killed (`Children.stop`), and the rank
+        starter kills what it started; it counts as stopped by `signum`."""
+        self.stopped_by = signum
         if self.running:
             sys.stderr.write(signals.stopping_line(signum, sorted(r.job.idx for r in self.running.values())))
             sys.stderr.flush()
-        deadline = time.monotonic() + self.options.interrupt_grace_s + KILL_WAIT_S
-        while self.running:
-            try:
-                if self._wait_one(deadline):
-                    continue
-            except (KeyboardInterrupt, Terminated):
-                pass
-            if self.killed:  # killed, and still not ended after the kill bound
-                left = ", ".join(f"#{running.job.idx} (pid {pid})" for pid, running in self.running.items())
-                sys.stderr.write(f"[ddpw] the process of job {left} did not end after SIGKILL; left behind\n")
-                break
-            self.killed = signum
-            for pid in self.running:
-                signals.send_to_group(pid, signal.SIGKILL, group=False)
-            deadline = time.monotonic() + KILL_WAIT_S
+        self.children.stop(signum, self.options.interrupt_grace_s + KILL_WAIT_S, group=False)
         lines = [signals.stopped_line(idx, end.stopped_by) for idx, end in sorted(self.ended.items()) if end.stopped_by]
         sys.stderr.write("".join(lines) or signals.nothing_running(signum))  # (it may come as a job is started)
         self._record_not_started()

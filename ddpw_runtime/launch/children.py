@@ -1,0 +1,197 @@
+"""A set of child processes: the one way a supervising process watches and stops its children (a node's ranks, a
+sweep's job processes, rank 0 of a plain run, the rank starter). Each child's exit arrives in one `Inbox`: from the
+rank starter, which reaps what it starts and reports it, or from the child's pidfd (`adopt`: a process watched by
+its pid, never by a channel that its forks may hold open). Every stop is one bounded sequence: a first signal, a
+grace, SIGKILL, `KILL_WAIT_S`, then what is still there is named on the console and left behind."""
+
+from __future__ import annotations
+
+import os
+import queue
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from enum import Enum
+
+from ddpw_runtime.errors import Terminated
+from ddpw_runtime.launch.bounds import KILL_WAIT_S, WAIT_SLICE_S
+from ddpw_runtime.launch.protocol import RankExited
+from ddpw_runtime.launch.signals import send_to_group
+
+
+class StarterGone(RuntimeError):
+    """The rank starter died (every rank it started died with it)."""
+
+
+class Inbox:
+    """What a supervising thread waits on: its children's exits (from the starter's reader thread or a pidfd's
+    watcher) and wake-ups from other threads, in one queue."""
+
+    def __init__(self) -> None:
+        self._items: queue.SimpleQueue[RankExited | StarterGone | None] = queue.SimpleQueue()
+        self._gone: StarterGone | None = None
+
+    def put(self, item: RankExited | StarterGone) -> None:
+        """Add `item` and wake the waiting thread (callable from any thread). That the starter died is kept
+        apart too: an interruption (the SIGTERM a job process gets when its starter dies, at the same moment)
+        that lands while `next` takes it from the queue cannot lose it."""
+        if isinstance(item, StarterGone):
+            self._gone = item
+        self._items.put(item)
+
+    def wake(self) -> None:
+        """Wake the waiting thread (callable from any thread)."""
+        self._items.put(None)
+
+    def next(self, timeout: float | None) -> RankExited | None:
+        """The next exit; None when `timeout` seconds (None: no limit) pass first, a wake-up comes (the
+        caller looks at what it was asked), or `WAIT_SLICE_S` passed. Raises StarterGone when the
+        starter died (once the exits it reported before are taken)."""
+        try:
+            if self._gone is not None:
+                item = self._items.get_nowait()
+            else:
+                item = self._items.get(timeout=WAIT_SLICE_S if timeout is None else min(timeout, WAIT_SLICE_S))
+        except queue.Empty:
+            if self._gone is None:
+                return None
+            raise self._gone from None
+        if isinstance(item, StarterGone):
+            raise item
+        return item
+
+
+class ChildState(Enum):
+    """Where a child stands (one that got the stop's signal and has not ended is stopping: `Child.stopping`)."""
+
+    STARTING = "starting"
+    """Started, not at work yet (a rank not in its task: it has not left its mark, `RankPayload.task_mark`)."""
+    RUNNING = "running"
+    ENDED = "ended"
+    LEFT_BEHIND = "left behind"
+    """It did not vanish `KILL_WAIT_S` after SIGKILL (stuck in the kernel); no longer waited for."""
+
+
+@dataclass
+class Child:
+    """One child: its process, what it is (`name`, as the console names it), where it stands, how it ended."""
+
+    pid: int
+    name: str
+    state: ChildState = ChildState.RUNNING
+    stopped: bool = False
+    """A signal of this process's reached it while it ran."""
+    exit_code: int | None = None
+    """As in `subprocess`: negative for a signal."""
+    ended_at: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Still waited for: not ended and not left behind."""
+        return self.state in (ChildState.STARTING, ChildState.RUNNING)
+
+    @property
+    def stopping(self) -> bool:
+        """Alive, and a signal of this process reached it."""
+        return self.alive and self.stopped
+
+
+class Children:
+    """The children of one supervising thread, by pid (`of_pid`), as they start, run and end. `on_exit` is called
+    with each child as its end is noted (in the supervising thread)."""
+
+    def __init__(self, on_exit: Callable[[Child], None] = lambda child: None) -> None:
+        self.inbox = Inbox()
+        self.of_pid: dict[int, Child] = {}
+        self.on_exit = on_exit
+
+    def add(self, pid: int, name: str, state: ChildState = ChildState.RUNNING) -> Child:
+        """Count process `pid`, whose exit will come to `inbox` (the rank starter reports it), as a child."""
+        child = self.of_pid[pid] = Child(pid, name, state)
+        return child
+
+    def adopt(self, pid: int, name: str) -> Child:
+        """Count `pid`, a child of this process, as one; it is watched by its pidfd (and reaped) on a thread."""
+        child = self.add(pid, name)
+
+        threading.Thread(target=lambda: self.inbox.put(RankExited(pid, wait_for_exit(pid))),
+                         name=f"ddpw-watch-{pid}", daemon=True).start()
+        return child
+
+    def running(self, spare: int | None = None) -> list[Child]:
+        """The children still alive, but the one of pid `spare`."""
+        return [child for child in self.of_pid.values() if child.alive and child.pid != spare]
+
+    def next_exit(self, timeout: float | None) -> Child | None:
+        """Wait at most `timeout` seconds (None: `WAIT_SLICE_S`, see `Inbox.next`) for a child's end and note it;
+        that child, or None (no end came, a wake-up, or the end of a process that is not a child)."""
+        event = self.inbox.next(timeout)
+        child = self.of_pid.get(event.pid) if event is not None else None
+        if event is None or child is None or not child.alive:
+            return None
+        child.state, child.exit_code, child.ended_at = ChildState.ENDED, event.exit_code, time.time()
+        self.on_exit(child)
+        return child
+
+    def wait(self, deadline: float, spare: int | None = None, until: Callable[[], bool] = lambda: False) -> bool:
+        """Note the children's ends until every child but `spare` has ended, `deadline` (monotonic) passed, or
+        `until()`; whether they all ended."""
+        while self.running(spare) and not until():
+            if self.next_exit(max(0.0, deadline - time.monotonic())) is None and time.monotonic() >= deadline:
+                break
+        return not self.running(spare)
+
+    def send(self, sig: int, to: list[Child] | None = None, group: bool = True) -> None:
+        """Send `sig` to every child alive (or to those `to`), with `group` to its process group too; each
+        counts as stopped."""
+        for child in self.running() if to is None else to:
+            child.stopped = True
+            self.signal(child, sig, group)
+
+    def signal(self, child: Child, sig: int, group: bool) -> None:
+        """How `sig` reaches `child` (`send`)."""
+        send_to_group(child.pid, sig, group)
+
+    def stop(self, sig: int, grace_s: float, spare: int | None = None, group: bool = True) -> list[Child]:
+        """Send `sig` to every child but `spare`, give them `grace_s` to end (a Ctrl-C or SIGTERM meanwhile cuts it
+        short), then `kill` what is left; the children left behind."""
+        self.send(sig, self.running(spare), group)
+        with suppress(KeyboardInterrupt, Terminated):
+            self.wait(time.monotonic() + grace_s, spare)
+        return self.kill(spare, group)
+
+    def kill(self, spare: int | None = None, group: bool = True) -> list[Child]:
+        """SIGKILL every child but `spare` and wait until each has ended, at most `KILL_WAIT_S`; a child that
+        outlives that is named on the console and left behind. The children left behind."""
+        self.send(signal.SIGKILL, self.running(spare), group)
+        self.wait(time.monotonic() + KILL_WAIT_S, spare)
+        left = self.running(spare)
+        for child in left:
+            child.state = ChildState.LEFT_BEHIND
+            sys.stderr.write(f"[ddpw] {child.name} (pid {child.pid}) did not exit {KILL_WAIT_S:.0f} s after SIGKILL "
+                             "(stuck in the kernel, such as a hung GPU call); left behind\n")
+        return left
+
+
+def wait_for_exit(pid: int) -> int:
+    """Wait until process `pid`, a child of this one, has ended (by its pidfd: not by a channel its forks may hold
+    open), and reap it; its exit code. A process already reaped counts as ended by SIGKILL (its code is gone)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return -signal.SIGKILL
+    try:
+        select.select([fd], [], [])
+        try:
+            status = os.waitid(os.P_PIDFD, fd, os.WEXITED)
+        except ChildProcessError:  # reaped elsewhere meanwhile
+            return -signal.SIGKILL
+        assert status is not None
+        return status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
+    finally:
+        os.close(fd)
