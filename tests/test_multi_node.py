@@ -147,12 +147,12 @@ def test_restarts_of_a_job_across_machines_are_refused() -> None:
 
 
 @pytest.mark.subprocess
-def test_a_multirun_across_machines_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(APPS / "app.py"), "-m", "platform.n_nodes=2", "platform.node_rank=0",
+def test_a_multirun_whose_jobs_span_different_node_counts_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(APPS / "app.py"), "-m", "platform.n_nodes=1,2", "platform.node_rank=0",
                            f"platform.master_addr={HOST}", "platform.n_procs_per_node=1"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_env({}))
     assert proc.returncode == 1
-    assert "platform.n_nodes=2: a multirun across machines is not supported yet" in proc.stderr
+    assert "platform.n_nodes='1,2': every job of a multirun across machines runs on the same machines" in proc.stderr
     assert not list(tmp_path.rglob("rank_*.log"))
 
 
@@ -163,6 +163,8 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def _node(cwd: Path, overrides: list[str], environ: dict[str, str]) -> subprocess.Popen:
+    flags = [arg for arg in overrides if arg.startswith("-")]  # (`-m` before the overrides)
+    overrides = flags + [arg for arg in overrides if arg not in flags]
     return subprocess.Popen([sys.executable, str(APPS / "app.py"), *overrides], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=_env(environ))
 
@@ -340,3 +342,58 @@ def test_two_nodes_of_gpu_ranks_span_one_job(tmp_path: Path) -> None:
     assert (zero.returncode, one.returncode) == (0, 0), err0 + err1
     ranks = seen(job_dirs(tmp_path)[0])
     assert [ranks[r]["device"] for r in (0, 1)] == ["cuda:0", "cuda:0"]
+
+
+# ----------------------------------------------------------------------- a multirun across two nodes
+def _sweep_dirs(tmp_path: Path) -> list[Path]:
+    return [job for job in job_dirs(tmp_path) if (job / "seen_rank_0.json").exists()]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("way", [pytest.param(_explicit, id="explicit"), pytest.param(_skypilot, id="skypilot")])
+def test_a_multirun_spans_two_nodes_job_by_job_and_every_node_ends_with_the_sweep(tmp_path: Path, way: Way) -> None:
+    """The same `-m` command on both nodes: node 0 runs the sweep (its output dirs, its `${now:}`), node 1 runs its
+    ranks of each job in turn and ends when node 0's sweep has ended."""
+    zero, one = _start_two(tmp_path, way, "-m", "fail_rank=0,1")
+    out0, err0 = zero.communicate(timeout=180)
+    out1, err1 = one.communicate(timeout=180)
+    assert (zero.returncode, one.returncode) == (0, 0), err0 + err1
+    jobs = _sweep_dirs(tmp_path)
+    assert len(jobs) == 2
+    for job in jobs:
+        ranks = seen(job)
+        assert sorted(ranks) == [0, 1] and ranks[0]["all_reduce_world"] == 2.0
+        assert ranks[0]["output_dir"] == ranks[1]["output_dir"] == str(job)  # node 0's dir, on node 1 too
+        assert [ranks[r]["env"]["GROUP_RANK"] for r in (0, 1)] == ["0", "1"]
+        assert leftover(ranks) == []
+    assert len({seen(job)[1]["run_id"] for job in jobs}) == 2  # two jobs, not one run twice
+    summary = json.loads((jobs[0].parent / "sweep_summary.json").read_text())
+    assert [job["status"] for job in summary["jobs"]] == ["COMPLETED", "COMPLETED"]
+    assert "COMPLETED" in out0 and "COMPLETED" not in out1  # the jobs' reports are on node 0's console
+
+
+@pytest.mark.subprocess
+def test_a_failure_on_node_1_in_a_multirun_ends_the_sweep_on_both_nodes(tmp_path: Path) -> None:
+    zero, one = _start_two(tmp_path, _explicit, "-m", "behaviour=raise", "fail_rank=1,0",
+                           "hydra.launcher.fail_fast=true")
+    _, err0 = zero.communicate(timeout=180)
+    _, err1 = one.communicate(timeout=180)
+    assert (zero.returncode, one.returncode) == (1, 1), err0 + err1
+    assert "rank 1 (node 1) failed: ValueError: rank asked to fail" in err0, err0
+    assert "node 0's sweep ended" in err1, err1
+    assert len(_sweep_dirs(tmp_path)) == 1  # the sweep stopped at its first failed job (`fail_fast`)
+
+
+@pytest.mark.subprocess
+def test_ctrl_c_on_node_1_in_a_multirun_ends_the_sweep_on_both_nodes(tmp_path: Path) -> None:
+    zero, one = _start_two(tmp_path, _explicit, "-m", "behaviour=wait", "fail_rank=0,1")
+    wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
+             what="both ranks of the first job to run")
+    ranks = seen(job_dirs(tmp_path)[0])
+    one.send_signal(signal.SIGINT)
+    _, err1 = one.communicate(timeout=60)
+    _, err0 = zero.communicate(timeout=60)
+    assert one.returncode == 130, err1
+    assert zero.returncode == 1 and "node 1 got Ctrl-C (SIGINT)" in err0, err0
+    assert len(_sweep_dirs(tmp_path)) == 1  # no second job started
+    wait_for(lambda: leftover(ranks) == [], timeout=10, what="every rank to end")

@@ -20,7 +20,9 @@ from ddpw_runtime.launch.outcome import RankOutcome, failure, note_failures
 from ddpw_runtime.launch.payload import TaskCall
 from ddpw_runtime.launch.plan import plan_local
 from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.launch.protocol import JobStarting
 from ddpw_runtime.launch.supervisor import NodeRanks, supervise
+from ddpw_runtime.nodes.controller import lead
 
 log = logging.getLogger("ddpw")
 
@@ -66,7 +68,10 @@ def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
 
 def _run_once(packed: bytes, state: ProcessState, job: NodeJob) -> list[Any]:
     with local_job(packed, state, job) as local, local.console() as console:
-        outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console))
+        if job.platform.n_nodes == 1:
+            outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console))
+        else:  # node 0 of a multirun's job across machines (the other nodes follow: `procs/node.py`)
+            outcomes = lead(local, console, JobStarting(packed, state, str(job.log_dir)))
     settle(job, outcomes)
     return [o.result.value() for o in outcomes if o.result is not None]
 

@@ -85,6 +85,8 @@ class LocalJob:
         self.listener = rendezvous.listen(platform, job.master_addr, job.master_port) if hosts_store else None
         self.listen_fd = self.listener.fileno() if self.listener is not None else None
         """The bound rendezvous socket's descriptor, on the node that hosts the store."""
+        self.store_hosted = False
+        """This process serves the job's store (`host_store`): rank 0 joins it like every rank."""
         self.workdir = Path(tempfile.mkdtemp(prefix="ddpw-"))
         try:
             port = self.listener.getsockname()[1] if self.listener is not None else job.master_port
@@ -121,6 +123,7 @@ class LocalJob:
         # returns) would have it closed here too, and the store's own close then closes whatever reused it.
         with held():
             own_fd = os.dup(self.listen_fd)
+            self.store_hosted = True
             try:
                 return TCPStore(self.plan.master_addr, self.plan.master_port, self.plan.world_size, is_master=True,
                                 wait_for_workers=False, master_listen_fd=own_fd,

@@ -92,7 +92,8 @@ class NodeRanks(Children):
             with held():  # Ctrl-C or SIGTERM comes once the rank is known here, so that it is stopped too
                 pid = self.local.starter.start(
                     self.inbox, self.key, str(self.local.payload_path), rank - first,
-                    self.local.listen_fd if rank == 0 else None, self.console.terminal_of(rank),
+                    self.local.listen_fd if rank == 0 and not self.local.store_hosted else None,
+                    self.console.terminal_of(rank),
                 )
                 self.console.handed_over(rank)
                 self._started(rank, pid)

@@ -136,11 +136,12 @@ class NodeChannel:
         self.store.set(f"{_KEY}joined/{self.node}", b"1")
 
     def missing(self, timeout_min: float) -> list[int]:
-        """Node 0: the nodes that have not joined after at most `timeout_min` (none once all have)."""
+        """Node 0: the nodes that have not joined after at most `timeout_min` (none once all have), or as soon as
+        a node stopped the job (`stopped`)."""
         deadline = time.monotonic() + timeout_min * 60.0
         while True:
             missing = [node for node in range(1, self.n_nodes) if not self.store.check([f"{_KEY}joined/{node}"])]
-            if not missing or time.monotonic() >= deadline:
+            if not missing or time.monotonic() >= deadline or self.store.check([_KEY + "stop"]):
                 return missing
             time.sleep(_POLL_S)
 

@@ -21,7 +21,7 @@ from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.job import Grace
 from ddpw_runtime.launch.outcome import RankOutcome, root_cause
 from ddpw_runtime.launch.signals import held
-from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank
+from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
 from ddpw_runtime.nodes.channel import JobSpec, NodeChannel, NodeStop
 
 if TYPE_CHECKING:
@@ -65,6 +65,17 @@ class _RanksOfANode(NodeRanks):
         self.kill()
 
 
+def lead(local: LocalJob, console: ConsoleRanks, starting: JobStarting) -> list[RankOutcome]:
+    """Node 0 of `local`'s job across machines, its ranks all started here (a multirun's job process): serve the
+    job's store, publish the job (`starting`), run this node's ranks, and gather every node's outcomes."""
+    stores = [local.host_store()]  # dropped when the job is stopped: a rank still joining stops waiting there
+    nodes = Nodes.lead(stores[0], local, starting)
+    ranks = nodes.ranks(local, console, stores.clear)
+    with nodes.watching(ranks):
+        outcomes = supervise(ranks)
+    return nodes.gathered(outcomes)
+
+
 class Nodes:
     """This node's part in a job's nodes: nothing for a job of one node (`channel` None)."""
 
@@ -89,6 +100,9 @@ class Nodes:
         channel.publish(JobSpec(platform, starting.task, state.hydra_state, env_set, job_cwd, starting.log_dir,
                                 plan.run_id))
         missing = channel.missing(platform.join_timeout_min)
+        stopped = channel.stopped()
+        if stopped is not None:  # a node got Ctrl-C or SIGTERM before it joined
+            raise NodeError(stopped.text())
         if missing:
             channel.stop(NodeStop(0))
             raise NodeError(

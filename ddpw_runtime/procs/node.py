@@ -16,10 +16,37 @@ from ddpw_runtime.errors import NodeError, Terminated
 from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
 from ddpw_runtime.launch.outcome import root_cause
 from ddpw_runtime.launch.records import portable
-from ddpw_runtime.launch.signals import signal_of
+from ddpw_runtime.launch.signals import signal_of, sigterm_raises
 from ddpw_runtime.launch.supervisor import supervise
-from ddpw_runtime.nodes.channel import NodeChannel, NodeEnd
+from ddpw_runtime.nodes.channel import NodeChannel, NodeEnd, NodeStop
 from ddpw_runtime.nodes.controller import Nodes, failed_by_itself
+from ddpw_runtime.nodes.sweep_channel import SweepChannel
+
+
+def follow_sweep(platform: Platform, options: LauncherOptions) -> int:
+    """Node `platform.node_rank` (> 0) of a multirun across machines: follow node 0's sweep job by job (`follow`
+    each, at the port node 0 gives it) until node 0 says the sweep ended (0), or ended without saying so (`NodeError`).
+    After Ctrl-C or SIGTERM here, 130 or 143, and node 0 starts no more jobs."""
+    starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
+    with sigterm_raises():
+        try:
+            sweep = SweepChannel.connect(platform)
+        except (KeyboardInterrupt, Terminated) as stop:  # while it waits for node 0: nothing runs here yet
+            return 128 + signal_of(stop)
+        job = 0
+        while True:
+            try:
+                port = sweep.next_port(job, platform.join_timeout_min)
+            except (KeyboardInterrupt, Terminated) as stop:
+                sweep.stop(signal_of(stop))
+                return 128 + signal_of(stop)
+            if port is None:
+                return 0
+            code = follow(replace(platform, master_port=port), options)
+            if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+                sweep.stop(code - 128)
+                return code
+            job += 1
 
 
 def follow(platform: Platform, options: LauncherOptions) -> int:
@@ -30,11 +57,14 @@ def follow(platform: Platform, options: LauncherOptions) -> int:
     node = platform.node_rank
     assert node
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
+    channel: NodeChannel | None = None
     try:
         channel = NodeChannel.connect(platform)
         spec = channel.spec(platform.join_timeout_min)
-    except KeyboardInterrupt:  # while it waits for node 0: nothing of the job runs here yet
-        return 128 + signal.SIGINT
+    except (KeyboardInterrupt, Terminated) as stop:  # while it waits for node 0: nothing of the job runs here yet
+        if channel is not None:  # node 0 does not wait for this node to join
+            channel.stop(NodeStop(node, signal_of(stop)))
+        return 128 + signal_of(stop)
     grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
     job_platform = replace(spec.platform, node_rank=node)
     Path(spec.output_dir).mkdir(parents=True, exist_ok=True)

@@ -42,8 +42,9 @@ from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack, open_log
 
 
 class PlainRun(Callback):
-    """The callback the ddpw launcher options install (see the module docstring). It acts only in a
-    plain run with a ddpw launcher selected; in a multirun the launcher does the work."""
+    """The callback the ddpw launcher options install (see the module docstring). It acts in a plain run with a
+    ddpw launcher selected; in a multirun the launcher does the work, but across machines (a node other than 0
+    follows node 0's sweep; node 0 says when it ended)."""
 
     _rank_zero: RankZeroSide | None = None
 
@@ -66,10 +67,40 @@ class PlainRun(Callback):
         if self._rank_zero is not None:
             self._rank_zero.end(job_return)
 
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A node other than 0 of a multirun across machines follows node 0's sweep (`procs/node.py`), then the
+        program ends: the sweep itself runs on node 0 only."""
+        _compat.report_like_hydra(lambda: _follow_sweep(config))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Node 0 of a multirun across machines: tell the other nodes that the sweep ended."""
+        from ddpw_runtime.nodes.sweep_channel import end_hosted
+
+        end_hosted()
+
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Tell the supervisor the run is over (and which threads keep the program running)."""
         if self._rank_zero is not None:
             self._rank_zero.run_ended()
+
+
+def _follow_sweep(config: DictConfig) -> None:
+    """`on_multirun_start`'s work: on a node other than 0 of a multirun across machines, follow node 0's sweep and
+    exit with this node's code."""
+    options = selected_options(config.hydra.launcher)
+    if options is None or options.dry_run:
+        return
+    from ddpw_runtime.nodes.environment import place_node
+
+    with hydra_config_of(config), options.naming_platform_keys():
+        platform = options.platform_of(config)
+        if platform.n_nodes == 1:  # (the launcher checks the rest, job by job)
+            return
+        platform = place_node(platform.validate())
+    if platform.node_rank:
+        from ddpw_runtime.procs.node import follow_sweep
+
+        sys.exit(follow_sweep(platform, options))
 
 
 def _start_run(config: DictConfig) -> RankZeroSide | None:

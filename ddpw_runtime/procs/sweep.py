@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hydra.core.utils import JobReturn, JobStatus
@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from ddpw_conf import ConfigError
 from ddpw_conf.launcher import LocalLauncherConf
-from ddpw_runtime.errors import Interrupted, Terminated
+from ddpw_runtime.errors import Interrupted, NodeError, Terminated
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast_line
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
@@ -38,6 +38,8 @@ from ddpw_runtime.launch.engine import describe, gpus_available
 from ddpw_runtime.launch.job import Grace, NodeJob, starter_for
 from ddpw_runtime.launch.payload import write_private
 from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.nodes.environment import place_node
+from ddpw_runtime.nodes.sweep_channel import SweepChannel, free_port, hosted
 from ddpw_runtime.procs.job import RESULT, JobEnd, JobPayload, run_job_process
 
 log = logging.getLogger(__name__)
@@ -53,9 +55,13 @@ def run_jobs(
     """Run each (prepared) job of a batch as a distributed job in a job process of its own, side by side
     when their devices fit (`max_parallel_jobs`), else one after another; one JobReturn per job, in order.
     Each job's entry goes to `summary` as it ends."""
-    for job in jobs:  # before any job starts
+    for job in jobs:  # before any job starts (a node other than 0 never gets here: it follows, `procs/node.py`)
         with options.naming_platform_keys():
-            job.platform.validate_local("a multirun across machines is not supported yet")
+            job.platform = place_node(job.platform)
+    node_counts = sorted({job.platform.n_nodes for job in jobs})
+    if len(node_counts) > 1 and node_counts[-1] > 1:
+        raise ConfigError("platform.n_nodes", ",".join(map(str, node_counts)), "every job of a multirun across "
+                          "machines runs on the same machines: sweep over other keys, or run a multirun per node count")
     if options.dry_run:
         return [_dry_run(job) for job in jobs]
     return _Sweep(hydra_context, task_function, jobs, options, summary).run()
@@ -157,7 +163,12 @@ class _Sweep:
         """With `fail_fast`: the JobReturn of the job that failed first, which stops the sweep."""
         self.children = Children(on_exit=self._ended)
         """The job processes, by pid (the running ones' jobs in `running`)."""
-        devices = side_by_side_devices(jobs, options)
+        self.across: SweepChannel | None = None
+        """Node 0's side of a multirun across machines: its jobs run one after another, each on every node."""
+        if jobs[0].platform.n_nodes > 1:
+            starter_for(jobs[0].platform)  # first: a starter forked later would hold the sweep's store open
+            self.across = hosted(jobs[0].platform)
+        devices = side_by_side_devices(jobs, options) if self.across is None else None
         if devices is not None:
             _note_shared_ports(jobs)
         self.schedule = Schedule(list(jobs), devices, options.max_parallel_jobs if devices is not None else 1)
@@ -191,6 +202,13 @@ class _Sweep:
             self._start(*ready)
 
     def _start(self, job: PreparedJob, share: Share | None) -> None:
+        if self.across is not None:  # the job's own store, on a port of its own, for the other nodes to follow
+            why = self.across.stopped()
+            if why is not None:
+                self._record_not_started()
+                raise NodeError(f"{why}; no more jobs start")
+            job.platform = replace(job.platform, master_port=free_port(str(job.platform.master_addr)))
+            self.across.publish_job(self.across.started(), int(job.platform.master_port or 0))
         grace = Grace(self.options.stop_grace_s, self.options.interrupt_grace_s)
         node_job = NodeJob(job.platform, job.output_dir, grace, max_restarts=self.options.max_restarts, share=share,
                            console_prefix=f"[job {job.idx}] " if self.schedule.devices is not None else "")

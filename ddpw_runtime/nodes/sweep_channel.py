@@ -1,0 +1,128 @@
+"""A multirun across machines without SLURM (docs/multi-node.md): node 0's Hydra process runs the sweep and serves a
+TCPStore of the sweep's own on `master_addr:master_port` for as long as it runs; before each job it publishes there the
+port of that job's own store (where the job is published, `channel.py`), and when the sweep ends, that it ended. Every
+other node runs the same `-m` command and follows: job after job it takes the port, runs its ranks of that job, and
+ends when node 0 says the sweep ended (or ends with an error when node 0's store goes away first). A node interrupted
+between jobs says so here, so node 0 starts no more jobs. Every wait is bounded."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+from ddpw_conf import Platform
+from ddpw_runtime.errors import NodeError
+from ddpw_runtime.nodes.channel import NodeChannel
+
+_KEY = "ddpw/sweep/"
+_POLL_S = 0.05
+_ENDED = -1
+"""What node 0 publishes in place of a job's port once its sweep ended."""
+_ACK_WAIT_S = 10.0
+"""How long node 0's Hydra process waits, as it ends, for the other nodes to have read that the sweep ended."""
+
+
+def free_port(host: str) -> int:
+    """A port free on `host` now (the next job's store and rendezvous, on node 0)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class SweepChannel:
+    """Node `node`'s side of the sweep's store `store` (node 0 serves it at `where`, `host:port`)."""
+
+    def __init__(self, store: Any, node: int, n_nodes: int, where: str) -> None:
+        self.store = store
+        self.node = node
+        self.n_nodes = n_nodes
+        self.where = where
+
+    @staticmethod
+    def host(platform: Platform) -> SweepChannel:
+        """Node 0: serve the sweep's store on `platform.master_addr:master_port`."""
+        from torch.distributed import TCPStore
+
+        assert platform.master_addr is not None and platform.master_port is not None
+        store = TCPStore(platform.master_addr, platform.master_port, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(minutes=platform.join_timeout_min))
+        return SweepChannel(store, 0, platform.n_nodes, f"{platform.master_addr}:{platform.master_port}")
+
+    @staticmethod
+    def connect(platform: Platform) -> SweepChannel:
+        """Node `platform.node_rank` (> 0): reach node 0's sweep store (see `NodeChannel.connect`)."""
+        channel = NodeChannel.connect(platform)
+        return SweepChannel(channel.store, channel.node, channel.n_nodes, channel.where)
+
+    def publish_job(self, idx: int, port: int) -> None:
+        """Node 0: the sweep's `idx`-th job across the nodes is published in its own store at `port`."""
+        self.store.set(f"{_KEY}job/{idx}", str(port))
+
+    def publish_end(self) -> None:
+        """Node 0: the sweep ended; wait (at most `_ACK_WAIT_S`) for the other nodes to have read it."""
+        self.store.set(f"{_KEY}job/{self.store.add(_KEY + 'jobs', 0)}", str(_ENDED))
+        deadline = time.monotonic() + _ACK_WAIT_S
+        while self.store.add(_KEY + "read_end", 0) < self.n_nodes - 1 and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+
+    def started(self) -> int:
+        """Node 0: count one more job across the nodes; its index in the sweep (0 for the first)."""
+        return int(self.store.add(_KEY + "jobs", 1)) - 1
+
+    def next_port(self, idx: int, timeout_min: float) -> int | None:
+        """A node other than 0: the port of the sweep's `idx`-th job, or None when the sweep ended; waited for at
+        most `timeout_min` (NodeError past it, or when node 0's store went away)."""
+        key = f"{_KEY}job/{idx}"
+        deadline = time.monotonic() + timeout_min * 60.0
+        try:
+            while not self.store.check([key]):
+                if time.monotonic() >= deadline:
+                    raise NodeError(f"node 0 (at {self.where}) started no job #{idx} within "
+                                    f"platform.join_timeout_min={timeout_min:g} and did not end its sweep")
+                time.sleep(_POLL_S)
+            port = int(self.store.get(key))
+        except RuntimeError:  # the store is gone with node 0's Hydra process
+            raise NodeError(f"node 0's sweep ended without saying so (its store at {self.where} went away): "
+                            "node 0 shows why") from None
+        if port == _ENDED:
+            self.store.add(_KEY + "read_end", 1)
+            return None
+        return port
+
+    def stop(self, sig: int) -> None:
+        """A node other than 0 got `sig` (Ctrl-C, SIGTERM): node 0 starts no more jobs (nothing when it is gone)."""
+        try:
+            self.store.compare_set(_KEY + "stop", "", pickle.dumps((self.node, sig)))
+        except RuntimeError:
+            pass
+
+    def stopped(self) -> str | None:
+        """Node 0: why another node stopped the sweep, once one has."""
+        if not self.store.check([_KEY + "stop"]):
+            return None
+        node, sig = pickle.loads(self.store.get(_KEY + "stop"))
+        what = "Ctrl-C (SIGINT)" if sig == signal.SIGINT else signal.Signals(sig).name
+        return f"node {node} got {what}, which ends the sweep on every node"
+
+
+_hosted: SweepChannel | None = None
+
+
+def hosted(platform: Platform) -> SweepChannel:
+    """Node 0's sweep store, served from its first job across machines on, for as long as this process runs."""
+    global _hosted
+    if _hosted is None:
+        _hosted = SweepChannel.host(platform)
+    return _hosted
+
+
+def end_hosted() -> None:
+    """Node 0's sweep ended: say so to the other nodes (nothing when no job ran across machines)."""
+    global _hosted
+    if _hosted is not None:
+        _hosted.publish_end()
+        _hosted = None
