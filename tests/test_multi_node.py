@@ -162,10 +162,10 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return {**env, "GLOO_SOCKET_IFNAME": "lo", **extra}  # the ranks' traffic stays on loopback
 
 
-def _node(cwd: Path, overrides: list[str], environ: dict[str, str]) -> subprocess.Popen:
+def _node(cwd: Path, overrides: list[str], environ: dict[str, str], app: str = "app.py") -> subprocess.Popen:
     flags = [arg for arg in overrides if arg.startswith("-")]  # (`-m` before the overrides)
     overrides = flags + [arg for arg in overrides if arg not in flags]
-    return subprocess.Popen([sys.executable, str(APPS / "app.py"), *overrides], cwd=cwd, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, str(APPS / app), *overrides], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=_env(environ))
 
 
@@ -191,12 +191,14 @@ PLATFORMS = [pytest.param(_explicit, id="explicit"), pytest.param(_pytorchjob, i
              pytest.param(_skypilot, id="skypilot")]
 
 
-def _start_two(tmp_path: Path, way: Way, *overrides: str, second_after: float = 1.5) -> tuple[subprocess.Popen, ...]:
+def _start_two(tmp_path: Path, way: Way, *overrides: str, second_after: float = 1.5,
+               app: str = "app.py") -> tuple[subprocess.Popen, ...]:
     port = free_port()
     nodes = []
     for node in (0, 1):
         own, environ = way(port, node)
-        nodes.append(_node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", *own, *overrides], environ))
+        nodes.append(_node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", *own, *overrides], environ,
+                           app))
         if node == 0:
             time.sleep(second_after)
     return tuple(nodes)
@@ -397,3 +399,19 @@ def test_ctrl_c_on_node_1_in_a_multirun_ends_the_sweep_on_both_nodes(tmp_path: P
     assert zero.returncode == 1 and "node 1 got Ctrl-C (SIGINT)" in err0, err0
     assert len(_sweep_dirs(tmp_path)) == 1  # no second job started
     wait_for(lambda: leftover(ranks) == [], timeout=10, what="every rank to end")
+
+
+@pytest.mark.subprocess
+def test_an_optuna_study_across_two_nodes_runs_every_trial_on_both(tmp_path: Path) -> None:
+    """Node 0's Optuna sweeper decides each trial (4, 2 per batch); node 1 runs its rank of each as it comes."""
+    zero, one = _start_two(tmp_path, _explicit, "-m", app="sweep_app.py")
+    out0, err0 = zero.communicate(timeout=240)
+    _, err1 = one.communicate(timeout=240)
+    assert (zero.returncode, one.returncode) == (0, 0), err0 + err1
+    jobs = job_dirs(tmp_path)
+    assert [job.name for job in jobs] == ["0", "1", "2", "3"]
+    for job in jobs:
+        ranks = seen(job)
+        assert sorted(ranks) == [0, 1] and {r["world_size"] for r in ranks.values()} == {2}
+    best = min((seen(job)[0] for job in jobs), key=lambda trial: trial["value"])
+    assert f"Best value: {best['value']}" in out0 + err0  # rank 0's value, never the other node's decoy

@@ -13,6 +13,7 @@ from typing import Any
 from ddpw_conf import ConfigError, Device, Platform
 from ddpw_runtime.launch import rendezvous
 from ddpw_runtime.launch.devices import cpu_cores
+from ddpw_runtime.nodes.sweep_channel import serves_sweep
 
 BUILT_WITH = {"mpi": "is_mpi_available", "nccl": "is_nccl_available"}
 """The backends a torch build may lack, with the `torch.distributed` function that says whether it has
@@ -40,8 +41,10 @@ def check(platform: Platform, here: bool = True) -> Platform:
             raise ConfigError("platform.n_cpus_per_node", n_cpus,
                               f"this machine gives this program {cores} CPU cores; ask for at most {cores}")
         # A fixed port that is taken, or below the unprivileged range, is refused by listening on it for a
-        # moment (on a SLURM node the first node's controller does it: `rendezvous.listen`; across machines, node 0).
-        if platform.master_port is not None and platform.ipc_protocol == "tcp" and not platform.node_rank:
+        # moment (on a SLURM node the first node's controller does it: `rendezvous.listen`; across machines, node 0,
+        # but on the port where it serves its multirun's store).
+        if platform.master_port is not None and platform.ipc_protocol == "tcp" and not platform.node_rank \
+                and not serves_sweep(platform):
             rendezvous.listen(platform, None, None).close()
     if platform.upon_finish:
         resolve_callable("platform.upon_finish", platform.upon_finish)

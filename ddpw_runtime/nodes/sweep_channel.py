@@ -120,6 +120,11 @@ def hosted(platform: Platform) -> SweepChannel:
     return _hosted
 
 
+def serves_sweep(platform: Platform) -> bool:
+    """Whether this process serves its multirun's store on `platform`'s `master_addr:master_port`."""
+    return _hosted is not None and _hosted.where == f"{platform.master_addr}:{platform.master_port}"
+
+
 def end_hosted() -> None:
     """Node 0's sweep ended: say so to the other nodes (nothing when no job ran across machines)."""
     global _hosted
