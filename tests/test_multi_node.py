@@ -415,3 +415,17 @@ def test_an_optuna_study_across_two_nodes_runs_every_trial_on_both(tmp_path: Pat
         assert sorted(ranks) == [0, 1] and {r["world_size"] for r in ranks.values()} == {2}
     best = min((seen(job)[0] for job in jobs), key=lambda trial: trial["value"])
     assert f"Best value: {best['value']}" in out0 + err0  # rank 0's value, never the other node's decoy
+
+
+@pytest.mark.subprocess
+def test_node_0_killed_in_a_multirun_ends_node_1_naming_it_and_nothing_is_left(tmp_path: Path) -> None:
+    zero, one = _start_two(tmp_path, _explicit, "-m", "behaviour=wait", "fail_rank=0,1")
+    wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
+             what="both ranks of the first job to run")
+    ranks = seen(job_dirs(tmp_path)[0])
+    zero.kill()
+    zero.communicate(timeout=30)
+    _, err1 = one.communicate(timeout=60)
+    assert one.returncode == 1, err1
+    assert "node 0's sweep ended without saying so" in err1, err1
+    wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")

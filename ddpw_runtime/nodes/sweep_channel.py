@@ -86,8 +86,8 @@ class SweepChannel:
                 time.sleep(_POLL_S)
             port = int(self.store.get(key))
         except RuntimeError:  # the store is gone with node 0's Hydra process
-            raise NodeError(f"node 0's sweep ended without saying so (its store at {self.where} went away): "
-                            "node 0 shows why") from None
+            raise NodeError(f"node 0's sweep ended without saying so (its store at {self.where} went away: it failed, "
+                            "was stopped or was killed; node 0's console shows which)") from None
         if port == _ENDED:
             self.store.add(_KEY + "read_end", 1)
             return None
