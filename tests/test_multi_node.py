@@ -429,3 +429,23 @@ def test_node_0_killed_in_a_multirun_ends_node_1_naming_it_and_nothing_is_left(t
     assert one.returncode == 1, err1
     assert "node 0's sweep ended without saying so" in err1, err1
     wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("zero_flags", "one_flags", "said"), [
+    pytest.param(["-m", "fail_rank=0,1"], [], "node 0 (at {where}) runs a multirun (-m) and node 1 a plain run",
+                 id="node-1-plain"),
+    pytest.param([], ["-m", "fail_rank=0,1"], "node 0 (at {where}) runs a plain run and node 1 a multirun (-m)",
+                 id="node-1-multirun"),
+])
+def test_a_node_whose_command_is_not_node_0s_says_so_at_once(tmp_path: Path, zero_flags: list, one_flags: list,
+                                                              said: str) -> None:
+    port = free_port()
+    common = ["platform.n_nodes=2", "platform.n_procs_per_node=1"]
+    zero = _node(tmp_path, [*zero_flags, *common, *_explicit(port, 0)[0]], {})
+    time.sleep(1.5)
+    one = _node(tmp_path, [*one_flags, *common, *_explicit(port, 1)[0]], {})
+    _, err1 = one.communicate(timeout=60)
+    assert one.returncode == 1 and said.format(where=f"{HOST}:{port}") in err1, err1
+    zero.send_signal(signal.SIGINT)  # (it would wait its join timeout for a node that never joins)
+    zero.communicate(timeout=60)

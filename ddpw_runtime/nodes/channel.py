@@ -21,6 +21,11 @@ from ddpw_runtime.launch.outcome import RankOutcome
 from ddpw_runtime.launch.process_state import ProcessState
 
 _KEY = "ddpw/nodes/"
+SPEC_KEY = _KEY + "spec"
+"""Where node 0 publishes its job (`JobSpec`)."""
+MULTIRUN_KEY = "ddpw/sweep/multirun"
+"""Set in the store node 0 serves when it runs a multirun (`sweep_channel.py`), so a node that runs a plain run
+says so at once instead of waiting for a job that never comes."""
 _POLL_S = 0.05
 _CONNECT_SLICE_S = 1.0
 """How long each try to reach node 0 may last (Ctrl-C is seen between tries)."""
@@ -118,17 +123,20 @@ class NodeChannel:
 
     def publish(self, spec: JobSpec) -> None:
         """Node 0: the job, for the other nodes."""
-        self.store.set(_KEY + "spec", pickling.dumps(spec))
+        self.store.set(SPEC_KEY, pickling.dumps(spec))
 
     def spec(self, timeout_min: float) -> JobSpec:
         """The job node 0 published, waited for at most `timeout_min`; NodeError past it."""
         deadline = time.monotonic() + timeout_min * 60.0
-        while not self.store.check([_KEY + "spec"]):
+        while not self.store.check([SPEC_KEY]):
+            if self.store.check([MULTIRUN_KEY]):
+                raise NodeError(f"node 0 (at {self.where}) runs a multirun (-m) and node {self.node} a plain run: run "
+                                "the same command on every node")
             if time.monotonic() >= deadline:
                 raise NodeError(f"node {self.node} reached node 0 at {self.where}, which did not start the job "
                                 f"within platform.join_timeout_min={timeout_min:g}")
             time.sleep(_POLL_S)
-        spec: JobSpec = pickle.loads(self.store.get(_KEY + "spec"))
+        spec: JobSpec = pickle.loads(self.store.get(SPEC_KEY))
         return spec
 
     def join(self) -> None:

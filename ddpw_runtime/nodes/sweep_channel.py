@@ -16,7 +16,7 @@ from typing import Any
 
 from ddpw_conf import Platform
 from ddpw_runtime.errors import NodeError
-from ddpw_runtime.nodes.channel import NodeChannel
+from ddpw_runtime.nodes.channel import MULTIRUN_KEY, SPEC_KEY, NodeChannel
 
 _KEY = "ddpw/sweep/"
 _POLL_S = 0.05
@@ -50,6 +50,7 @@ class SweepChannel:
         assert platform.master_addr is not None and platform.master_port is not None
         store = TCPStore(platform.master_addr, platform.master_port, is_master=True, wait_for_workers=False,
                          timeout=timedelta(minutes=platform.join_timeout_min))
+        store.set(MULTIRUN_KEY, "1")
         return SweepChannel(store, 0, platform.n_nodes, f"{platform.master_addr}:{platform.master_port}")
 
     @staticmethod
@@ -78,20 +79,27 @@ class SweepChannel:
         most `timeout_min` (NodeError past it, or when node 0's store went away)."""
         key = f"{_KEY}job/{idx}"
         deadline = time.monotonic() + timeout_min * 60.0
-        try:
-            while not self.store.check([key]):
-                if time.monotonic() >= deadline:
-                    raise NodeError(f"node 0 (at {self.where}) started no job #{idx} within "
-                                    f"platform.join_timeout_min={timeout_min:g} and did not end its sweep")
-                time.sleep(_POLL_S)
-            port = int(self.store.get(key))
-        except RuntimeError:  # the store is gone with node 0's Hydra process
-            raise NodeError(f"node 0's sweep ended without saying so (its store at {self.where} went away: it failed, "
-                            "was stopped or was killed; node 0's console shows which)") from None
+        while not self._has(key):
+            if self._has(SPEC_KEY):
+                raise NodeError(f"node 0 (at {self.where}) runs a plain run and node {self.node} a multirun (-m): "
+                                "run the same command on every node")
+            if time.monotonic() >= deadline:
+                raise NodeError(f"node 0 (at {self.where}) started no job #{idx} within "
+                                f"platform.join_timeout_min={timeout_min:g} and did not end its sweep")
+            time.sleep(_POLL_S)
+        port = int(self.store.get(key))
         if port == _ENDED:
             self.store.add(_KEY + "read_end", 1)
             return None
         return port
+
+    def _has(self, key: str) -> bool:
+        """Whether node 0's sweep store holds `key`; NodeError once the store is gone with node 0's Hydra process."""
+        try:
+            return bool(self.store.check([key]))
+        except RuntimeError:
+            raise NodeError(f"node 0's sweep ended without saying so (its store at {self.where} went away: it failed, "
+                            "was stopped or was killed; node 0's console shows which)") from None
 
     def stop(self, sig: int) -> None:
         """A node other than 0 got `sig` (Ctrl-C, SIGTERM): node 0 starts no more jobs (nothing when it is gone)."""
