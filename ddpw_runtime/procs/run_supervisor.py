@@ -23,8 +23,8 @@ from typing import NoReturn
 from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.errors import RankFailure, Terminated
-from ddpw_runtime.launch.bounds import KILL_WAIT_S, WAIT_SLICE_S
-from ddpw_runtime.launch.children import wait_for_exit
+from ddpw_runtime.launch.bounds import WAIT_SLICE_S
+from ddpw_runtime.launch.children import Children, wait_for_exit
 from ddpw_runtime.launch.engine import settle, with_restarts
 from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
 from ddpw_runtime.launch.payload import write_atomically
@@ -109,6 +109,9 @@ class RunSupervisor:
         self.awaiting = threading.Event()
         """Rank 0's process waits for an answer (`RankZero` or `JobSettled`)."""
         self.exited: int | None = None
+        self.rank_zero = Children()
+        """Rank 0's process, as a child: its end is put in this inbox too (`_watch`), to bound its kill."""
+        self.rank_zero.add(pid, "rank 0 (the program's task)")
         self.job_started = False
         self.interrupted: int | None = None
         self.received: list[int] = []
@@ -262,11 +265,12 @@ class RunSupervisor:
         return 128 + sig
 
     def _kill_rank_zero(self) -> None:
-        """SIGKILL rank 0's process (what it started is the job's, stopped with it) and reap it, bounded."""
-        send_to_group(self.pid, signal.SIGKILL, group=False)
-        if not self._exited_within(KILL_WAIT_S):
-            sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}) did not exit {KILL_WAIT_S:.0f} s after SIGKILL "
-                             "(stuck in the kernel?); left behind\n")
+        """SIGKILL rank 0's process (what it started is the job's, stopped with it) and wait for its end, bounded
+        (`Children.kill`)."""
+        self._watching()
+        if self.exited is None:
+            with suppress(KeyboardInterrupt, Terminated):  # asked again meanwhile: it has had its SIGKILL
+                self.rank_zero.kill(group=False)
 
     def _exited_within(self, seconds: float, stopped: int | None = None) -> bool:
         """Wait at most `seconds` for rank 0's process to end; whether it did. `stopped`: the signal that stopped
@@ -327,6 +331,7 @@ class RunSupervisor:
                 self.events.put(message)
         os.close(pidfd)
         self.exited = wait_for_exit(self.pid)
+        self.rank_zero.inbox.put(RankExited(self.pid, self.exited))
         ranks = self.ranks
         if ranks is not None and not self.task_ended.is_set():
             ranks.inbox.put(RankExited(self.pid, self.exited))
