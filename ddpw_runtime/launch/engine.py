@@ -68,10 +68,10 @@ def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
 
 def _run_once(packed: bytes, state: ProcessState, job: NodeJob) -> list[Any]:
     with local_job(packed, state, job) as local, local.console() as console:
-        if job.platform.n_nodes == 1:
-            outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console))
-        else:  # node 0 of a multirun's job across machines (the other nodes follow: `procs/node.py`)
+        if job.leads_nodes:  # the other nodes follow (`procs/node.py`)
             outcomes = lead(local, console, JobStarting(packed, state, str(job.log_dir)))
+        else:
+            outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console))
     settle(job, outcomes)
     return [o.result.value() for o in outcomes if o.result is not None]
 

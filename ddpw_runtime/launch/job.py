@@ -59,6 +59,9 @@ class NodeJob:
     """How many times the job has been started again before this run."""
     restart_on_failure: bool = True
     """A failed run is started again while restarts are left (locally; a SLURM job is requeued instead)."""
+    leads_nodes: bool = False
+    """This node (0) leads the job's other nodes, which follow it (a multirun's job across machines without SLURM:
+    this process serves the job's store and publishes the job there)."""
     console_prefix: str = ""
     """Put before every console line of this job's ranks (a job's number when jobs run side by side)."""
     share: Share | None = None

@@ -88,7 +88,7 @@ def _follow_sweep(config: DictConfig) -> None:
     """`on_multirun_start`'s work: on a node other than 0 of a multirun across machines, follow node 0's sweep and
     exit with this node's code."""
     options = selected_options(config.hydra.launcher)
-    if options is None or options.dry_run:
+    if options is None or options.dry_run or not options.runs_here:  # (SLURM starts every node itself)
         return
     from ddpw_runtime.nodes.environment import place_node
 
