@@ -2,15 +2,16 @@
 sweep's job processes, rank 0 of a plain run, the rank starter). Each child's exit arrives in one `Inbox`: from the
 rank starter, which reaps what it starts and reports it, or from the child's pidfd (`adopt`: a process watched by
 its pid, never by a channel that its forks may hold open). Every stop is one bounded sequence: a first signal, a
-grace, SIGKILL, `KILL_WAIT_S`, then what is still there is named on the console and left behind."""
+grace, SIGKILL, `KILL_WAIT_S`, then what is still there is named (on the console, and in the job's log where there
+is one) and left behind."""
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import select
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from ddpw_runtime.errors import Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S, WAIT_SLICE_S
 from ddpw_runtime.launch.protocol import RankExited
 from ddpw_runtime.launch.signals import send_to_group
+
+log = logging.getLogger(__name__)
 
 
 class StarterGone(RuntimeError):
@@ -173,8 +176,8 @@ class Children:
         left = self.running(spare)
         for child in left:
             child.state = ChildState.LEFT_BEHIND
-            sys.stderr.write(f"[ddpw] {child.name} (pid {child.pid}) did not exit {KILL_WAIT_S:.0f} s after SIGKILL "
-                             "(stuck in the kernel, such as a hung GPU call); left behind\n")
+            log.error("%s (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a hung GPU call); "
+                      "left behind", child.name, child.pid, KILL_WAIT_S)
         return left
 
 
