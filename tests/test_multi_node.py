@@ -204,9 +204,10 @@ def _start_two(tmp_path: Path, way: Way, *overrides: str, second_after: float = 
     return tuple(nodes)
 
 
-def _two_running(tmp_path: Path) -> tuple[subprocess.Popen, subprocess.Popen, dict]:
-    """Two nodes of a job whose ranks wait for a signal, once both ranks run; what each rank recorded."""
-    zero, one = _start_two(tmp_path, _explicit, "behaviour=wait")
+def _two_running(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen, subprocess.Popen, dict]:
+    """Two nodes of a job (the first job of a multirun, with `-m`) whose ranks wait for a signal, once both ranks
+    run; what each rank recorded."""
+    zero, one = _start_two(tmp_path, _explicit, "behaviour=wait", *overrides)
     wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
              what="both ranks to run")
     return zero, one, seen(job_dirs(tmp_path)[0])
@@ -388,10 +389,7 @@ def test_a_failure_on_node_1_in_a_multirun_ends_the_sweep_on_both_nodes(tmp_path
 
 @pytest.mark.subprocess
 def test_ctrl_c_on_node_1_in_a_multirun_ends_the_sweep_on_both_nodes(tmp_path: Path) -> None:
-    zero, one = _start_two(tmp_path, _explicit, "-m", "behaviour=wait", "fail_rank=0,1")
-    wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
-             what="both ranks of the first job to run")
-    ranks = seen(job_dirs(tmp_path)[0])
+    zero, one, ranks = _two_running(tmp_path, "-m", "fail_rank=0,1")
     one.send_signal(signal.SIGINT)
     _, err1 = one.communicate(timeout=60)
     _, err0 = zero.communicate(timeout=60)
@@ -419,10 +417,7 @@ def test_an_optuna_study_across_two_nodes_runs_every_trial_on_both(tmp_path: Pat
 
 @pytest.mark.subprocess
 def test_node_0_killed_in_a_multirun_ends_node_1_naming_it_and_nothing_is_left(tmp_path: Path) -> None:
-    zero, one = _start_two(tmp_path, _explicit, "-m", "behaviour=wait", "fail_rank=0,1")
-    wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
-             what="both ranks of the first job to run")
-    ranks = seen(job_dirs(tmp_path)[0])
+    zero, one, ranks = _two_running(tmp_path, "-m", "fail_rank=0,1")
     zero.kill()
     zero.communicate(timeout=30)
     _, err1 = one.communicate(timeout=60)

@@ -121,7 +121,6 @@ class Children:
     def adopt(self, pid: int, name: str) -> Child:
         """Count `pid`, a child of this process, as one; it is watched by its pidfd (and reaped) on a thread."""
         child = self.add(pid, name)
-
         threading.Thread(target=lambda: self.inbox.put(RankExited(pid, wait_for_exit(pid))),
                          name=f"ddpw-watch-{pid}", daemon=True).start()
         return child
@@ -170,7 +169,8 @@ class Children:
 
     def kill(self, spare: int | None = None, group: bool = True) -> list[Child]:
         """SIGKILL every child but `spare` and wait until each has ended, at most `KILL_WAIT_S`; a child that
-        outlives that is named on the console and left behind. The children left behind."""
+        outlives that is named (logged: on the console, and in the job's log) and left behind. The children left
+        behind."""
         self.send(signal.SIGKILL, self.running(spare), group)
         self.wait(time.monotonic() + KILL_WAIT_S, spare)
         left = self.running(spare)
