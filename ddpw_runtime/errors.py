@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ddpw_conf.errors import CompactError
 
 if TYPE_CHECKING:
-    from ddpw_runtime.launch.outcome import RankOutcome
+    from ddpw_runtime.launch.rank_outcome import RankOutcome
     from ddpw_runtime.launch.records import RankResult
     from ddpw_runtime.launch.stacks import HangReport
 

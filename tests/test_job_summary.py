@@ -16,7 +16,8 @@ import pytest
 
 from ddpw_runtime.errors import JobTimedOut, RankFailure
 from ddpw_runtime.hydra_jobs.summary import failed_summary, rank_ranges, rank_statuses, use_colour
-from ddpw_runtime.launch.outcome import RankOutcome, failure
+from ddpw_runtime.launch.outcome import failure
+from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RankResult
 from tests.helpers import APPS, run_app
 

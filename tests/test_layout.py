@@ -11,8 +11,8 @@ may import.
 - Rank code (`ddpw_runtime.rank` and the rank's process module) imports only the data modules of the
   controller side.
 - Only the Hydra plugin and the SLURM node's process import `ddpw_runtime.slurm`.
-- No import circle among the package's modules, imports inside functions (lazy ones) included; an
-  `if TYPE_CHECKING:` import, which only type checkers read, is no edge.
+- No import circle among the package's modules, imports inside functions (lazy ones) and `if TYPE_CHECKING:` ones
+  (which only type checkers read) included.
 - A handful of modules at the top of `ddpw_runtime`.
 """
 
@@ -156,13 +156,14 @@ def test_the_schemas_never_import_the_runtime_nor_read_the_command_line() -> Non
         assert "sys.argv" not in path.read_text(), f"{module_name(path)} reads the command line"
 
 
-def _run_time_imports(path: Path) -> set[str]:
+def _run_time_imports(path: Path, type_checking: bool = False) -> set[str]:
     """The package modules `path` imports when it runs: at its top or inside a function (lazy imports), not in an
-    `if TYPE_CHECKING:` block (read by type checkers only). A name `from package import name` counts as the
-    module `package.name` when there is one, else as `package`."""
+    `if TYPE_CHECKING:` block (read by type checkers only) unless `type_checking`. A name `from package import
+    name` counts as the module `package.name` when there is one, else as `package`."""
     tree = ast.parse(path.read_text())
-    hidden = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
-              and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING" for node in ast.walk(block)}
+    hidden = set() if type_checking else {
+        id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+        and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING" for node in ast.walk(block)}
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -181,12 +182,12 @@ def _run_time_imports(path: Path) -> set[str]:
 
 
 def test_no_import_circle_among_the_packages_modules_lazy_imports_included() -> None:
-    """Each module's imports, those inside functions too, never lead back to it."""
+    """Each module's imports, those inside functions and those only type checkers read too, never lead back to it."""
     paths = {module_name(p): p for p in python_files(RUNTIME, ROOT / "ddpw_conf", ROOT / "hydra_plugins")}
     edges: dict[str, set[str]] = {}
     for name, path in paths.items():
         targets = set()
-        for imported_name in _run_time_imports(path):
+        for imported_name in _run_time_imports(path, type_checking=True):
             while imported_name and imported_name not in paths:
                 imported_name = imported_name.rpartition(".")[0]
             # importing a module also imports its package's __init__, which is no edge back to a module below it

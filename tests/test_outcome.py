@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import pytest
 
 from ddpw_runtime.errors import RankFailure
-from ddpw_runtime.launch.outcome import RankOutcome, failure, root_cause
+from ddpw_runtime.launch.outcome import failure, root_cause
+from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RaisedError, RankResult
 
 SENT = frozenset({signal.SIGTERM, signal.SIGKILL})

@@ -24,7 +24,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import SlurmLauncherConf
 from ddpw_runtime.errors import RankFailure, SlurmJobError
-from ddpw_runtime.launch.outcome import RankOutcome
+from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RaisedError, RankResult
 from ddpw_runtime.slurm.outcomes import NodeOutcome, job_return
 from ddpw_runtime.slurm.sbatch import sbatch_parameters

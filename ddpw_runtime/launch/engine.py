@@ -16,11 +16,12 @@ from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.launch.checks import check, resolve_callable
 from ddpw_runtime.launch.checks import gpus_available as gpus_available  # imported from here by others
 from ddpw_runtime.launch.job import NodeJob, local_job
-from ddpw_runtime.launch.outcome import RankOutcome, failure, note_failures
+from ddpw_runtime.launch.outcome import failure, note_failures
 from ddpw_runtime.launch.payload import TaskCall
 from ddpw_runtime.launch.plan import plan_local
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import JobStarting
+from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.supervisor import NodeRanks, supervise
 from ddpw_runtime.nodes.controller import lead
 

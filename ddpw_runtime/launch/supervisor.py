@@ -22,7 +22,8 @@ from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.hangs import Watch, drop_empty_stacks, report_of, take_places
 from ddpw_runtime.launch.job import LocalJob
 from ddpw_runtime.launch.job_processes import JobProcesses
-from ddpw_runtime.launch.outcome import RankOutcome, note_failures
+from ddpw_runtime.launch.outcome import note_failures
+from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import held, send_to_group, signal_of, sigterm_raises
 from ddpw_runtime.launch.stacks import RankPlace, shown_ranks

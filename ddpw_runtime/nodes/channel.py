@@ -17,8 +17,8 @@ from typing import Any
 from ddpw_conf import Platform
 from ddpw_runtime.errors import NodeError
 from ddpw_runtime.launch import pickling
-from ddpw_runtime.launch.outcome import RankOutcome
 from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.launch.rank_outcome import RankOutcome
 
 _KEY = "ddpw/nodes/"
 SPEC_KEY = _KEY + "spec"

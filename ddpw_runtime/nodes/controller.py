@@ -19,7 +19,8 @@ from ddpw_runtime.errors import NodeError, Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.job import Grace
-from ddpw_runtime.launch.outcome import RankOutcome, root_cause
+from ddpw_runtime.launch.outcome import root_cause
+from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.signals import held
 from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
 from ddpw_runtime.nodes.channel import JobSpec, NodeChannel, NodeStop

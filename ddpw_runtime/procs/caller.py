@@ -16,9 +16,10 @@ from ddpw_runtime import _compat
 from ddpw_runtime.errors import JobTimedOut, RankFailure, RankStopped, Terminated
 from ddpw_runtime.launch.engine import settle, with_restarts
 from ddpw_runtime.launch.job import LocalJob, NodeJob, local_job
-from ddpw_runtime.launch.outcome import RankOutcome, note_failures
+from ddpw_runtime.launch.outcome import note_failures
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import STOPPING_SIGNALS, handle, signal_of
 from ddpw_runtime.launch.stacks import RankPlace, from_frame

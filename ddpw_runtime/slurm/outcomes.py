@@ -11,7 +11,8 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 
 from ddpw_runtime.errors import RankFailure, SlurmJobError
-from ddpw_runtime.launch.outcome import RankOutcome, failure, root_cause
+from ddpw_runtime.launch.outcome import failure, root_cause
+from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import portable
 
 INCOMPLETE_STATES = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "PREEMPTED",
