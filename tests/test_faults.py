@@ -3,6 +3,7 @@ many ranks and many jobs. Real processes throughout; each test checks nothing is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -362,6 +363,19 @@ _SWEEP_RUNS = 30
 after the program's imports)."""
 
 
+def _where_each_waits(tmp: Path) -> str:
+    """One line per live process of a run (TMPDIR `tmp`) and per thread of it: its command, state and the kernel
+    function it waits in."""
+    lines = ["\nstill running:"]
+    for pid in sorted(_processes_under(tmp)):
+        with contextlib.suppress(OSError):
+            command = (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+            for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                lines.append(f"  pid {pid} thread {task.name} {state} in {(task / 'wchan').read_text()}: {command}")
+    return "\n".join(lines) + "\n"
+
+
 def _processes_under(tmp: Path) -> set[int]:
     """The live processes whose TMPDIR is `tmp` or a folder in it: a program started with TMPDIR=`tmp`, and
     every process of its jobs (each job's TMPDIR is its private folder there)."""
@@ -404,9 +418,10 @@ def _interrupted_run(cwd: Path, tmp: Path, moment: float | None) -> tuple[int | 
     try:
         out, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
+        where = _where_each_waits(tmp)  # (what the failure shows: which process of the run waited, and in what)
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        return None, time.monotonic() - pressed, out + err, pressed - imported
+        return None, time.monotonic() - pressed, out + err + where, pressed - imported
     return proc.returncode, time.monotonic() - pressed, out + err, pressed - imported
 
 
@@ -440,7 +455,7 @@ def test_ctrl_c_at_any_moment_of_the_start_ends_the_program_at_once_and_leaves_n
         runs.append((moment, code, took, shown))
         wait_for(lambda: not _processes_under(private_tmp), timeout=10, what=f"every process to end ({moment:.3f} s)")
         assert list(private_tmp.iterdir()) == [], f"{moment:.3f} s"
-    failed = [f"Ctrl-C {moment:.3f} s after the imports: exit {code} after {took:.1f} s\n{shown[-1500:]}"
+    failed = [f"Ctrl-C {moment:.3f} s after the imports: exit {code} after {took:.1f} s\n{shown[-4000:]}"
               for moment, code, took, shown in runs if code not in (130, -2) or took > 5]
     assert not failed, "\n".join(failed)
 
