@@ -70,7 +70,7 @@ class Inbox:
 
 
 class ChildState(Enum):
-    """Where a child stands (one that got the stop's signal and has not ended is stopping: `Child.stopping`)."""
+    """Where a child stands (one still alive whose `Child.stopped` is set is stopping)."""
 
     STARTING = "starting"
     """Started, not at work yet (a rank not in its task: it has not left its mark, `RankPayload.task_mark`)."""
@@ -97,11 +97,6 @@ class Child:
     def alive(self) -> bool:
         """Still waited for: not ended and not left behind."""
         return self.state in (ChildState.STARTING, ChildState.RUNNING)
-
-    @property
-    def stopping(self) -> bool:
-        """Alive, and a signal of this process reached it."""
-        return self.alive and self.stopped
 
 
 class Children:
