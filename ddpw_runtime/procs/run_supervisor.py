@@ -213,7 +213,6 @@ class RunSupervisor:
         return 1 if failure is not None else _exit_code(self.exited or 0)
 
     def _answer(self, settled: JobSettled) -> None:
-        """Tell rank 0's process, which waits for it, how the job ended."""
         with held(), suppress(OSError):  # answered and no longer waiting, or neither (OSError: it is gone)
             self.awaiting.clear()
             self.channel.send(settled)
@@ -265,16 +264,14 @@ class RunSupervisor:
         return 128 + sig
 
     def _kill_rank_zero(self) -> None:
-        """SIGKILL rank 0's process (what it started is the job's, stopped with it) and wait for its end, bounded
-        (`Children.kill`)."""
+        """SIGKILL rank 0's process (what it started is the job's) and wait for its end, bounded (`Children.kill`)."""
         self._watching()
         if self.exited is None:
             with suppress(KeyboardInterrupt, Terminated):  # asked again meanwhile: it has had its SIGKILL
                 self.rank_zero.kill(group=False)
 
     def _exited_within(self, seconds: float, stopped: int | None = None) -> bool:
-        """Wait at most `seconds` for rank 0's process to end; whether it did. `stopped`: the signal that stopped
-        the run, which rank 0 hears whenever it waits for an answer."""
+        """Whether rank 0's process ended within `seconds`; rank 0 hears `stopped` whenever it waits for an answer."""
         self._watching()
         end = time.monotonic() + seconds
         while self.exited is None:
@@ -297,7 +294,7 @@ class RunSupervisor:
                     raise
 
     def _watching(self) -> None:
-        """Start the thread that reads rank 0's channel (`_watch`), if it is not running yet."""
+        """Start `_watch`'s thread, if it is not running yet."""
         if self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name="ddpw-rank-0", daemon=True)
             self._watcher.start()
@@ -344,8 +341,7 @@ def _pickled(error: BaseException) -> bytes:
 
 
 def _in_foreground() -> bool:
-    """Whether this process is in its terminal's foreground process group (a Ctrl-C typed there reaches
-    every process of the group, rank 0 among them)."""
+    """Whether this process is in its terminal's foreground group (a Ctrl-C typed there reaches rank 0 too)."""
     for fd in (0, 1, 2):
         with suppress(OSError):
             return os.tcgetpgrp(fd) == os.getpgrp()

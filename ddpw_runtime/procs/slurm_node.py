@@ -174,20 +174,17 @@ class _NodeRun:
 
     def _on_warning(self, signum: int, frame: Any) -> None:
         if self.attempt >= self.spec.max_restarts:
-            log.warning(
-                "SLURM warned the job (SIGUSR2: its time limit is near, or it is preempted); no restart is "
-                "left (hydra.launcher.max_restarts=%d), so it runs on until SLURM stops it", self.spec.max_restarts,
-            )
+            log.warning("SLURM warned the job (SIGUSR2: its time limit is near, or it is preempted); no restart "
+                        "is left (hydra.launcher.max_restarts=%d), so it runs on until SLURM stops it",
+                        self.spec.max_restarts)
             return
         if self.warned:
             return
         self.warned = True
         # The SIGTERM that SLURM sends after its warning must not cut the ranks' saving short.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        log.warning(
-            "SLURM warned the job (SIGUSR2): the ranks get SIGTERM to save, then the job is requeued "
-            "(restart %d of %d)", self.attempt + 1, self.spec.max_restarts,
-        )
+        log.warning("SLURM warned the job (SIGUSR2): the ranks get SIGTERM to save, then the job is requeued "
+                    "(restart %d of %d)", self.attempt + 1, self.spec.max_restarts)
         if self.in_ranks:
             raise Preempted()
 
@@ -207,10 +204,8 @@ def _start_rank_starter(platform: Platform) -> None:
     """Start this process's rank starter now, with SIGTERM and SIGUSR2 ignored (SLURM sends them to
     every process of the job; the starter must outlive them so that its ranks can save) and SIGCONT at
     its default (submitit's handler would log it in every rank)."""
-    dispositions = (
-        (signal.SIGTERM, signal.SIG_IGN), (signal.SIGUSR2, signal.SIG_IGN), (signal.SIGCONT, signal.SIG_DFL)
-    )
-    saved = {sig: signal.signal(sig, disposition) for sig, disposition in dispositions}
+    dispositions = {signal.SIGTERM: signal.SIG_IGN, signal.SIGUSR2: signal.SIG_IGN, signal.SIGCONT: signal.SIG_DFL}
+    saved = {sig: signal.signal(sig, disposition) for sig, disposition in dispositions.items()}
     try:
         starter_for(platform)
     finally:

@@ -204,9 +204,8 @@ class _Server:
         self.channels.append(Channel(ours))
         return pid
 
-    def _start(
-        self, request: protocol.StartRank, job: JobProcesses, listen_fd: int | None, terminal: int | None
-    ) -> int:
+    def _start(self, request: protocol.StartRank, job: JobProcesses, listen_fd: int | None,
+               terminal: int | None) -> int:
         def rank() -> int:
             # Ctrl-C is held (`_fork`) until the rank's output goes to its log (`run_rank` lets it through),
             # so a rank stopped while it starts reports it like any rank, not on the controller's terminal.

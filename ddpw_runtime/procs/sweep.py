@@ -45,13 +45,8 @@ from ddpw_runtime.procs.job import RESULT, JobEnd, JobPayload, run_job_process
 log = logging.getLogger(__name__)
 
 
-def run_jobs(
-    hydra_context: HydraContext,
-    task_function: TaskFunction,
-    jobs: Sequence[PreparedJob],
-    options: LocalLauncherConf,
-    summary: SweepSummary,
-) -> list[JobReturn]:
+def run_jobs(hydra_context: HydraContext, task_function: TaskFunction, jobs: Sequence[PreparedJob],
+             options: LocalLauncherConf, summary: SweepSummary) -> list[JobReturn]:
     """Run each (prepared) job of a batch as a distributed job in a job process of its own, side by side
     when their devices fit (`max_parallel_jobs`), else one after another; one JobReturn per job, in order.
     Each job's entry goes to `summary` as it ends."""
@@ -181,7 +176,8 @@ class _Sweep:
                     self._start_what_fits()
                     if not self.running:
                         break
-                    self._wait_one()
+                    while self.children.next_exit(None) is None:  # until a job ends (`_ended` notes how)
+                        pass
         except (KeyboardInterrupt, Terminated) as stop:
             self._stop_all(signals.signal_of(stop))
         errors = [end.error for _, end in sorted(self.ended.items()) if end.error is not None]
@@ -231,11 +227,6 @@ class _Sweep:
                 raise
             self.running[pid] = _Running(job, share, folder, time.monotonic())
             self.children.add(pid, f"the process of job #{job.idx}")
-
-    def _wait_one(self) -> None:
-        """Wait until a running job ends (`_ended` notes how)."""
-        while self.children.next_exit(None) is None:
-            pass
 
     def _ended(self, child: Child) -> None:
         """Job process `child` ended: note how its job ended (with `fail_fast`, a failure stops the others)."""

@@ -62,9 +62,8 @@ def state_error(job_id: str, state: str, logs: str, restarts: int) -> SlurmJobEr
     return SlurmJobError(f"SLURM job {job_id} {text}{again} (sacct state: {state}); node logs: {logs}")
 
 
-def job_failure(
-    n_nodes: int, state: str, outcomes: dict[int, NodeOutcome], node_errors: dict[int, str], ended: SlurmJobError,
-) -> BaseException | None:
+def job_failure(n_nodes: int, state: str, outcomes: dict[int, NodeOutcome], node_errors: dict[int, str],
+                ended: SlurmJobError) -> BaseException | None:
     """Why a SLURM job failed, or None: a rank's own failure on any node first; else a node's own error
     (its time limit), a node controller that raised (`node_errors`: their text), how SLURM ended the
     job (`ended`: cancelled, timed out, out of memory; what the ranks saw then follows from it); a
@@ -89,10 +88,8 @@ def job_failure(
     return None
 
 
-def job_return(
-    ret: JobReturn, n_nodes: int, state: str, outcomes: dict[int, NodeOutcome], node_errors: dict[int, str],
-    ended: SlurmJobError,
-) -> tuple[JobReturn, list[Any]]:
+def job_return(ret: JobReturn, n_nodes: int, state: str, outcomes: dict[int, NodeOutcome], node_errors: dict[int, str],
+               ended: SlurmJobError) -> tuple[JobReturn, list[Any]]:
     """The JobReturn of one SLURM job and every rank's value. `ret` is node 0's JobReturn when it sent
     one, else a FAILED shell; see `job_failure` for the rest."""
     made = job_failure(n_nodes, state, outcomes, node_errors, ended)

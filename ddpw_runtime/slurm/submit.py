@@ -55,13 +55,8 @@ class _Job:
     """The submitit Job, once submitted."""
 
 
-def run_jobs(
-    hydra_context: HydraContext,
-    task_function: TaskFunction,
-    prepared: Sequence[PreparedJob],
-    options: SlurmLauncherConf,
-    summary: SweepSummary,
-) -> list[JobReturn]:
+def run_jobs(hydra_context: HydraContext, task_function: TaskFunction, prepared: Sequence[PreparedJob],
+             options: SlurmLauncherConf, summary: SweepSummary) -> list[JobReturn]:
     """Submit `prepared` (checked) jobs, wait for them, and return what each ended with (noted in
     `summary` as each ends, its time counted from the submission). submitit's folder is
     `hydra.launcher.submitit_folder`; the manifest goes to the sweep dir."""
@@ -156,15 +151,8 @@ def _print_dry_run(groups: list[list[_Job]], folder: Path) -> None:
                   f"{sbatch.describe(p.platform, p.output_dir)}")
 
 
-def _submit(
-    groups: list[list[_Job]],
-    hydra_context: HydraContext,
-    task_function: TaskFunction,
-    options: SlurmLauncherConf,
-    folder: Path,
-    manifest: Path,
-    summary: SweepSummary,
-) -> None:
+def _submit(groups: list[list[_Job]], hydra_context: HydraContext, task_function: TaskFunction,
+            options: SlurmLauncherConf, folder: Path, manifest: Path, summary: SweepSummary) -> None:
     """Submit each group (one job array each), and add its jobs to `manifest` and `summary` (SUBMITTED)
     right after, so that a resume finds every submitted job."""
     import submitit
@@ -172,23 +160,16 @@ def _submit(
     from ddpw_runtime.procs.slurm_node import SlurmNode
 
     state = pickling.dumps(_compat.hydra_state())
+    grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
     submitted: list[_Job] = []
     for group in groups:
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=options.max_restarts)
         executor.update_parameters(**group[0].params)
-        nodes = [
-            SlurmNode(
-                job=pickling.dumps((hydra_context, task_function, job.prepared.config)),
-                idx=job.prepared.idx,
-                hydra_state=state,
-                sys_path=list(sys.path),
-                platform=sbatch.node_platform(job.prepared.platform),
-                dir_keys=job.prepared.dir_keys,
-                max_restarts=options.max_restarts,
-                grace=Grace(options.stop_grace_s, options.interrupt_grace_s),
-            )
-            for job in group
-        ]
+        nodes = [SlurmNode(job=pickling.dumps((hydra_context, task_function, job.prepared.config)),
+                           idx=job.prepared.idx, hydra_state=state, sys_path=list(sys.path),
+                           platform=sbatch.node_platform(job.prepared.platform), dir_keys=job.prepared.dir_keys,
+                           max_restarts=options.max_restarts, grace=grace)
+                 for job in group]
         try:
             with executor.batch():
                 slurm_jobs = [executor.submit(node) for node in nodes]
@@ -218,15 +199,9 @@ def _manifest_entries(path: Path) -> list[dict[str, Any]]:
 
 def _write_manifest(path: Path, jobs: list[_Job]) -> None:
     """Add the submitted jobs to the manifest (a sweep may call the launcher more than once)."""
-    entries = _manifest_entries(path)
-    entries += [
-        {
-            "job": job.prepared.idx,
-            "overrides": job.prepared.overrides,
-            "slurm_job_id": job.slurm.job_id,
-            "output_dir": str(job.prepared.output_dir),
-            "node_logs": str(job.slurm.paths.folder),
-        }
+    entries = _manifest_entries(path) + [
+        {"job": job.prepared.idx, "overrides": job.prepared.overrides, "slurm_job_id": job.slurm.job_id,
+         "output_dir": str(job.prepared.output_dir), "node_logs": str(job.slurm.paths.folder)}
         for job in jobs
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,8 +215,7 @@ def _wait(jobs: list[_Job], summary: SweepSummary, fail_fast: bool) -> dict[int,
     first failed job cancels the others and its error is raised."""
     returns: dict[int, JobReturn] = {}
     pending = list(jobs)
-    start = time.monotonic()
-    next_sacct = start
+    start = next_sacct = time.monotonic()
     while True:
         now = time.monotonic()
         if now >= next_sacct:
@@ -316,12 +290,6 @@ def _stderr_tail(job: _Job) -> str:
 def _return(job: _Job, status: JobStatus, value: Any) -> DdpwJobReturn:
     """A JobReturn made here, for a job whose node 0 sent none (dry run, fire and forget, no result)."""
     config = job.prepared.config
-    return DdpwJobReturn(
-        overrides=job.prepared.overrides,
-        cfg=task_config(config),
-        hydra_cfg=OmegaConf.create({"hydra": config.hydra}),
-        working_dir=str(job.prepared.output_dir),
-        task_name=str(config.hydra.job.name),
-        status=status,
-        _return_value=value,
-    )
+    return DdpwJobReturn(overrides=job.prepared.overrides, cfg=task_config(config),
+                         hydra_cfg=OmegaConf.create({"hydra": config.hydra}), working_dir=str(job.prepared.output_dir),
+                         task_name=str(config.hydra.job.name), status=status, _return_value=value)
