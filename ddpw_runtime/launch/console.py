@@ -39,9 +39,8 @@ def console_of(stream: TextIO) -> Console:
 
 
 class _Lines:
-    """Writes one rank's output to the console: as it comes, or line by line with `prefix` before each
-    line (so the lines of several ranks do not mix). `end()` ends a line the rank left open (a `printf`
-    without a newline), so what the console shows next starts a line of its own."""
+    """One rank's output on the console: as it comes, or line by line after `prefix` (so ranks' lines do not mix);
+    `end()` ends a line the rank left open (a `printf` without a newline), so the console's next starts its own."""
 
     def __init__(self, console: Console, prefix: str) -> None:
         self.console = console
@@ -202,8 +201,7 @@ class TerminalCopy:
                     self._lines.end()
 
     def _copy_available(self) -> bool | None:
-        """Copy one chunk of what the rank wrote; whether there was one, None once every holder of the rank's
-        side has closed it."""
+        """Copy one chunk of the rank's output: whether there was one; None once every holder closed its side."""
         try:
             data = os.read(self.master_fd, _CHUNK)
         except BlockingIOError:
@@ -241,13 +239,11 @@ class ConsoleRanks:
 
     def terminal_of(self, rank: int) -> int | None:
         """The descriptor that rank `rank` writes its output to, when it gets a terminal."""
-        copy = self.terminals.get(rank)
-        return copy.slave_fd if copy is not None else None
+        return copy.slave_fd if (copy := self.terminals.get(rank)) is not None else None
 
     def handed_over(self, rank: int) -> None:
         """Rank `rank` has started with its terminal."""
-        copy = self.terminals.get(rank)
-        if copy is not None:
+        if (copy := self.terminals.get(rank)) is not None:
             copy.handed_over()
 
     def __enter__(self) -> ConsoleRanks:

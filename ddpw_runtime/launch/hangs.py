@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from ddpw_runtime.launch.console import file_size
 from ddpw_runtime.launch.payload import write_atomically
@@ -26,6 +27,7 @@ _STACK_DUMP_WAIT_S = 0.2
 _STACK_DUMP_QUIET_S = 0.01
 """A rank's stacks count as written once its stacks file grew and then did not change for this long."""
 _STACK_DUMP_POLL_S = 0.002
+_T = TypeVar("_T")
 REQUEST = "where.request"
 """The file in a job's output dir that asks its supervisors where the ranks are (a pickled `WhereRequest`)."""
 
@@ -129,7 +131,7 @@ class Watch:
         """The last stall's report (cleared when the job moves again)."""
         self.stopped_job = False
         """Whether a stall stopped the job (`platform.stop_on_stall`)."""
-        earlier = _read_request(plan.log_dir / REQUEST)  # one left by an earlier run in this dir is not for it
+        earlier = read_pickled(plan.log_dir / REQUEST, WhereRequest)  # an earlier run's (in this dir) is not for it
         self._answered = earlier.token if earlier is not None else None
         self._sizes = self._log_sizes()
         self._quiet_since = time.monotonic()
@@ -147,7 +149,7 @@ class Watch:
         return self.stopped_job
 
     def _answer(self) -> None:
-        request = _read_request(self.plan.log_dir / REQUEST)
+        request = read_pickled(self.plan.log_dir / REQUEST, WhereRequest)
         if request is None or request.token == self._answered:
             return
         self._answered = request.token
@@ -173,7 +175,7 @@ class Watch:
         if quiet < self.stall_s:
             return False
         places = self.take()
-        if _frames(places) != _frames(self._look):  # it moved: look again half the time later
+        if places != self._look:  # it moved: look again half the time later
             self._look, self._quiet_since = places, now - self.stall_s / 2
             return False
         minutes = self.plan.platform.stall_timeout_min
@@ -190,14 +192,10 @@ class Watch:
         return [file_size(self.plan.log_file(rank)) for rank in self.plan.global_ranks]
 
 
-def _frames(places: Mapping[int, RankPlace]) -> dict[int, object]:
-    return {rank: place.frames for rank, place in places.items()}
-
-
-def _read_request(path: Path) -> WhereRequest | None:
+def read_pickled(path: Path, kind: type[_T]) -> _T | None:
+    """The `kind` pickled at `path` (None: missing, unreadable or something else)."""
     try:
-        with open(path, "rb") as src:
-            request = pickle.load(src)
+        found = pickle.loads(path.read_bytes())
     except (OSError, EOFError, pickle.UnpicklingError):
         return None
-    return request if isinstance(request, WhereRequest) else None
+    return found if isinstance(found, kind) else None

@@ -33,26 +33,17 @@ def failure(outcomes: Sequence[RankOutcome]) -> RankFailure | None:
     cause = root_cause(outcomes)
     if cause is None:
         return None
-    held_up = _held_up(outcomes, cause)
-    if held_up is not None:
-        return held_up
-    error = cause.result.error if cause.result is not None else None
-    if error is not None:
-        error_type, message, text, tail = error.type_name, error.message, error.traceback, ""
-    else:
-        error_type, message = describe_exit(cause.exit_code)
-        text, tail = "", log_tail(cause.log_file)
-    made = RankFailure(
-        rank=cause.rank,
-        node=cause.node,
-        exit_code=cause.exit_code,
-        error_type=error_type,
-        error_message=message,
-        traceback_text=text,
-        log_tail=tail,
-        log_file=cause.log_file,
-        outcomes=sorted(outcomes, key=lambda o: o.rank),
-    )
+    error = cause.error
+    made = _held_up(outcomes, cause)
+    if made is None:
+        if error is not None:
+            error_type, message, text, tail = error.type_name, error.message, error.traceback, ""
+        else:
+            error_type, message = describe_exit(cause.exit_code)
+            text, tail = "", log_tail(cause.log_file)
+        made = RankFailure(rank=cause.rank, node=cause.node, exit_code=cause.exit_code, error_type=error_type,
+                           error_message=message, traceback_text=text, log_tail=tail, log_file=cause.log_file,
+                           outcomes=sorted(outcomes, key=lambda o: o.rank))
     made.__cause__ = error.exception() if error is not None else None
     return made
 
@@ -78,8 +69,7 @@ def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure
     waiting = report.waiting
     awaited = report.awaited
     calls = [str(awaited)] if awaited is not None else sorted({p.call for p in report.places if p.waiting and p.call})
-    error = cause.result.error if cause.result is not None else None
-    made = RankFailure(
+    return RankFailure(
         rank=culprit.rank,
         node=culprit.node,
         exit_code=culprit.exit_code,
@@ -89,10 +79,9 @@ def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure
         log_file=culprit.log_file,
         outcomes=sorted(outcomes, key=lambda o: o.rank),
         hang=report,
-        waiting_error=f"rank {cause.rank}: {error.headline if error is not None else _timeout_line(cause.log_file)}",
+        waiting_error=f"rank {cause.rank}: "
+                      f"{cause.error.headline if cause.error is not None else _timeout_line(cause.log_file)}",
     )
-    made.__cause__ = error.exception() if error is not None else None
-    return made
 
 
 def _timeout_line(log_file: str | None) -> str:
@@ -125,8 +114,7 @@ def note_failures(outcomes: Iterable[RankOutcome]) -> None:
     the console, which echoes some logs while the job runs, never shows the errors that only follow
     from the root cause)."""
     for outcome in outcomes:
-        error = outcome.result.error if outcome.result is not None else None
-        if error is None or outcome.log_file is None:
+        if outcome.error is None or outcome.log_file is None:
             continue
         with suppress(OSError), open(outcome.log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
-            log.write(f"--- rank {outcome.rank} failed: {error.headline}\n{error.traceback}")
+            log.write(f"--- rank {outcome.rank} failed: {outcome.error.headline}\n{outcome.error.traceback}")

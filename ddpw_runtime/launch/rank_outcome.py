@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpw_runtime.launch.records import COLLECTIVE_TIMEOUT_MARKERS, RankResult
+from ddpw_runtime.launch.records import COLLECTIVE_TIMEOUT_MARKERS, RaisedError, RankResult
 from ddpw_runtime.launch.stacks import RankPlace, from_traceback
 
 _LOG_TAIL_LINES = 20
@@ -36,6 +36,11 @@ class RankOutcome:
     """Where it was when the job was stopped, from its stack (None: it had ended)."""
 
     @property
+    def error(self) -> RaisedError | None:
+        """What it raised, as it sent it back."""
+        return self.result.error if self.result is not None else None
+
+    @property
     def failed(self) -> bool:
         """Whether the rank did not return a value and end cleanly."""
         return self.result is None or not self.result.ok or self.exit_code not in (0, None)
@@ -56,26 +61,21 @@ class RankOutcome:
     def timed_out_in_collective(self) -> bool:
         """Whether it failed because a collective it waited in timed out (gloo's error, or NCCL's watchdog in its
         log)."""
-        error = self.result.error if self.result is not None else None
-        if error is not None:
-            return error.is_collective_timeout
+        if self.error is not None:
+            return self.error.is_collective_timeout
         return self.result is None and any(marker in log_tail(self.log_file) for marker in COLLECTIVE_TIMEOUT_MARKERS)
 
     def where(self) -> RankPlace | None:
         """Where it was: where it waited, for a rank whose collective timed out (its traceback; a stack taken
         later shows it handling the error); else its stack when the job was stopped, or where it raised."""
-        error = self.result.error if self.result is not None else None
-        if error is not None and (self.place is None or error.is_collective_timeout):
-            return from_traceback(self.rank, error.traceback)
+        if self.error is not None and (self.place is None or self.error.is_collective_timeout):
+            return from_traceback(self.rank, self.error.traceback)
         return self.place
 
     @property
     def is_secondary(self) -> bool:
         """Whether its failure only says that another rank went away first."""
-        error = self.result.error if self.result is not None else None
-        return error is not None and error.is_secondary
-
-
+        return self.error is not None and self.error.is_secondary
 
 def log_tail(log_file: str | None) -> str:
     """What a rank that died without a traceback left at the end of its log: the crash report

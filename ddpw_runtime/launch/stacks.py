@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sysconfig
+import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +26,9 @@ _BACKWARD = ("/torch/autograd/graph.py", "_engine_run_backward")
 from hooks that leave no Python frame: a rank held there while a collective times out waits in that all-reduce."""
 _WRAPPER = "/torch/distributed/c10d_logger.py"
 """Where torch wraps its collectives (a frame `wrapper` outside the one the task called)."""
-_NOT_THE_USERS = (
-    str(Path(__file__).resolve().parents[1]),  # hydra-ddpw itself
-    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
-    "/site-packages/", "/dist-packages/", "<frozen ",
-)
-"""Code that is not the user's: hydra-ddpw, Python's standard library and installed packages."""
+_NOT_THE_USERS = (str(Path(__file__).resolve().parents[1]), sysconfig.get_paths()["stdlib"],
+                  sysconfig.get_paths()["platstdlib"], "/site-packages/", "/dist-packages/", "<frozen ")
+"""Code that is not the user's: hydra-ddpw itself, Python's standard library and installed packages."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +44,7 @@ class Frame:
 
     @property
     def in_collective(self) -> bool:
-        """Whether this frame is torch.distributed's (a collective, a barrier, the rendezvous) or DDP's, or
-        autograd's engine running `backward()` (DDP's gradient all-reduce)."""
+        """Whether this frame is torch.distributed's (collectives, barrier, rendezvous), DDP's, or `_BACKWARD`'s."""
         return any(part in self.file for part in _COLLECTIVES) or self.in_backward
 
     @property
@@ -117,9 +114,7 @@ class HangReport:
     @property
     def culprits(self) -> list[int]:
         """The ranks that were not in the collective the others waited in (none when no rank waited)."""
-        if not self.waiting:
-            return []
-        return [place.rank for place in self.places if not place.waiting]
+        return [place.rank for place in self.places if not place.waiting] if self.waiting else []
 
     def place(self, rank: int) -> RankPlace | None:
         """Where `rank` was, if it was looked at."""
@@ -143,18 +138,12 @@ class HangReport:
         with the collective its flight recorder last entered when it was dumped (`; collectives: last entered
         barrier #4, not all_reduce #5`)."""
         culprits = self.culprits
-        ordered = sorted(self.places, key=lambda place: (place.rank not in culprits, place.rank))
         lines = []
-        for place in ordered:
-            if place.rank in culprits:
-                state = "NOT IN THE COLLECTIVE, at"
-            elif place.waiting:
-                state = f"waiting in {place.call}, at"
-            else:
-                state = "at"
-            lines.append(f"rank {place.rank}: {state} {place.where()}{self._collectives(place.rank)}")
-        lines += [f"rank {rank}: had ended" for rank in self.ended]
-        return lines
+        for place in sorted(self.places, key=lambda place: (place.rank not in culprits, place.rank)):
+            state = ("NOT IN THE COLLECTIVE, " if place.rank in culprits
+                     else f"waiting in {place.call}, " if place.waiting else "")
+            lines.append(f"rank {place.rank}: {state}at {place.where()}{self._collectives(place.rank)}")
+        return lines + [f"rank {rank}: had ended" for rank in self.ended]
 
     def _collectives(self, rank: int) -> str:
         """What `rank`'s flight recorder says, as its line ends ('' when it was not dumped)."""
@@ -207,11 +196,8 @@ def from_traceback(rank: int, text: str) -> RankPlace:
 
 def from_frame(rank: int, frame: FrameType | None) -> RankPlace:
     """Where `rank` is, given its main thread's innermost live frame."""
-    frames = []
-    while frame is not None:
-        frames.append(Frame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
-        frame = frame.f_back
-    return RankPlace(rank, tuple(frames))
+    walked = traceback.walk_stack(frame) if frame is not None else ()  # (walk_stack(None) walks the caller's)
+    return RankPlace(rank, tuple(Frame(f.f_code.co_filename, line, f.f_code.co_name) for f, line in walked))
 
 
 def read_from(path: Path, offset: int) -> str:

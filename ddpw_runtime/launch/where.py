@@ -16,7 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ddpw_runtime.launch.hangs import CHECK_S, REQUEST, WhereAnswer, WhereRequest, answer_file
+from ddpw_runtime.launch.hangs import CHECK_S, REQUEST, WhereAnswer, WhereRequest, answer_file, read_pickled
 from ddpw_runtime.launch.payload import write_atomically
 
 _ANSWER_WAIT_S = 10 * CHECK_S
@@ -40,15 +40,8 @@ def ask(run_dir: Path, wait_s: float = _ANSWER_WAIT_S) -> dict[Path, list[WhereA
 
 
 def _answers(job: Path, token: str) -> list[WhereAnswer]:
-    found = []
-    for path in sorted(job.glob(answer_file(job, "*").name)):
-        try:
-            answer = pickle.loads(path.read_bytes())
-        except (OSError, EOFError, pickle.UnpicklingError):
-            continue
-        if isinstance(answer, WhereAnswer) and answer.token == token:
-            found.append(answer)
-    return found
+    found = (read_pickled(path, WhereAnswer) for path in sorted(job.glob(answer_file(job, "*").name)))
+    return [answer for answer in found if answer is not None and answer.token == token]
 
 
 def main(argv: list[str] | None = None) -> int:
