@@ -5,11 +5,4 @@ from ddpw_conf.errors import ConfigError
 from ddpw_conf.layout import Layout
 from ddpw_conf.platform import Device, Platform, platform_from_config
 
-__all__ = [
-    "ConfigError",
-    "Device",
-    "Layout",
-    "Platform",
-    "platform_from_config",
-]
-
+__all__ = ["ConfigError", "Device", "Layout", "Platform", "platform_from_config"]

@@ -18,6 +18,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 _E = TypeVar("_E", bound="CompactError")
+_REPORTED_BY_HYDRA: dict[type, type] = {}
+"""Each error class's subclass that Hydra prints as one line, made the first time it is needed."""
 
 
 class CompactError(Exception):
@@ -26,8 +28,12 @@ class CompactError(Exception):
 
     def __new__(cls: type[_E], *args: Any, **kwargs: Any) -> _E:
         hydra_errors = sys.modules.get("hydra.errors")
-        if hydra_errors is not None and not issubclass(cls, hydra_errors.CompactHydraException):
-            cls = _reported_by_hydra(cls, hydra_errors.CompactHydraException)
+        if hydra_errors is not None and not issubclass(cls, compact := hydra_errors.CompactHydraException):
+            if (made := _REPORTED_BY_HYDRA.get(cls)) is None:
+                namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+                             "made_as": cls}
+                made = _REPORTED_BY_HYDRA.setdefault(cls, type(cls.__name__, (cls, compact), namespace))
+            cls = made
         return super().__new__(cls, *args, **kwargs)
 
     def __reduce__(self) -> Any:
@@ -43,28 +49,12 @@ def _remade(cls: type[_E], args: tuple[Any, ...], state: dict[str, Any]) -> _E:
     return error
 
 
-_REPORTED_BY_HYDRA: dict[type, type] = {}
-"""Each error class's subclass that Hydra prints as one line, made the first time it is needed."""
-
-
-def _reported_by_hydra(cls: type[_E], compact: type[Exception]) -> type[_E]:
-    """`cls` as Hydra reports it: a subclass that also derives from Hydra's `CompactHydraException`."""
-    made = _REPORTED_BY_HYDRA.get(cls)
-    if made is None:
-        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
-                     "made_as": cls}
-        made = _REPORTED_BY_HYDRA.setdefault(cls, type(cls.__name__, (cls, compact), namespace))
-    return made
-
-
 class ConfigError(CompactError, ValueError):
     """A configuration value that cannot run, found before any process starts. The message always names the
     key, the value that was given and what to do instead."""
 
     def __init__(self, key: str, value: Any, fix: str) -> None:
-        self.key = key
-        self.value = value
-        self.fix = fix
+        self.key, self.value, self.fix = key, value, fix
         super().__init__(f"{key}={value!r}: {fix}")
 
 

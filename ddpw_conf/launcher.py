@@ -57,10 +57,8 @@ class LauncherOptions:
         from omegaconf import OmegaConf
 
         check_known("hydra.launcher.", options, {f.name for f in fields(cls)}, "hydra.launcher", "option")
-        plain: dict[str, Any] = {
-            key: OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-            for key, value in options.items()
-        }
+        plain: dict[str, Any] = {key: OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+                                 for key, value in options.items()}
         return cls(**plain)
 
     def validate_platform(self, platform: Platform) -> None:
@@ -126,12 +124,9 @@ class LocalLauncherConf(LauncherOptions):
 
 
 # Values that end up in the sbatch script.
-_SLURM_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
-"""qos and account names: no spaces, no leading dash."""
-_SLURM_NODES = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,\[\]-]{0,1023}")
-"""Node lists such as `n[1-3],gpu7`."""
-_SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_\[(!][A-Za-z0-9_.&|,:*()\[\]!-]{0,1023}")
-"""Feature expressions such as `v100|a100`, `[rack1|rack2]*2`."""
+_SLURM_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")  # qos and account names: no spaces, no leading dash
+_SLURM_NODES = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,\[\]-]{0,1023}")  # node lists such as `n[1-3],gpu7`
+_SLURM_CONSTRAINT = re.compile(r"[A-Za-z0-9_\[(!][A-Za-z0-9_.&|,:*()\[\]!-]{0,1023}")  # features: `a|b`, `[r1|r2]*2`
 _ONE_LINE = re.compile(r"[^\n\r\0]*")
 
 SLURM_MANAGED_KEYS: dict[str, str | None] = {
@@ -191,51 +186,36 @@ class SlurmLauncherConf(LauncherOptions):
             check_match(f"hydra.launcher.{key}", getattr(self, key), pattern, f"use a single SLURM value such as "
                         f"'{example}' (no spaces, line breaks or leading dash), or null", optional=True)
         if not isinstance(self.setup, (list, tuple)):
-            raise ConfigError(
-                "hydra.launcher.setup", self.setup, "use a list of shell lines, such as ['module load cuda']"
-            )
+            raise ConfigError("hydra.launcher.setup", self.setup,
+                              "use a list of shell lines, such as ['module load cuda']")
         for index, line in enumerate(self.setup):
             check_match(f"hydra.launcher.setup[{index}]", line, _ONE_LINE,
                         "each entry is one shell line; put each command in its own entry")
         check_int("hydra.launcher.array_parallelism", self.array_parallelism, 1)
         check_int("hydra.launcher.signal_delay_s", self.signal_delay_s, 1)
         if self.max_restarts and self.interrupt_grace_s >= self.signal_delay_s:
-            raise ConfigError(
-                "hydra.launcher.interrupt_grace_s", self.interrupt_grace_s,
-                f"must be below signal_delay_s ({self.signal_delay_s}): the ranks save between SLURM's "
-                "warning and the time limit",
-            )
+            raise ConfigError("hydra.launcher.interrupt_grace_s", self.interrupt_grace_s, "must be below "
+                              f"signal_delay_s ({self.signal_delay_s}): the ranks save between SLURM's warning and "
+                              "the time limit")
         if "%j" not in str(self.submitit_folder) or any(t in str(self.submitit_folder) for t in ("%A", "%a")):
-            raise ConfigError(
-                "hydra.launcher.submitit_folder", self.submitit_folder,
-                "use a folder with %j (the job id), such as ${hydra.sweep.dir}/.submitit/%j; %A and %a "
-                "do not work with job arrays",
-            )
+            raise ConfigError("hydra.launcher.submitit_folder", self.submitit_folder, "use a folder with %j (the job "
+                              "id), such as ${hydra.sweep.dir}/.submitit/%j; %A and %a do not work with job arrays")
         return self
 
     def validate_platform(self, platform: Platform) -> None:
         """Raise `ConfigError` for a (validated) platform that cannot be submitted to SLURM with these options."""
         if platform.device_kind is not Device.SLURM:
-            raise ConfigError(
-                "platform.device", platform.device,
-                "the ddpw_slurm launcher runs ranks on SLURM nodes: use platform.device=slurm (one GPU "
-                "per rank when n_gpus_per_node > 0, else CPU)",
-            )
+            raise ConfigError("platform.device", platform.device, "the ddpw_slurm launcher runs ranks on SLURM nodes: "
+                              "use platform.device=slurm (one GPU per rank when n_gpus_per_node > 0, else CPU)")
         for key in platform.slurm_additional_parameters:
-            name = key.replace("-", "_")
-            if name in SLURM_MANAGED_KEYS:
+            if (name := key.replace("-", "_")) in SLURM_MANAGED_KEYS:
                 where = SLURM_MANAGED_KEYS[name]
-                raise ConfigError(
-                    "platform.slurm_additional_parameters", key,
-                    f"the launcher sets --{name.replace('_', '-')} itself"
-                    + (f"; use {where}" if where else "; remove it"),
-                )
+                raise ConfigError("platform.slurm_additional_parameters", key, f"the launcher sets "
+                                  f"--{name.replace('_', '-')} itself" + (f"; use {where}" if where else "; remove it"))
         if self.max_restarts and self.signal_delay_s >= platform.timeout_min * 60:
-            raise ConfigError(
-                "hydra.launcher.signal_delay_s", self.signal_delay_s,
-                f"SLURM's warning would come at once, before any work (platform.timeout_min={platform.timeout_min}), "
-                "and every run would be requeued; use fewer seconds than the time limit has",
-            )
+            raise ConfigError("hydra.launcher.signal_delay_s", self.signal_delay_s, "SLURM's warning would come at "
+                              f"once, before any work (platform.timeout_min={platform.timeout_min}), and every run "
+                              "would be requeued; use fewer seconds than the time limit has")
 
 
 def selected_options(launcher: Mapping[str, Any] | None) -> LauncherOptions | None:

@@ -40,18 +40,14 @@ class Layout:
         split = self.tensor * self.pipeline
         if world_size % split:
             axis = "tensor" if self.tensor >= self.pipeline else "pipeline"  # blame the larger
-            raise ConfigError(
-                f"platform.layout.{axis}", getattr(self, axis),
-                f"tensor ({self.tensor}) x pipeline ({self.pipeline}) = {split} must divide the world size "
-                f"{world_size}; choose sizes whose product divides {world_size}, or change the number of ranks",
-            )
+            raise ConfigError(f"platform.layout.{axis}", getattr(self, axis), f"tensor ({self.tensor}) x pipeline "
+                              f"({self.pipeline}) = {split} must divide the world size {world_size}; choose sizes "
+                              f"whose product divides {world_size}, or change the number of ranks")
         if self.data is not None and self.data * split != world_size:
-            raise ConfigError(
-                "platform.layout.data", self.data,
-                f"data x tensor x pipeline = {self.data} x {self.tensor} x {self.pipeline} = "
-                f"{self.data * split}, but the world has {world_size} rank(s); set data to "
-                f"{world_size // split}, or leave it unset (null) to use every rank tensor and pipeline leave",
-            )
+            raise ConfigError("platform.layout.data", self.data, f"data x tensor x pipeline = {self.data} x "
+                              f"{self.tensor} x {self.pipeline} = {self.data * split}, but the world has {world_size} "
+                              f"rank(s); set data to {world_size // split}, or leave it unset (null) to use every rank "
+                              "tensor and pipeline leave")
 
 
 def layout_from_config(node: Any) -> Layout:

@@ -145,9 +145,7 @@ class Platform:
     @property
     def resolved_backend(self) -> str:
         """`backend`, or the automatic choice: nccl on CUDA GPUs, gloo otherwise."""
-        if self.backend:
-            return self.backend
-        return "nccl" if self.uses_gpus else "gloo"
+        return self.backend or ("nccl" if self.uses_gpus else "gloo")
 
     def shown_ranks(self) -> list[int]:
         """The global ranks whose output is echoed on the console."""
@@ -155,7 +153,7 @@ class Platform:
             return []
         if isinstance(self.console_ranks, str):
             return list(range(self.world_size))
-        return sorted(set(int(r) for r in self.console_ranks))
+        return sorted({int(r) for r in self.console_ranks})
 
     def summary(self) -> str:
         """A readable summary of the platform, one `key : value` per line."""
@@ -184,38 +182,26 @@ class Platform:
                               "platform.stall_timeout_min set; set it too (such as 30), or stop_on_stall=false")
         self.layout.validate(self.world_size)
         if self.resolved_backend == "nccl" and not self.uses_gpus:
-            raise ConfigError(
-                "platform.backend", "nccl", "nccl needs CUDA GPUs; use backend=gloo (or leave it "
-                "unset) on cpu/mps, or device=gpu with n_gpus_per_node >= 1",
-            )
+            raise ConfigError("platform.backend", "nccl", "nccl needs CUDA GPUs; use backend=gloo (or leave it "
+                              "unset) on cpu/mps, or device=gpu with n_gpus_per_node >= 1")
         if kind is Device.GPU and gpus_available == 0:
             # Blame the key the user set: an explicit backend=nccl, else device=gpu itself.
             if self.backend == "nccl":
-                raise ConfigError(
-                    "platform.backend", "nccl", "CUDA is not available on this machine (no GPU found) "
-                    "and nccl needs CUDA GPUs; use platform.device=cpu with backend=gloo (or unset)",
-                )
-            raise ConfigError(
-                "platform.device", self.device, "CUDA is not available on this machine (no GPU found); "
-                "use platform.device=cpu",
-            )
+                raise ConfigError("platform.backend", "nccl", "CUDA is not available on this machine (no GPU found) "
+                                  "and nccl needs CUDA GPUs; use platform.device=cpu with backend=gloo (or unset)")
+            raise ConfigError("platform.device", self.device, "CUDA is not available on this machine (no GPU found); "
+                              "use platform.device=cpu")
         if kind is Device.GPU and gpus_available is not None and self.n_gpus_per_node > gpus_available:
-            raise ConfigError(
-                "platform.n_gpus_per_node",
-                self.n_gpus_per_node,
-                f"this machine has {gpus_available} CUDA GPU(s); ask for at most that many, "
-                "or use platform.device=cpu",
-            )
+            raise ConfigError("platform.n_gpus_per_node", self.n_gpus_per_node, f"this machine has {gpus_available} "
+                              "CUDA GPU(s); ask for at most that many, or use platform.device=cpu")
         return self
 
-    def validate_local(self, where: str = "ranks started here run on this machine only") -> None:
-        """Raise `ConfigError` unless every rank can run on this machine (one node); `where` says why not."""
+    def validate_local(self) -> None:
+        """Raise `ConfigError` unless every rank can run on this machine (one node)."""
         if self.n_nodes > 1:
-            raise ConfigError(
-                "platform.n_nodes", self.n_nodes,
-                f"{where}; use n_nodes=1, or a plain run (no -m) of hydra/launcher=ddpw_cpu or ddpw_gpu on every "
-                "machine (docs/multi-node.md), or hydra/launcher=ddpw_slurm for several nodes",
-            )
+            raise ConfigError("platform.n_nodes", self.n_nodes, "ranks started here run on this machine only; use "
+                              "n_nodes=1, or a plain run (no -m) of hydra/launcher=ddpw_cpu or ddpw_gpu on every "
+                              "machine (docs/multi-node.md), or hydra/launcher=ddpw_slurm for several nodes")
 
     def _validate_names(self) -> None:
         check_match("platform.name", self.name, _NAME, "use 1-128 letters, digits, '_', '.', '+' or '-', "
@@ -231,15 +217,11 @@ class Platform:
         check_int("platform.n_gpus_per_node", self.n_gpus_per_node, 0)
         check_int("platform.n_procs_per_node", self.n_procs_per_node, 1, optional=True)
         if kind is Device.GPU and self.n_gpus_per_node < 1:
-            raise ConfigError(
-                "platform.n_gpus_per_node", self.n_gpus_per_node,
-                "device=gpu needs at least one GPU per node; set n_gpus_per_node >= 1 or use device=cpu",
-            )
+            raise ConfigError("platform.n_gpus_per_node", self.n_gpus_per_node,
+                              "device=gpu needs at least one GPU per node; set n_gpus_per_node >= 1 or use device=cpu")
         if kind is Device.MPS and self.n_nodes > 1:
-            raise ConfigError(
-                "platform.n_nodes", self.n_nodes, "device=mps runs on this machine only; use n_nodes=1, or "
-                "device=cpu or gpu across machines",
-            )
+            raise ConfigError("platform.n_nodes", self.n_nodes, "device=mps runs on this machine only; use n_nodes=1, "
+                              "or device=cpu or gpu across machines")
         check_int("platform.node_rank", self.node_rank, 0, " or null (what the platform the node runs on says)",
                   optional=True)
         if self.node_rank is not None and self.node_rank >= self.n_nodes:
@@ -247,50 +229,33 @@ class Platform:
                               f"nodes are numbered 0..{self.n_nodes - 1} (platform.n_nodes={self.n_nodes}); use one "
                               "of those, or null")
         if self.uses_gpus and self.ranks_per_node > self.n_gpus_per_node:
-            raise ConfigError(
-                "platform.n_procs_per_node", self.n_procs_per_node,
-                f"each rank needs its own GPU and only n_gpus_per_node={self.n_gpus_per_node} are "
-                "asked for; lower n_procs_per_node or raise n_gpus_per_node",
-            )
-        if self.n_cpus_per_node is not None:
-            check_int("platform.n_cpus_per_node", self.n_cpus_per_node, 1)
-            if self.n_cpus_per_node % self.ranks_per_node:
-                raise ConfigError(
-                    "platform.n_cpus_per_node", self.n_cpus_per_node,
-                    f"must be a multiple of the {self.ranks_per_node} rank(s) per node so each rank "
-                    "gets the same number of CPUs",
-                )
+            raise ConfigError("platform.n_procs_per_node", self.n_procs_per_node, "each rank needs its own GPU and "
+                              f"only n_gpus_per_node={self.n_gpus_per_node} are asked for; lower n_procs_per_node or "
+                              "raise n_gpus_per_node")
+        check_int("platform.n_cpus_per_node", self.n_cpus_per_node, 1, optional=True)
+        if self.n_cpus_per_node is not None and self.n_cpus_per_node % self.ranks_per_node:
+            raise ConfigError("platform.n_cpus_per_node", self.n_cpus_per_node, f"must be a multiple of the "
+                              f"{self.ranks_per_node} rank(s) per node so each rank gets the same number of CPUs")
         check_int("platform.mem_per_node", self.mem_per_node, 0)
         for key in ("timeout_min", "collective_timeout_min", "stall_timeout_min", "join_timeout_min"):
-            value = getattr(self, key)
-            if key == "stall_timeout_min" and value is None:
+            if (value := getattr(self, key)) is None and key == "stall_timeout_min":
                 continue
             check_number(f"platform.{key}", value, "use a positive number of minutes, such as 60 or 0.5", positive=True)
             if value > MAX_TIMEOUT_MIN:
-                raise ConfigError(
-                    f"platform.{key}", value, f"use at most {MAX_TIMEOUT_MIN} minutes (100 years): torch and the "
-                    "launcher add it to clocks that overflow beyond that",
-                )
+                raise ConfigError(f"platform.{key}", value, f"use at most {MAX_TIMEOUT_MIN} minutes (100 years): "
+                                  "torch and the launcher add it to clocks that overflow beyond that")
         if timedelta(minutes=self.collective_timeout_min) < timedelta(milliseconds=1):
-            raise ConfigError(
-                "platform.collective_timeout_min", self.collective_timeout_min,
-                "torch counts this timeout in whole milliseconds and this is less than one, so every wait would "
-                f"fail at once; use at least {1 / 60000:.7f} minutes (1 ms), such as 30",
-            )
+            raise ConfigError("platform.collective_timeout_min", self.collective_timeout_min, "torch counts this "
+                              "timeout in whole milliseconds and this is less than one, so every wait would fail at "
+                              f"once; use at least {1 / 60000:.7f} minutes (1 ms), such as 30")
         if not is_int(self.seed) or not 0 <= self.seed < 2**32:
             raise ConfigError("platform.seed", self.seed, "use an integer in 0..4294967295")
         if self.world_size > MAX_WORLD_SIZE:
             # Name the key that made the world too big: what sets ranks per node, else n_nodes.
-            if self.ranks_per_node <= MAX_WORLD_SIZE:
-                key, value = "platform.n_nodes", self.n_nodes
-            elif self.n_procs_per_node is None:
-                key, value = "platform.n_gpus_per_node", self.n_gpus_per_node
-            else:
-                key, value = "platform.n_procs_per_node", self.n_procs_per_node
-            raise ConfigError(
-                key, value, f"a world of {self.world_size} ranks is beyond what this launcher supports; "
-                f"keep n_nodes * ranks per node <= {MAX_WORLD_SIZE}",
-            )
+            key = ("n_nodes" if self.ranks_per_node <= MAX_WORLD_SIZE
+                   else "n_gpus_per_node" if self.n_procs_per_node is None else "n_procs_per_node")
+            raise ConfigError(f"platform.{key}", getattr(self, key), f"a world of {self.world_size} ranks is beyond "
+                              f"what this launcher supports; keep n_nodes * ranks per node <= {MAX_WORLD_SIZE}")
 
     def _validate_choices(self) -> None:
         check_choice("platform.spawn_method", self.spawn_method, START_METHODS)
@@ -299,9 +264,7 @@ class Platform:
             check_choice("platform.backend", self.backend, BACKENDS,
                          ", or leave it unset (null) for the automatic choice")
         if self.ipc_protocol == "file" and self.n_nodes > 1:
-            raise ConfigError(
-                "platform.ipc_protocol", "file", "a file rendezvous works on one node only; use tcp",
-            )
+            raise ConfigError("platform.ipc_protocol", "file", "a file rendezvous works on one node only; use tcp")
         ranks = self.console_ranks
         if ranks != "all" and (not isinstance(ranks, (list, tuple)) or not all(is_int(r) for r in ranks)):
             raise ConfigError("platform.console_ranks", ranks, "use 'all' or a list of ranks such as [0, 1]")
@@ -318,21 +281,17 @@ class Platform:
         groups = self.ipc_groups
         if groups is None:  # the task makes the process group itself, through env://; no layout mesh is built
             if self.ipc_protocol != "tcp":
-                raise ConfigError(
-                    "platform.ipc_protocol", self.ipc_protocol, "with ipc_groups=null the task makes its own "
-                    "process group through env:// (MASTER_ADDR, MASTER_PORT), which needs ipc_protocol=tcp",
-                )
+                raise ConfigError("platform.ipc_protocol", self.ipc_protocol, "with ipc_groups=null the task makes "
+                                  "its own process group through env:// (MASTER_ADDR, MASTER_PORT), which needs "
+                                  "ipc_protocol=tcp")
             if not self.layout.is_data_only:
-                raise ConfigError(
-                    "platform.ipc_groups", None, "a platform.layout with tensor or pipeline above 1 needs the "
-                    "process group that hydra-ddpw makes: use ipc_groups=[] (or leave the layout unset)",
-                )
+                raise ConfigError("platform.ipc_groups", None, "a platform.layout with tensor or pipeline above 1 "
+                                  "needs the process group that hydra-ddpw makes: use ipc_groups=[] (or leave the "
+                                  "layout unset)")
             return
         if not isinstance(groups, (list, tuple)):
-            raise ConfigError(
-                "platform.ipc_groups", groups, "use a list of lists of ranks such as [[0, 1], [2, 3]], "
-                "[] for the single default group, or null for none (the task makes its own)",
-            )
+            raise ConfigError("platform.ipc_groups", groups, "use a list of lists of ranks such as [[0, 1], [2, 3]], "
+                              "[] for the single default group, or null for none (the task makes its own)")
         if not groups:
             return
         seen: dict[int, int] = {}
@@ -347,18 +306,14 @@ class Platform:
                 if wrong is not None:
                     raise ConfigError(f"platform.ipc_groups[{index}]", list(members), wrong)
                 if member in seen:
-                    raise ConfigError(
-                        "platform.ipc_groups", [list(g) for g in groups],
-                        f"rank {member} is in group {seen[member]} and group {index}; groups must not overlap",
-                    )
+                    raise ConfigError("platform.ipc_groups", [list(g) for g in groups],
+                                      f"rank {member} is in group {seen[member]} and group {index}; groups must not "
+                                      "overlap")
                 seen[member] = index
-        missing = sorted(set(range(self.world_size)) - set(seen))
-        if missing:
-            raise ConfigError(
-                "platform.ipc_groups", [list(g) for g in groups],
-                f"rank(s) {missing} are in no group; every rank of the world must be in exactly one "
-                "group (or use [] for the single default group)",
-            )
+        if missing := sorted(set(range(self.world_size)) - set(seen)):
+            raise ConfigError("platform.ipc_groups", [list(g) for g in groups], f"rank(s) {missing} are in no group; "
+                              "every rank of the world must be in exactly one group (or use [] for the single "
+                              "default group)")
 
     def _world_text(self) -> str:
         return f"the world of {self.world_size} rank(s) (0..{self.world_size - 1})"
@@ -366,17 +321,13 @@ class Platform:
     def _validate_slurm_parameters(self) -> None:
         params = self.slurm_additional_parameters
         if not isinstance(params, dict):
-            raise ConfigError(
-                "platform.slurm_additional_parameters", params, "use a mapping such as {qos: high}"
-            )
+            raise ConfigError("platform.slurm_additional_parameters", params, "use a mapping such as {qos: high}")
         for key, value in params.items():
             check_match("platform.slurm_additional_parameters", key, _SLURM_KEY,
                         "keys are sbatch option names without dashes, such as 'qos' or 'gres'")
             if not isinstance(value, (str, int, float, bool)) or any(c in str(value) for c in "\n\r\0"):
-                raise ConfigError(
-                    f"platform.slurm_additional_parameters.{key}", value,
-                    "values are single-line strings or numbers; a line break would add lines to the sbatch script",
-                )
+                raise ConfigError(f"platform.slurm_additional_parameters.{key}", value, "values are single-line "
+                                  "strings or numbers; a line break would add lines to the sbatch script")
 
 
 def platform_from_config(node: Any, not_ours: str = "") -> Platform:

@@ -30,7 +30,6 @@ OWN_PLATFORM = ("_own_platform", "ddpw_platform")
 """The twin of each launcher option for apps with a `platform` of their own: its name's ending, and the
 key it brings the platform node under."""
 
-
 OPTIONS = (*LAUNCHERS, *(name + OWN_PLATFORM[0] for name in LAUNCHERS))
 """Every `hydra/launcher` option: each of `LAUNCHERS`, and its twin for apps with a `platform` of their own."""
 

@@ -16,9 +16,8 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 SCHEME = "ddpw"
 PROVIDER = "hydra-ddpw"
-LAUNCHER_OPTIONS = tuple(
-    f"ddpw_{device}{twin}" for twin in ("", "_own_platform") for device in ("cpu", "gpu", "mps", "slurm")
-)
+LAUNCHER_OPTIONS = tuple(f"ddpw_{device}{twin}" for twin in ("", "_own_platform")
+                         for device in ("cpu", "gpu", "mps", "slurm"))
 """The `hydra/launcher` options (their configs: `ddpw_conf.store.OPTIONS`; named here without importing it)."""
 
 TREE: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -31,8 +30,7 @@ defaults lists written for hydra-ddpw 0.1 name)."""
 
 
 def _group_and_name(config_path: str) -> tuple[str, str]:
-    path = config_path.strip("/").removesuffix(".yaml")
-    group, _, name = path.rpartition("/")
+    group, _, name = config_path.strip("/").removesuffix(".yaml").rpartition("/")
     return group, name
 
 
@@ -68,9 +66,8 @@ class LauncherOptionsSource(ConfigSource):
     def list(self, config_path: str, results_filter: ObjectType | None) -> list[str]:
         """The subgroups and configs of group `config_path`, as `results_filter` asks."""
         groups, configs = TREE.get(config_path.strip("/"), ((), ()))
-        found = [*(groups if results_filter in (None, ObjectType.GROUP) else ()),
-                 *(configs if results_filter in (None, ObjectType.CONFIG) else ())]
-        return sorted(found)
+        return sorted([*(groups if results_filter in (None, ObjectType.GROUP) else ()),
+                       *(configs if results_filter in (None, ObjectType.CONFIG) else ())])
 
     def load_config(self, config_path: str) -> ConfigResult:
         """The config at `config_path` (package `_global_`), made now."""
