@@ -48,10 +48,8 @@ def leave() -> None:
 
 def _current() -> _RankState:
     if _state is None:
-        raise RuntimeError(
-            "not inside a rank started by hydra-ddpw; call this from the task function "
-            "(a Hydra job with a ddpw launcher, or a function started by Wrapper)"
-        )
+        raise RuntimeError("not inside a rank started by hydra-ddpw; call this from the task function "
+                           "(a Hydra job with a ddpw launcher, or a function started by Wrapper)")
     return _state
 
 
@@ -116,10 +114,8 @@ def group(name: str | None = None) -> Any:
         return state.mesh.get_group(name)
     if name == "data":
         return dist.group.WORLD
-    raise ValueError(
-        f"platform.layout.{name} is 1: every rank is data-parallel, so there is no {name} group; "
-        f"set platform.layout.{name} to split the world"
-    )
+    raise ValueError(f"platform.layout.{name} is 1: every rank is data-parallel, so there is no {name} group; "
+                     f"set platform.layout.{name} to split the world")
 
 
 def mesh() -> DeviceMesh:
@@ -131,10 +127,8 @@ def mesh() -> DeviceMesh:
     """
     built = _current().mesh
     if built is None:
-        raise RuntimeError(
-            "this job has no layout mesh: platform.layout has tensor=1 and pipeline=1 (every rank "
-            "data-parallel); set platform.layout.tensor or platform.layout.pipeline above 1"
-        )
+        raise RuntimeError("this job has no layout mesh: platform.layout has tensor=1 and pipeline=1 (every rank "
+                           "data-parallel); set platform.layout.tensor or platform.layout.pipeline above 1")
     return built
 
 

@@ -11,9 +11,8 @@ if TYPE_CHECKING:
     from torch.utils.data import Dataset, DistributedSampler
 
 
-def distributed_sampler(
-    dataset: Dataset, *, shuffle: bool = True, seed: int | None = None, drop_last: bool = False
-) -> DistributedSampler:
+def distributed_sampler(dataset: Dataset, *, shuffle: bool = True, seed: int | None = None,
+                        drop_last: bool = False) -> DistributedSampler:
     """A DistributedSampler giving this rank its share of `dataset` among the data-parallel replicas.
 
     Replicas are the ranks of `group("data")` (the whole world unless `platform.layout` splits it): the
@@ -28,14 +27,9 @@ def distributed_sampler(
     from torch.utils.data import DistributedSampler
 
     data_group = context.group("data")
-    return DistributedSampler(
-        dataset,
-        num_replicas=dist.get_world_size(data_group),
-        rank=dist.get_rank(data_group),
-        shuffle=shuffle,
-        seed=context.platform().seed if seed is None else seed,
-        drop_last=drop_last,
-    )
+    seed = context.platform().seed if seed is None else seed
+    return DistributedSampler(dataset, num_replicas=dist.get_world_size(data_group), rank=dist.get_rank(data_group),
+                              shuffle=shuffle, seed=seed, drop_last=drop_last)
 
 
 def to_device(batch: Any, device: torch.device | None = None, non_blocking: bool = False) -> Any:

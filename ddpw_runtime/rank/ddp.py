@@ -34,10 +34,8 @@ def wrap_model(model: nn.Module, *, sync_batchnorm: bool = False, **ddp_options:
     data_group = ddp_options.pop("process_group", context.group("data"))
     if sync_batchnorm:
         if device.type != "cuda":
-            raise ValueError(
-                f"sync_batchnorm=True needs CUDA ranks (torch's SyncBatchNorm runs on GPUs only) and this "
-                f"rank computes on {device.type}; leave sync_batchnorm False, or use platform.device=gpu"
-            )
+            raise ValueError(f"sync_batchnorm=True needs CUDA ranks (torch's SyncBatchNorm runs on GPUs only) and this "
+                             f"rank computes on {device.type}; leave sync_batchnorm False, or use platform.device=gpu")
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=data_group)
     model = model.to(device)
     ddp_options.setdefault("find_unused_parameters", False)

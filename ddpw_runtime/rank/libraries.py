@@ -87,16 +87,12 @@ def check(library: str, world_size: int, devices: int, num_nodes: int) -> None:
     """Raise `LibraryWorldMismatch` when `library` (`Trainer` or `Fabric`), about to train in a world
     of `world_size` processes (`devices` per node on `num_nodes` nodes), is not in the launched world."""
     launched = (int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["GROUP_WORLD_SIZE"]))
-    if world_size == launched[0]:
-        return  # the job's config is read for the message only
-    message = mismatch(library, world_size, devices, num_nodes, launched, config_key(library))
-    if message is not None:
-        raise LibraryWorldMismatch(message)
+    if world_size != launched[0]:  # the job's config is read for the message only
+        raise LibraryWorldMismatch(mismatch(library, world_size, devices, num_nodes, launched, config_key(library)))
 
 
-def mismatch(
-    library: str, world_size: int, devices: int, num_nodes: int, world: tuple[int, int, int], key: str | None
-) -> str | None:
+def mismatch(library: str, world_size: int, devices: int, num_nodes: int, world: tuple[int, int, int],
+             key: str | None) -> str | None:
     """What is wrong with `library` in a world of `world_size` (`devices` x `num_nodes`) when the
     launched `world` (world size, ranks per node, nodes) is another, and the fix; None when they agree.
     `key`: the job config's node that holds the library's arguments, if known."""
@@ -109,10 +105,8 @@ def mismatch(
         fix += f" (here: {' '.join(typed)})"
     if library == "Trainer":
         fix += ", or leave devices and num_nodes unset (they follow the platform)"
-    return (
-        f"{library}(devices={devices}, num_nodes={num_nodes}) would run {world_size} process(es) in a job of "
-        f"{launched_size} rank(s), so every rank would train alone: {fix}"
-    )
+    return (f"{library}(devices={devices}, num_nodes={num_nodes}) would run {world_size} process(es) in a job of "
+            f"{launched_size} rank(s), so every rank would train alone: {fix}")
 
 
 def config_key(library: str) -> str | None:

@@ -12,6 +12,7 @@ import faulthandler
 import os
 import sys
 import tempfile
+import traceback
 from collections.abc import Container, Mapping
 from pathlib import Path
 from types import CodeType, FrameType
@@ -108,11 +109,7 @@ class RankInThisProcess:
 def on_stack(frame: FrameType | None, codes: Container[CodeType]) -> bool:
     """Whether `frame`, or a frame that called it, runs one of `codes` (where the job's stop signal may stop a
     rank that runs in this process: its task, its joining of the group)."""
-    while frame is not None:
-        if frame.f_code in codes:
-            return True
-        frame = frame.f_back
-    return False
+    return frame is not None and any(f.f_code in codes for f, _ in traceback.walk_stack(frame))
 
 
 def open_log(log_file: Path) -> int:

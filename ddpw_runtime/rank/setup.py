@@ -42,8 +42,7 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
     if plan.makes_group or plan.init_method.startswith("tcp://"):
         _held_store = _store(plan, listen_fd, timeout)
     if plan.makes_group:
-        store = _held_store
-        dist.init_process_group(backend=plan.backend, store=store, rank=rank, world_size=plan.world_size,
+        dist.init_process_group(backend=plan.backend, store=_held_store, rank=rank, world_size=plan.world_size,
                                 timeout=timeout, device_id=gpu)
         for members in plan.groups:
             group = dist.new_group(members)
@@ -56,7 +55,7 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
         # Every rank waits until all have their groups: else a rank whose task ends at once tears its group
         # down while a slower peer still connects, and the peer fails with gloo's "Connection closed by peer"
         # (seen with the caller as rank 0). Store-based, so no device is involved.
-        _count_in(store, "joined", plan.world_size)
+        _count_in(_held_store, "joined", plan.world_size)
         answer_task_init(JobGroup(plan, rank, timeout, gpu, dist.group.WORLD))
     context.enter(plan, rank, local_rank, gpu or torch.device(plan.device), own_group, mesh)
     random.seed(plan.platform.seed)
@@ -95,15 +94,8 @@ def _store(plan: LaunchPlan, listen_fd: int | None, timeout: timedelta) -> Any:
     controller bound hosts (else the launching process does) and every other rank joins."""
     if plan.init_method.startswith("file://"):
         return dist.FileStore(plan.init_method.removeprefix("file://"), plan.world_size)
-    return dist.TCPStore(
-        plan.master_addr,
-        plan.master_port,
-        plan.world_size,
-        is_master=listen_fd is not None,
-        timeout=timeout,
-        wait_for_workers=False,
-        master_listen_fd=listen_fd,
-    )
+    return dist.TCPStore(plan.master_addr, plan.master_port, plan.world_size, is_master=listen_fd is not None,
+                         timeout=timeout, wait_for_workers=False, master_listen_fd=listen_fd)
 
 
 def warm_up() -> None:

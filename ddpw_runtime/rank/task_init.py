@@ -52,8 +52,7 @@ def answer_task_init(group: JobGroup) -> None:
     def init_process_group(*args: Any, **kwargs: Any) -> None:
         if not dist.is_initialized() or dist.group.WORLD is not group.world:
             return _ORIGINAL(*args, **kwargs)
-        asked = inspect.signature(_ORIGINAL).bind(*args, **kwargs).arguments
-        mismatch = differs(group, asked)
+        mismatch = differs(group, inspect.signature(_ORIGINAL).bind(*args, **kwargs).arguments)
         if mismatch is not None:
             raise mismatch
         return None
