@@ -1,8 +1,6 @@
-"""Whether a platform can run on this machine and this torch, before anything starts: beyond
-`Platform.validate`, the GPUs, cores and MPS device here, the backends torch was built with, a fixed
-rendezvous port, and whether `upon_finish` imports. torch is imported only for the platforms that need
-it (GPUs, MPS, an explicit mpi or nccl backend), never for the CPU/gloo default.
-"""
+"""Whether a platform can run on this machine and this torch, before anything starts: beyond `Platform.validate`, the
+GPUs, cores and MPS device here, the backends torch was built with, a fixed rendezvous port, and whether `upon_finish`
+imports. torch is imported only for the platforms that need it (GPUs, MPS, an explicit mpi or nccl backend)."""
 
 from __future__ import annotations
 

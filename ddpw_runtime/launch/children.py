@@ -1,9 +1,8 @@
 """A set of child processes: the one way a supervising process watches and stops its children (a node's ranks, a
-sweep's job processes, rank 0 of a plain run, the rank starter). Each child's exit arrives in one `Inbox`: from the
-rank starter, which reaps what it starts and reports it, or from the child's pidfd (`adopt`: a process watched by
-its pid, never by a channel that its forks may hold open). Every stop is one bounded sequence: a first signal, a
-grace, SIGKILL, `KILL_WAIT_S`, then what is still there is named (on the console, and in the job's log where there
-is one) and left behind."""
+sweep's job processes, rank 0 of a plain run, the rank starter). Each exit arrives in one `Inbox`: from the rank
+starter, which reaps what it starts, or from the child's pidfd (`adopt`: never by a channel its forks may hold open).
+Every stop is one bounded sequence: a first signal, a grace, SIGKILL, `KILL_WAIT_S`, then what is still there is named
+(on the console, and in the job's log where there is one) and left behind."""
 
 from __future__ import annotations
 
@@ -40,9 +39,8 @@ class Inbox:
         self._gone: StarterGone | None = None
 
     def put(self, item: RankExited | StarterGone) -> None:
-        """Add `item` and wake the waiting thread (callable from any thread). That the starter died is kept
-        apart too: an interruption (the SIGTERM a job process gets when its starter dies, at the same moment)
-        that lands while `next` takes it from the queue cannot lose it."""
+        """Add `item` and wake the waiting thread (from any thread). That the starter died is kept apart too, so an
+        interruption landing while `next` takes it (a job process's SIGTERM as its starter dies) cannot lose it."""
         if isinstance(item, StarterGone):
             self._gone = item
         self._items.put(item)
@@ -52,18 +50,13 @@ class Inbox:
         self._items.put(None)
 
     def next(self, timeout: float | None) -> RankExited | None:
-        """The next exit; None when `timeout` seconds (None: no limit) pass first, a wake-up comes (the
-        caller looks at what it was asked), or `WAIT_SLICE_S` passed. Raises StarterGone when the
-        starter died (once the exits it reported before are taken)."""
+        """The next exit; None when `timeout` seconds (None: no limit) pass first, a wake-up comes (the caller looks
+        at what it was asked), or `WAIT_SLICE_S` passed. StarterGone once the exits it reported before are taken."""
+        slice_s = WAIT_SLICE_S if timeout is None else min(timeout, WAIT_SLICE_S)
         try:
-            if self._gone is not None:
-                item = self._items.get_nowait()
-            else:
-                item = self._items.get(timeout=WAIT_SLICE_S if timeout is None else min(timeout, WAIT_SLICE_S))
+            item = self._items.get_nowait() if self._gone is not None else self._items.get(timeout=slice_s)
         except queue.Empty:
-            if self._gone is None:
-                return None
-            raise self._gone from None
+            item = self._gone
         if isinstance(item, StarterGone):
             raise item
         return item
@@ -128,8 +121,7 @@ class Children:
         """Wait at most `timeout` seconds (None: `WAIT_SLICE_S`, see `Inbox.next`) for a child's end and note it;
         that child, or None (no end came, a wake-up, or the end of a process that is not a child)."""
         event = self.inbox.next(timeout)
-        child = self.of_pid.get(event.pid) if event is not None else None
-        if event is None or child is None or not child.alive:
+        if event is None or (child := self.of_pid.get(event.pid)) is None or not child.alive:
             return None
         child.state, child.exit_code, child.ended_at = ChildState.ENDED, event.exit_code, time.time()
         self.on_exit(child)
@@ -144,8 +136,7 @@ class Children:
         return not self.running(spare)
 
     def send(self, sig: int, to: list[Child] | None = None, group: bool = True) -> None:
-        """Send `sig` to every child alive (or to those `to`), with `group` to its process group too; each
-        counts as stopped."""
+        """Send `sig` to every child alive (or those `to`), and with `group` to its process group; each is stopped."""
         for child in self.running() if to is None else to:
             child.stopped = True
             self.signal(child, sig, group)
@@ -163,9 +154,8 @@ class Children:
         return self.kill(spare, group)
 
     def kill(self, spare: int | None = None, group: bool = True) -> list[Child]:
-        """SIGKILL every child but `spare` and wait until each has ended, at most `KILL_WAIT_S`; a child that
-        outlives that is named (logged: on the console, and in the job's log) and left behind. The children left
-        behind."""
+        """SIGKILL every child but `spare` and wait at most `KILL_WAIT_S` for each to end; those that outlive it are
+        named (logged: on the console, and in the job's log) and left behind, and returned."""
         self.send(signal.SIGKILL, self.running(spare), group)
         self.wait(time.monotonic() + KILL_WAIT_S, spare)
         left = self.running(spare)
@@ -177,8 +167,8 @@ class Children:
 
 
 def wait_for_exit(pid: int) -> int:
-    """Wait until process `pid`, a child of this one, has ended (by its pidfd: not by a channel its forks may hold
-    open), and reap it; its exit code. A process already reaped counts as ended by SIGKILL (its code is gone)."""
+    """Wait for process `pid`, a child of this one, to end (by its pidfd: not by a channel its forks may hold open)
+    and reap it; its exit code. One already reaped counts as ended by SIGKILL (its code is gone)."""
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:

@@ -1,6 +1,5 @@
-"""The local engine: plan, start the ranks of one node, supervise them, hand back results (for the Hydra
-launchers, a SLURM node, a plain run's supervisor and `Wrapper`). Never imports torch at import time.
-"""
+"""The local engine: plan, start the ranks of one node, supervise them, hand back results (for the Hydra launchers, a
+SLURM node, a plain run's supervisor and `Wrapper`). Never imports torch at import time."""
 
 from __future__ import annotations
 
@@ -49,9 +48,9 @@ def run_ranks(task: TaskCall, job: NodeJob) -> list[Any]:
 
 
 def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
-    """`run(job)`, and while it fails and restarts are left (`restart_on_failure`, `max_restarts`), says so
-    and runs the job again, in the same log dir with the same run id and the next restart count; a time
-    limit or an interruption is not restarted."""
+    """`run(job)`, and while it fails and restarts are left (`restart_on_failure`, `max_restarts`), says so and runs the
+    job again, in the same log dir with the same run id and the next restart count; not after a time limit or an
+    interruption."""
     job = replace(job, run_id=job.run_id or uuid.uuid4().hex[:12])
     while True:
         try:

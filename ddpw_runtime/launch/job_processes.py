@@ -1,9 +1,8 @@
-"""Every process of one job on this node, however it was started (also in a session of its own), and how
-to stop them all: the job's cgroup where one can be made, else the processes whose environment names the
-job (`DDPW_JOB`; also for what a rank in the caller's own process starts). Stopping gives SIGTERM and a
-moment (so the `multiprocessing` resource tracker can clean /dev/shm), then SIGKILL; every wait is bounded
-(docs/faults.md, "What "nothing is left" covers").
-"""
+"""Every process of one job on this node, however it was started (also in a session of its own), and how to stop them
+all: the job's cgroup where one can be made, else the processes whose environment names the job (`DDPW_JOB`; also for
+what a rank in the caller's own process starts). Stopping gives SIGTERM and a moment (so the `multiprocessing`
+resource tracker can clean /dev/shm), then SIGKILL; every wait is bounded (docs/faults.md, "What "nothing is left"
+covers")."""
 
 from __future__ import annotations
 
@@ -54,20 +53,13 @@ def processes(matches: Callable[[Path], bool]) -> set[int]:
 
 
 class JobProcesses:
-    """The processes of one job (`key`) on this node (see the module docstring), made in the rank starter.
-    Never counted as the job's: the starter and the launching process (whose environment names the job
-    while its own rank runs)."""
+    """The processes of one job (`key`) on this node (see the module docstring), made in the rank starter. Never counted
+    as the job's: the starter and the launching process (whose environment names the job while its own rank runs)."""
 
     def __init__(self, key: str, cgroup: bool = True) -> None:
         self.key = key
         self.cgroup = _make_cgroup() if cgroup else None
         self.spared = {os.getpid(), os.getppid()}
-
-    @staticmethod
-    def named(key: str) -> JobProcesses:
-        """The processes of the job `key` as found from another process than the starter that made the job's
-        cgroup (the starter died): those whose environment names the job."""
-        return JobProcesses(key, cgroup=False)
 
     def adopt(self, pid: int) -> None:
         """Put process `pid` (0: the calling one) into the job's cgroup, so what it starts from now on is

@@ -74,8 +74,7 @@ class RankPayload:
     def read(path: Path) -> RankPayload:
         """Read a payload written by `write_private`."""
         with open(path, "rb") as src:
-            payload: RankPayload = pickle.load(src)
-        return payload
+            return pickle.load(src)
 
 
 def write_private(path: Path, obj: object) -> None:

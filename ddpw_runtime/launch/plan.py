@@ -72,8 +72,7 @@ class LaunchPlan:
         return self.log_dir / f"rank_{rank}.log"
 
     def stacks_file(self, rank: int) -> Path:
-        """Where global rank `rank` writes every thread's Python stack when asked (`DUMP_SIGNAL`), next to
-        its log."""
+        """Where global rank `rank` writes every thread's Python stack when asked (`DUMP_SIGNAL`), next to its log."""
         return stacks_file(self.log_dir, rank)
 
     def recorder_file(self, rank: int) -> Path:
@@ -90,10 +89,8 @@ class LaunchPlan:
 
     def describe(self) -> str:
         """A readable multi-line summary with the platform's, as the dry run prints it."""
-        if not self.makes_group:
-            groups = "none: the task makes its own process group (ipc_groups=null)"
-        else:
-            groups = str(self.groups) if self.groups else "world only"
+        groups = str(self.groups or "world only") if self.makes_group else \
+            "none: the task makes its own process group (ipc_groups=null)"
         lines = [
             f"world size      : {self.world_size} ({self.platform.n_nodes} node(s) x {self.ranks_per_node} rank(s))",
             f"device          : {self.device}",
@@ -123,28 +120,14 @@ def plan_local(platform: Platform, log_dir: Path, rendezvous_dir: Path, run_id: 
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((addr if platform.n_nodes == 1 else "", 0))
             port = int(sock.getsockname()[1])
-    if platform.ipc_protocol == "file":
-        init_method = f"file://{rendezvous_dir / 'rendezvous'}"
-    else:
-        init_method = f"tcp://{addr}:{port}"
+    init_method = f"file://{rendezvous_dir / 'rendezvous'}" if platform.ipc_protocol == "file" else f"tcp://{addr}:{port}"
     cpus = (share.n_cpus if share is not None else None) or platform.n_cpus_per_node or os.cpu_count() or 1
     return LaunchPlan(
-        platform=platform,
-        node_rank=node_rank,
-        world_size=platform.world_size,
-        ranks_per_node=platform.ranks_per_node,
+        platform=platform, node_rank=node_rank, world_size=platform.world_size, ranks_per_node=platform.ranks_per_node,
         backend=platform.resolved_backend,
         device="cuda" if platform.uses_gpus else "mps" if platform.device_kind is Device.MPS else "cpu",
-        master_addr=addr,
-        master_port=port,
-        init_method=init_method,
-        log_dir=log_dir,
-        threads_per_rank=max(1, cpus // platform.ranks_per_node),
-        console_ranks=platform.shown_ranks(),
-        groups=[list(g) for g in platform.ipc_groups or []],
-        makes_group=platform.ipc_groups is not None,
-        run_id=run_id,
-        max_restarts=max_restarts,
-        restart_count=restart_count,
-        share=share,
+        master_addr=addr, master_port=port, init_method=init_method, log_dir=log_dir,
+        threads_per_rank=max(1, cpus // platform.ranks_per_node), console_ranks=platform.shown_ranks(),
+        groups=[list(g) for g in platform.ipc_groups or []], makes_group=platform.ipc_groups is not None,
+        run_id=run_id, max_restarts=max_restarts, restart_count=restart_count, share=share,
     )

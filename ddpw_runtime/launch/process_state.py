@@ -1,6 +1,5 @@
-"""The state of the launching process that every rank takes on (environment, working directory, import
-path, Hydra's and OmegaConf's global state), so a rank sees the job as the launching process does. Data only
-(no torch)."""
+"""The state of the launching process that every rank takes on (environment, working directory, import path, Hydra's and
+OmegaConf's global state), so a rank sees the job as the launching process does. Data only (no torch)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""The typed messages processes of a job exchange over a Unix socket pair (`Channel`): a controller and its
-rank starter (`StartRank`/`StartJob` answered by `RankStarted`, `EndJob` by `JobEnded`, then `RankExited`;
-`Preload` and `Adopt` unanswered), and a plain run's supervisor and rank 0 (`JobStarting` answered by
-`RankZero`, `TaskEnded` by `JobSettled`, `RunEnded` last). The starter knows a job (`job`) by its private
-folder, where its payload and results are; `request` numbers a request, for its answer. Data only (no torch).
-"""
+"""The typed messages processes of a job exchange over a Unix socket pair (`Channel`): a controller and its rank
+starter (`StartRank`/`StartJob` answered by `RankStarted`, `EndJob` by `JobEnded`, then `RankExited`; `Preload` and
+`Adopt` unanswered), and a plain run's supervisor and rank 0 (`JobStarting` answered by `RankZero`, `TaskEnded` by
+`JobSettled`, `RunEnded` last). The starter knows a job (`job`) by its private folder, where its payload and results
+are; `request` numbers a request, for its answer. Data only (no torch)."""
 
 from __future__ import annotations
 
@@ -77,9 +76,8 @@ class StartRank(NamedTuple):
 
 class StartJob(NamedTuple):
     """Fork a job process (a Hydra job of a multirun, `procs/job.py`) that runs
-    `run(payload_path, channel, starter_pid, preload)` and exits with what it returns; it gets a channel of its own
-    to the starter, for its ranks. `run` travels by reference (a module-level function), so the starter imports
-    no code of the job processes it serves."""
+    `run(payload_path, channel, starter_pid, preload)` and exits with what it returns; its own channel to the starter
+    serves its ranks. `run` travels by reference (a module-level function): the starter imports no job process code."""
 
     request: int
     payload_path: str
@@ -140,9 +138,9 @@ class JobStarting(NamedTuple):
 
 
 class RankZero(NamedTuple):
-    """To rank 0's process: be rank 0 of this attempt (`plan`), with `env` added to its environment, and
-    join the job's store, which the supervisor serves; once joined, make the file `task_mark`
-    (`RankPayload.task_mark`). Attached: its terminal when `terminal`."""
+    """To rank 0's process: be rank 0 of this attempt (`plan`), with `env` added to its environment, and join the job's
+    store, which the supervisor serves; once joined, make the file `task_mark` (`RankPayload.task_mark`). Attached: its
+    terminal when `terminal`."""
 
     plan: LaunchPlan
     env: dict[str, str]

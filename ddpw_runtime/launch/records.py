@@ -1,6 +1,5 @@
-"""What a rank sends back to its controller: `RankResult`, with its value or its exception as a
-`RaisedError`; what cannot be rebuilt in another process travels as text (`portable_pickle` decides).
-Data only (no torch)."""
+"""What a rank sends back to its controller: `RankResult`, with its value or its exception as a `RaisedError`; what
+cannot be rebuilt in another process travels as text (`portable_pickle` decides). Data only (no torch)."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def qualified_name(cls: type) -> str:
 
 @dataclass
 class RaisedError:
-    """An exception as type, message and traceback text, plus the exception itself pickled when it
-    survives the trip."""
+    """An exception as type, message and traceback text, plus the exception itself pickled when it survives the trip."""
 
     type_name: str
     message: str

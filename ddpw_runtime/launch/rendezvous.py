@@ -1,10 +1,9 @@
 """The rendezvous socket: bound by the controller before any rank starts, handed to rank 0.
 
-Binding first means the port is known and held (no window in which another program can take it), a
-fixed port that is busy or that this program may not use is refused before anything starts, and the
-store listens only on the address it must: loopback for a single-node job, the first node's address for
-a multi-node one (torch's own TCPStore server would listen on every interface).
-"""
+Binding first means the port is known and held (no window in which another program can take it), a fixed port that
+is busy or that this program may not use is refused before anything starts, and the store listens only on the address
+it must: loopback for a single-node job, the first node's address for a multi-node one (torch's own TCPStore server
+would listen on every interface)."""
 
 from __future__ import annotations
 

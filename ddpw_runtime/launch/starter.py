@@ -1,7 +1,6 @@
-"""The controller's handle on its rank starter, the helper process that starts the ranks of every job and
-reports their exits (`procs/starter.py`; docs/architecture.md, "Rank starter instead of `multiprocessing`").
-Jobs that run side by side share one starter: a reader thread hands each answer to the thread that asked,
-and each exit to the `Inbox` of the job the rank belongs to."""
+"""The controller's handle on its rank starter, the helper process that starts the ranks of every job and reports
+their exits (`procs/starter.py`; docs/architecture.md, "Rank starter instead of `multiprocessing`"). Jobs side by side
+share one starter: a reader thread hands each answer to the thread that asked, each exit to its job's `Inbox`."""
 
 from __future__ import annotations
 
@@ -35,6 +34,8 @@ from ddpw_runtime.launch.protocol import (
 from ddpw_runtime.launch.signals import STOPPING_SIGNALS, blocked, held
 
 _A = TypeVar("_A", RankStarted, JobEnded)
+
+
 class RankStarter:
     """A handle on a starter process, callable from several threads (one per job that runs). `attached_to`: a
     channel to a starter that another process owns (a job process's); else this process starts its own."""
@@ -149,16 +150,20 @@ class RankStarter:
 
     def alive(self) -> bool:
         """Whether the starter process is still running."""
-        return not self._reaped() if self._owned else self._gone is None
+        if not self._owned:
+            return self._gone is None
+        if self._process is not None:
+            return self._process.poll() is None
+        try:
+            return os.waitpid(self.pid, os.WNOHANG)[0] == 0
+        except ChildProcessError:
+            return False
 
-    def start(
-        self, inbox: Inbox, job: str, payload_path: str, local_rank: int, listen_fd: int | None = None,
-        terminal: int | None = None,
-    ) -> int:
-        """Start one rank of `job`, whose exit will go to `inbox`, handing it `listen_fd` (the rendezvous
-        socket) and `terminal` (where its output goes instead of its log file) if given; returns its pid.
-        Call it with Ctrl-C and SIGTERM held (`signals.held`), and note the pid before letting them in: a
-        rank must never run unbeknown to the controller."""
+    def start(self, inbox: Inbox, job: str, payload_path: str, local_rank: int, listen_fd: int | None = None,
+              terminal: int | None = None) -> int:
+        """Start one rank of `job`, its exit to go to `inbox`, handing it `listen_fd` (the rendezvous socket) and
+        `terminal` (where its output goes instead of its log file) if given; its pid. Call it with Ctrl-C and SIGTERM
+        held (`signals.held`), and note the pid before letting them in: no rank may run unbeknown to the controller."""
         request = StartRank(next(self._requests), job, payload_path, local_rank, listen_fd is not None,
                             terminal is not None)
         fds = [fd for fd in (listen_fd, terminal) if fd is not None]
@@ -180,14 +185,12 @@ class RankStarter:
 
     def _send(self, message: object) -> None:
         """Send a message that has no answer (a starter that is gone is seen by the next request)."""
-        with self._send_lock:
-            with contextlib.suppress(OSError):
-                self.channel.send(message)
+        with self._send_lock, contextlib.suppress(OSError):
+            self.channel.send(message)
 
     def end_job(self, job: str, release: tuple[int, ...] = ()) -> tuple[int, ...]:
-        """Stop every process the ranks of `job` started, but the adopted ones in `release`; the pids that
-        would not die. Ctrl-C and SIGTERM wait until the answer is in (at most a few seconds: see
-        `job_processes.py`)."""
+        """Stop every process the ranks of `job` started, but the adopted ones in `release`; the pids that would not
+        die. Ctrl-C and SIGTERM wait until the answer is in (at most a few seconds: see `job_processes.py`)."""
         with held():
             return self._ask(EndJob(next(self._requests), job, release), (), "stop a job's processes", JobEnded).left
 
@@ -203,19 +206,11 @@ class RankStarter:
         self._reader.join(CLOSE_WAIT_S)
         self.channel.close()
 
-    def _reaped(self) -> bool:
-        if self._process is not None:
-            return self._process.poll() is not None
-        try:
-            return os.waitpid(self.pid, os.WNOHANG)[0] != 0
-        except ChildProcessError:
-            return True
-
 
 def _can_fork_controller() -> bool:
-    """Whether this process can be forked into a starter: no Python thread but this one (a fork can copy a
-    held lock), and torch not imported yet or a build without CUDA (with CUDA, counting GPUs makes torch refuse
-    CUDA in forked children, which cannot be seen from here)."""
+    """Whether this process can be forked into a starter: no Python thread but this one (a fork can copy a held lock),
+    and torch not imported yet or a build without CUDA (with CUDA, counting GPUs makes torch refuse CUDA in forked
+    children, which cannot be seen from here)."""
     torch = sys.modules.get("torch")
     return threading.active_count() == 1 and (torch is None or torch.version.cuda is None)
 

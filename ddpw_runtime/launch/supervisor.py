@@ -1,6 +1,5 @@
-"""Starts the ranks of one node, waits for them, stops them all on the first failure, and tells how
-each ended (`RankOutcome`). Every wait is bounded (docs/architecture.md, "One event source for supervision").
-"""
+"""Starts the ranks of one node, waits for them, stops them all on the first failure, and tells how each ended
+(`RankOutcome`). Every wait is bounded (docs/architecture.md, "One event source for supervision")."""
 
 from __future__ import annotations
 
@@ -38,12 +37,11 @@ library uses, where there are such signals). A process a rank starts itself gets
 
 @dataclass(frozen=True)
 class OutsideRank:
-    """Rank 0 when this node did not start it: a plain run's, the user's own process. It is signalled alone
-    (its process group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`: the terminal's
-    Ctrl-C reaches it directly, so an interrupt is not passed on to it again. When the job is stopped it gets
-    `REPORT_S` beyond the others' grace to end its task (through Hydra: the user's callbacks run
-    before it says its task ended). `join`: tells it to join the job, as the ranks start (so an interruption
-    from then on stops it with them)."""
+    """Rank 0 when this node did not start it: a plain run's, the user's own process. It is signalled alone (its process
+    group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`: the terminal's Ctrl-C reaches it
+    directly, so an interrupt is not passed on to it again. When the job is stopped it gets `REPORT_S` beyond the
+    others' grace to end its task (through Hydra: the user's callbacks run before it says its task ended). `join`: tells
+    it to join the job, as the ranks start (so an interruption from then on stops it with them)."""
 
     pid: int
     sees_ctrl_c: bool
@@ -51,10 +49,9 @@ class OutsideRank:
 
 
 class NodeRanks(Children):
-    """`ranks` of `local`'s node as they start, run and end (`Children`, by pid; `rank_of` each one's rank), and how
-    to stop them. One thread supervises them (`supervise`); another may ask for them to be stopped
-    (`request_stop`). `on_stop`: called when the job is being stopped; `outside`: rank 0, which this node did not
-    start."""
+    """`ranks` of `local`'s node as they start, run and end (`Children`, by pid; `rank_of` each one's rank), and how to
+    stop them. One thread supervises them (`supervise`); another may ask for them to be stopped (`request_stop`).
+    `on_stop`: called when the job is being stopped; `outside`: rank 0, which this node did not start."""
 
     def __init__(self, local: LocalJob, ranks: Sequence[int], console: ConsoleRanks,
                  on_stop: Callable[[], None] = lambda: None, outside: OutsideRank | None = None) -> None:
@@ -141,9 +138,9 @@ class NodeRanks(Children):
         self.console.freeze()
         self.places = self.take_places()
         self.on_stop()
-        outside = [rank for rank in self.running() if self.outside is not None and rank.pid == self.outside.pid]
-        self.send(signal.SIGTERM, [rank for rank in self.running() if rank not in outside])
-        self.send(STOP_SIGNAL, outside)  # (see `OutsideRank`)
+        outside = self.outside.pid if self.outside is not None else None
+        self.send(signal.SIGTERM, self.running(spare=outside))
+        self.send(STOP_SIGNAL, [rank for rank in self.running() if rank.pid == outside])  # (see `OutsideRank`)
         return time.monotonic() + self.local.job.grace.stop_s
 
     def wait_for_ranks(self) -> bool:
@@ -202,18 +199,11 @@ class NodeRanks(Children):
         plan = self.local.plan
         of_rank = {self.rank_of[pid]: started for pid, started in self.of_pid.items()}
         return [
-            RankOutcome(
-                rank=rank,
-                node=plan.node_rank,
-                result=_read_result(self.local.payload.result_file(rank)),
-                exit_code=of_rank[rank].exit_code if rank in of_rank else None,
-                stopped=rank in of_rank and of_rank[rank].stopped,
-                signals_sent=frozenset(self.signals_sent),
-                ended_at=(of_rank[rank].ended_at if rank in of_rank else None) or time.time(),
-                log_file=str(plan.log_file(rank)),
-                place=self.places.get(rank),
-            )
-            for rank in self.ranks
+            RankOutcome(rank=rank, node=plan.node_rank, result=_read_result(self.local.payload.result_file(rank)),
+                        exit_code=child.exit_code if child else None, stopped=child is not None and child.stopped,
+                        signals_sent=frozenset(self.signals_sent), log_file=str(plan.log_file(rank)),
+                        ended_at=(child.ended_at if child else None) or time.time(), place=self.places.get(rank))
+            for rank in self.ranks for child in [of_rank.get(rank)]
         ]
 
     @property
@@ -233,7 +223,7 @@ class NodeRanks(Children):
                 for pid in self.of_pid:
                     if pid not in self.adopted:
                         send_to_group(pid, signal.SIGKILL)  # forks of a rank are in its process group
-                left = tuple(JobProcesses.named(self.key).stop())  # and what they started elsewhere names the job
+                left = tuple(JobProcesses(self.key, cgroup=False).stop())  # and what names the job elsewhere
         except RuntimeError:  # the starter did not answer in time: it stops what it can when it ends
             return
         if left:
@@ -271,7 +261,6 @@ def supervise(ranks: NodeRanks) -> list[RankOutcome]:
 def _read_result(path: Path) -> RankResult | None:
     try:
         with open(path, "rb") as src:
-            result: RankResult = pickle.load(src)
+            return pickle.load(src)
     except (FileNotFoundError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
         return None
-    return result
