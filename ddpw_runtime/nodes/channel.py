@@ -6,13 +6,14 @@ only by `NodeChannel.connect`, where a node's controller has it loaded anyway.""
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import signal
 import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from ddpw_conf import Platform
 from ddpw_runtime.errors import NodeError
@@ -31,6 +32,7 @@ _CONNECT_SLICE_S = 1.0
 """How long each try to reach node 0 may last (Ctrl-C is seen between tries)."""
 _CONNECT_PAUSE_S = 0.25
 """The pause after a try to reach node 0 that failed."""
+_Side = TypeVar("_Side", bound="StoreSide")
 
 
 @dataclass
@@ -85,19 +87,17 @@ class NodeEnd:
     error: BaseException | None = None
 
 
-class NodeChannel:
-    """Node `node`'s side of the job's store `store` (node 0 serves it at `where`, `host:port`)."""
+class StoreSide:
+    """Node `node`'s side of a store `store` that node 0 serves at `where` (`host:port`): a job's, or a sweep's."""
 
     def __init__(self, store: Any, node: int, n_nodes: int, where: str) -> None:
         self.store = store
         self.node = node
         self.n_nodes = n_nodes
         self.where = where
-        self.lost = False
-        """Node 0's store could no longer be reached (nothing more is sent to it)."""
 
-    @staticmethod
-    def connect(platform: Platform) -> NodeChannel:
+    @classmethod
+    def connect(cls: type[_Side], platform: Platform) -> _Side:
         """Node `platform.node_rank` (> 0) reaches node 0's store, trying for `platform.join_timeout_min` (Ctrl-C is
         seen between tries); `NodeError` naming the address and port when it cannot."""
         from torch.distributed import TCPStore
@@ -119,7 +119,14 @@ class NodeChannel:
                 time.sleep(_CONNECT_PAUSE_S)
         store = TCPStore(platform.master_addr, platform.master_port, is_master=False, wait_for_workers=False,
                          timeout=timedelta(minutes=platform.join_timeout_min))
-        return NodeChannel(store, platform.node_rank, platform.n_nodes, where)
+        return cls(store, platform.node_rank, platform.n_nodes, where)
+
+
+class NodeChannel(StoreSide):
+    """Node `node`'s side of the job's store."""
+
+    lost = False
+    """Node 0's store could no longer be reached (nothing more is sent to it)."""
 
     def publish(self, spec: JobSpec) -> None:
         """Node 0: the job, for the other nodes."""
@@ -136,8 +143,7 @@ class NodeChannel:
                 raise NodeError(f"node {self.node} reached node 0 at {self.where}, which did not start the job "
                                 f"within platform.join_timeout_min={timeout_min:g}")
             time.sleep(_POLL_S)
-        spec: JobSpec = pickle.loads(self.store.get(SPEC_KEY))
-        return spec
+        return pickle.loads(self.store.get(SPEC_KEY))
 
     def join(self) -> None:
         """This node has the job and starts its ranks."""
@@ -164,11 +170,10 @@ class NodeChannel:
         try:
             if not self.store.check([_KEY + "stop"]):
                 return None
-            stop: NodeStop = pickle.loads(self.store.get(_KEY + "stop"))
+            return pickle.loads(self.store.get(_KEY + "stop"))
         except RuntimeError:  # the store is gone with node 0
             self.lost = True
             return NodeStop(0, lost=True)
-        return stop
 
     def beat(self) -> NodeStop | None:
         """A node other than 0: say it is still there; who stopped the job, once one has (`stopped`)."""
@@ -186,12 +191,9 @@ class NodeChannel:
 
     def end(self, end: NodeEnd) -> None:
         """A node's end, for node 0 (nothing when node 0 is gone)."""
-        if self.lost:
-            return
-        try:
-            self.store.set(f"{_KEY}end/{end.node}", pickling.dumps(end))
-        except RuntimeError:
-            pass
+        if not self.lost:
+            with contextlib.suppress(RuntimeError):
+                self.store.set(f"{_KEY}end/{end.node}", pickling.dumps(end))
 
     def ends(self, timeout_s: float, lost: int | None = None) -> dict[int, NodeEnd]:
         """Node 0: the other nodes' ends (but node `lost`'s), waited for at most `timeout_s` (those that came by

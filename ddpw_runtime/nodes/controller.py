@@ -2,9 +2,8 @@
 supervisor: it publishes the job it prepared (`Nodes.lead`), waits (bounded) for the other nodes to join, runs its
 ranks and gathers every node's end (`Nodes.gathered`), so the root cause across nodes is found by the one rule
 (`launch/outcome.py`) and shown on node 0's console. Every other node runs the same command and follows node 0's job
-(`procs/node.py`). On every node a stop
-(a failure, Ctrl-C, SIGTERM) is published in the job's store, and a watcher thread stops the ranks of every other
-node when it sees one."""
+(`procs/node.py`). On every node a stop (a failure, Ctrl-C, SIGTERM) is published in the job's store, and a watcher
+thread stops the ranks of every other node when it sees one."""
 
 from __future__ import annotations
 

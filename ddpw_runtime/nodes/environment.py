@@ -128,29 +128,27 @@ def place_node(platform: Platform, environ: Mapping[str, str] | None = None) -> 
     node's environment (`os.environ` by default). `ConfigError`, before anything starts, when the environment and
     the fields disagree, or when the node rank or node 0's address is given by neither; also for `n_nodes` = 1 where
     the platform runs this command on several machines."""
-    found = detect(os.environ if environ is None else environ)
-    given_nodes = found.n_nodes if found is not None else None
+    found = detect(os.environ if environ is None else environ) or NodeEnvironment("")  # (empty: says nothing)
+    given_nodes = found.n_nodes
     if platform.n_nodes == 1:
-        if found is not None and given_nodes is not None and given_nodes.value > 1:
+        if given_nodes is not None and given_nodes.value > 1:
             raise ConfigError("platform.n_nodes", 1, f"{found.name} runs this command on {given_nodes.value} machines "
                               f"({given_nodes.variable}={given_nodes.value}); set platform.n_nodes="
                               f"{given_nodes.value} so that they run one job")
         return platform
     values: dict[str, Any] = {}
-    name = found.name if found is not None else ""
     for key in ("n_nodes", "node_rank", "master_addr", "master_port"):
-        ours, given = getattr(platform, key), getattr(found, key) if found is not None else None
+        ours, given = getattr(platform, key), getattr(found, key)
         if given is not None and ours is not None and ours != given.value:
-            raise ConfigError(f"platform.{key}", ours, f"{name} gives this node {given.variable}={given.value}; "
+            raise ConfigError(f"platform.{key}", ours, f"{found.name} gives this node {given.variable}={given.value}; "
                               f"make them agree (or leave platform.{key} unset, null, to take the platform's)")
         values[key] = ours if ours is not None else given.value if given is not None else None
-    if found is not None and found.ranks_per_node is not None and found.ranks_per_node.value != platform.ranks_per_node:
+    if found.ranks_per_node is not None and found.ranks_per_node.value != platform.ranks_per_node:
         given = found.ranks_per_node
         raise ConfigError("platform.n_procs_per_node", platform.n_procs_per_node, f"{found.name} gives "
                           f"{given.variable}={given.value} and this platform runs {platform.ranks_per_node} rank(s) "
                           f"per node; set platform.n_procs_per_node={given.value} (or change the platform's)")
-    if (found is not None and found.gpus_per_node is not None and platform.uses_gpus
-            and platform.n_gpus_per_node > found.gpus_per_node.value):
+    if found.gpus_per_node is not None and platform.uses_gpus and platform.n_gpus_per_node > found.gpus_per_node.value:
         given = found.gpus_per_node
         raise ConfigError("platform.n_gpus_per_node", platform.n_gpus_per_node, f"{found.name} gives each node "
                           f"{given.value} GPU(s) ({given.variable}); ask for at most that many")

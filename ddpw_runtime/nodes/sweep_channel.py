@@ -7,16 +7,16 @@ between jobs says so here, so node 0 starts no more jobs. Every wait is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import signal
 import socket
 import time
 from datetime import timedelta
-from typing import Any
 
 from ddpw_conf import Platform
 from ddpw_runtime.errors import NodeError
-from ddpw_runtime.nodes.channel import MULTIRUN_KEY, SPEC_KEY, NodeChannel
+from ddpw_runtime.nodes.channel import MULTIRUN_KEY, SPEC_KEY, StoreSide
 
 _KEY = "ddpw/sweep/"
 _POLL_S = 0.05
@@ -33,14 +33,8 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-class SweepChannel:
-    """Node `node`'s side of the sweep's store `store` (node 0 serves it at `where`, `host:port`)."""
-
-    def __init__(self, store: Any, node: int, n_nodes: int, where: str) -> None:
-        self.store = store
-        self.node = node
-        self.n_nodes = n_nodes
-        self.where = where
+class SweepChannel(StoreSide):
+    """Node `node`'s side of the sweep's store (`connect`: a node other than 0 reaches it)."""
 
     @staticmethod
     def host(platform: Platform) -> SweepChannel:
@@ -52,12 +46,6 @@ class SweepChannel:
                          timeout=timedelta(minutes=platform.join_timeout_min))
         store.set(MULTIRUN_KEY, "1")
         return SweepChannel(store, 0, platform.n_nodes, f"{platform.master_addr}:{platform.master_port}")
-
-    @staticmethod
-    def connect(platform: Platform) -> SweepChannel:
-        """Node `platform.node_rank` (> 0): reach node 0's sweep store (see `NodeChannel.connect`)."""
-        channel = NodeChannel.connect(platform)
-        return SweepChannel(channel.store, channel.node, channel.n_nodes, channel.where)
 
     def publish_job(self, idx: int, port: int) -> None:
         """Node 0: the sweep's `idx`-th job across the nodes is published in its own store at `port`."""
@@ -103,10 +91,8 @@ class SweepChannel:
 
     def stop(self, sig: int) -> None:
         """A node other than 0 got `sig` (Ctrl-C, SIGTERM): node 0 starts no more jobs (nothing when it is gone)."""
-        try:
+        with contextlib.suppress(RuntimeError):
             self.store.compare_set(_KEY + "stop", "", pickle.dumps((self.node, sig)))
-        except RuntimeError:
-            pass
 
     def stopped(self) -> str | None:
         """Node 0: why another node stopped the sweep, once one has."""
