@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import sysconfig
 import traceback
@@ -178,20 +179,16 @@ def from_dump(rank: int, text: str) -> RankPlace | None:
             break
         dump.insert(0, start)
     chosen = next((i for i in dump if lines[i].startswith("Current thread")), dump[0])
-    frames = []
-    for line in lines[chosen + 1:]:
-        match = _DUMP_FRAME.match(line)
-        if not match:
-            break
-        frames.append(Frame(match["file"], int(match["line"]), match["func"]))
-    return RankPlace(rank, tuple(frames))
+    return RankPlace(rank, _frames(itertools.takewhile(bool, map(_DUMP_FRAME.match, lines[chosen + 1:]))))
 
 
 def from_traceback(rank: int, text: str) -> RankPlace:
     """Where `rank` was when it raised, from its traceback `text` (innermost frame first)."""
-    matches = [_TRACEBACK_FRAME.match(line) for line in text.splitlines()]
-    frames = [Frame(m["file"], int(m["line"]), m["func"]) for m in matches if m]
-    return RankPlace(rank, tuple(reversed(frames)))
+    return RankPlace(rank, _frames(map(_TRACEBACK_FRAME.match, text.splitlines()))[::-1])
+
+
+def _frames(matches: Iterable[re.Match[str] | None]) -> tuple[Frame, ...]:
+    return tuple(Frame(m["file"], int(m["line"]), m["func"]) for m in matches if m)
 
 
 def from_frame(rank: int, frame: FrameType | None) -> RankPlace:
