@@ -157,8 +157,7 @@ def _on_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def _in_forks() -> None:
-    """In a process the task forks: none of hydra-ddpw's handling (its signal's default action, as
-    without hydra-ddpw)."""
+    """In a process the task forks: none of hydra-ddpw's handling (its signal's default action, as without it)."""
     if signal.getsignal(STOP_SIGNAL) is _on_stop:
         signal.signal(STOP_SIGNAL, signal.SIG_DFL)
         faulthandler.unregister(DUMP_SIGNAL)
@@ -305,8 +304,7 @@ class RankZeroSide:
         return message
 
     def _to_log(self, what: str, error: BaseException) -> None:
-        """Write `error` (what rank 0 `what`) to rank 0's log: what the console does not show. Before rank 0
-        has a log, to stderr."""
+        """Write `error` (what rank 0 `what`) to rank 0's log, not to the console (before it has a log: stderr)."""
         text = f"--- rank 0 {what}:\n{''.join(traceback.format_exception(error))}"
         if self.log_file is None:
             sys.stderr.write(text)
@@ -343,8 +341,7 @@ def _pending_signal_handlers_run() -> None:
 
 
 def _code_of(task_function: Any) -> CodeType:
-    """The code object that runs when `task_function` is called (a function, a method, a partial, an
-    object with `__call__`)."""
+    """The code that runs when `task_function` (a function, method, partial or object with `__call__`) is called."""
     target = getattr(task_function, "func", task_function)
     code = getattr(target, "__code__", None) or getattr(type(target).__call__, "__code__", None)
     return code if isinstance(code, CodeType) else TaskCall.__call__.__code__

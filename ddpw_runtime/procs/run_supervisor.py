@@ -208,8 +208,7 @@ class RunSupervisor:
             return self._end_of_run()
         if failure is not None:  # rank 0 cannot say it (it died or was killed): say it here
             sys.stderr.write(f"Error executing job: {failure}\n")
-        if self.exited is None:
-            self._kill_rank_zero()
+        self._kill_rank_zero()
         return 1 if failure is not None else _exit_code(self.exited or 0)
 
     def _answer(self, settled: JobSettled) -> None:
