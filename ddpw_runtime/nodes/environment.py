@@ -43,62 +43,42 @@ def detect(environ: Mapping[str, str]) -> NodeEnvironment | None:
     """The platform whose variables `environ` holds (Kubeflow's PyTorchJob, then SkyPilot, then a step of SLURM's
     `srun`, then torchrun-style `NODE_RANK`/`MASTER_ADDR`), or None."""
     if "PET_NNODES" in environ or "PET_NODE_RANK" in environ:
-        return _pytorchjob(environ)
+        if ":" in (nnodes := environ.get("PET_NNODES", "")):
+            raise ConfigError("PET_NNODES", nnodes, "an elastic PyTorchJob (a range of workers, c10d rendezvous) lets "
+                              "the rendezvous number the nodes; give the PyTorchJob a fixed number of workers (no "
+                              "elasticPolicy), so node 0 is the master pod")
+        nproc = environ.get("PET_NPROC_PER_NODE", "")
+        return NodeEnvironment(
+            "Kubeflow PyTorchJob", node_rank=_int(environ, "PET_NODE_RANK"),
+            n_nodes=_int(environ, "PET_NNODES", minimum=1),
+            master_addr=_text(environ, "MASTER_ADDR") or _text(environ, "PET_MASTER_ADDR"),
+            master_port=_int(environ, "MASTER_PORT", minimum=1) or _int(environ, "PET_MASTER_PORT", minimum=1),
+            ranks_per_node=_int(environ, "PET_NPROC_PER_NODE", minimum=1) if nproc.strip().isdigit() else None)
     if "SKYPILOT_NODE_RANK" in environ:
         ips = [line.strip() for line in environ.get("SKYPILOT_NODE_IPS", "").splitlines() if line.strip()]
         return NodeEnvironment(
-            "SkyPilot",
-            node_rank=_int(environ, "SKYPILOT_NODE_RANK"),
+            "SkyPilot", node_rank=_int(environ, "SKYPILOT_NODE_RANK"),
             n_nodes=_int(environ, "SKYPILOT_NUM_NODES", minimum=1),
             master_addr=Given("SKYPILOT_NODE_IPS", ips[0]) if ips else None,
-            gpus_per_node=_int(environ, "SKYPILOT_NUM_GPUS_PER_NODE"),
-        )
+            gpus_per_node=_int(environ, "SKYPILOT_NUM_GPUS_PER_NODE"))
     if "SLURM_STEP_NUM_NODES" in environ and "SLURM_PROCID" in environ:  # a step of srun (not sbatch's script)
-        return _srun(environ)
+        # One copy of the command per node (task i on the step's node i), node 0 the step's first host.
+        # SLURM_NNODES and SLURM_NODEID are the allocation's, not the step's, so they are not read.
+        nodes = _int(environ, "SLURM_STEP_NUM_NODES", minimum=1)
+        tasks = _int(environ, "SLURM_STEP_NUM_TASKS", minimum=1)
+        if nodes is not None and tasks is not None and tasks.value != nodes.value:
+            raise ConfigError("SLURM_STEP_NUM_TASKS", tasks.value, f"srun runs {tasks.value} copies of this command "
+                              f"on {nodes.value} node(s), and each would start ranks of its own; run one per node "
+                              "(srun --ntasks-per-node=1 ...), which starts that node's ranks")
+        first = first_host(environ.get("SLURM_STEP_NODELIST", ""))
+        return NodeEnvironment("SLURM (srun)", node_rank=_int(environ, "SLURM_PROCID"), n_nodes=nodes,
+                               master_addr=Given("SLURM_STEP_NODELIST", first) if first else None,
+                               master_port=_int(environ, "MASTER_PORT", minimum=1))
     if "NODE_RANK" in environ or "MASTER_ADDR" in environ:
-        return NodeEnvironment(
-            "torchrun-style variables",
-            node_rank=_int(environ, "NODE_RANK"),
-            master_addr=_text(environ, "MASTER_ADDR"),
-            master_port=_int(environ, "MASTER_PORT", minimum=1),
-        )
+        return NodeEnvironment("torchrun-style variables", node_rank=_int(environ, "NODE_RANK"),
+                               master_addr=_text(environ, "MASTER_ADDR"),
+                               master_port=_int(environ, "MASTER_PORT", minimum=1))
     return None
-
-
-def _pytorchjob(environ: Mapping[str, str]) -> NodeEnvironment:
-    nnodes = environ.get("PET_NNODES", "")
-    if ":" in nnodes:
-        raise ConfigError("PET_NNODES", nnodes, "an elastic PyTorchJob (a range of workers, c10d rendezvous) lets "
-                          "the rendezvous number the nodes; give the PyTorchJob a fixed number of workers (no "
-                          "elasticPolicy), so node 0 is the master pod")
-    nproc = environ.get("PET_NPROC_PER_NODE", "")
-    return NodeEnvironment(
-        "Kubeflow PyTorchJob",
-        node_rank=_int(environ, "PET_NODE_RANK"),
-        n_nodes=_int(environ, "PET_NNODES", minimum=1),
-        master_addr=_text(environ, "MASTER_ADDR") or _text(environ, "PET_MASTER_ADDR"),
-        master_port=_int(environ, "MASTER_PORT", minimum=1) or _int(environ, "PET_MASTER_PORT", minimum=1),
-        ranks_per_node=_int(environ, "PET_NPROC_PER_NODE", minimum=1) if nproc.strip().isdigit() else None,
-    )
-
-
-def _srun(environ: Mapping[str, str]) -> NodeEnvironment:
-    """A step of `srun`: one copy of the command per node (task i on the step's node i), node 0 the step's first
-    host. SLURM_NNODES and SLURM_NODEID are the allocation's, not the step's, so they are not read."""
-    nodes = _int(environ, "SLURM_STEP_NUM_NODES", minimum=1)
-    tasks = _int(environ, "SLURM_STEP_NUM_TASKS", minimum=1)
-    if nodes is not None and tasks is not None and tasks.value != nodes.value:
-        raise ConfigError("SLURM_STEP_NUM_TASKS", tasks.value, f"srun runs {tasks.value} copies of this command on "
-                          f"{nodes.value} node(s), and each would start ranks of its own; run one per node (srun "
-                          "--ntasks-per-node=1 ...), which starts that node's ranks")
-    first = first_host(environ.get("SLURM_STEP_NODELIST", ""))
-    return NodeEnvironment(
-        "SLURM (srun)",
-        node_rank=_int(environ, "SLURM_PROCID"),
-        n_nodes=nodes,
-        master_addr=Given("SLURM_STEP_NODELIST", first) if first else None,
-        master_port=_int(environ, "MASTER_PORT", minimum=1),
-    )
 
 
 def first_host(nodelist: str) -> str:
