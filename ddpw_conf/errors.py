@@ -68,9 +68,8 @@ def check_known(prefix: str, node: Mapping[str, Any], known: Collection[str], ow
             full = f"{prefix}{key}"
             word = full.rpartition(".")[2]
             names = sorted(set(known) - {"_target_"})
-            nearest = difflib.get_close_matches(word, names, n=1) or [
-                name for name in names if word.lower() in name or name in word.lower()
-            ]
+            nearest = (difflib.get_close_matches(word, names, n=1)
+                       or [name for name in names if word.lower() in name or name in word.lower()])
             guess = f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
             raise ConfigError(full, node[key],
                               f"{owner} has no such {noun}; {guess}its {noun}s are {', '.join(names)}{not_ours}")

@@ -225,13 +225,12 @@ class Platform:
         check_int("platform.node_rank", self.node_rank, 0, " or null (what the platform the node runs on says)",
                   optional=True)
         if self.node_rank is not None and self.node_rank >= self.n_nodes:
-            raise ConfigError("platform.node_rank", self.node_rank,
-                              f"nodes are numbered 0..{self.n_nodes - 1} (platform.n_nodes={self.n_nodes}); use one "
-                              "of those, or null")
+            raise ConfigError("platform.node_rank", self.node_rank, f"nodes are numbered 0..{self.n_nodes - 1} "
+                              f"(platform.n_nodes={self.n_nodes}); use one of those, or null")
         if self.uses_gpus and self.ranks_per_node > self.n_gpus_per_node:
-            raise ConfigError("platform.n_procs_per_node", self.n_procs_per_node, "each rank needs its own GPU and "
-                              f"only n_gpus_per_node={self.n_gpus_per_node} are asked for; lower n_procs_per_node or "
-                              "raise n_gpus_per_node")
+            raise ConfigError("platform.n_procs_per_node", self.n_procs_per_node, "each rank needs its own GPU "
+                              f"and only n_gpus_per_node={self.n_gpus_per_node} are asked for; lower n_procs_per_node "
+                              "or raise n_gpus_per_node")
         check_int("platform.n_cpus_per_node", self.n_cpus_per_node, 1, optional=True)
         if self.n_cpus_per_node is not None and self.n_cpus_per_node % self.ranks_per_node:
             raise ConfigError("platform.n_cpus_per_node", self.n_cpus_per_node, f"must be a multiple of the "
@@ -281,9 +280,9 @@ class Platform:
         groups = self.ipc_groups
         if groups is None:  # the task makes the process group itself, through env://; no layout mesh is built
             if self.ipc_protocol != "tcp":
-                raise ConfigError("platform.ipc_protocol", self.ipc_protocol, "with ipc_groups=null the task makes "
-                                  "its own process group through env:// (MASTER_ADDR, MASTER_PORT), which needs "
-                                  "ipc_protocol=tcp")
+                raise ConfigError("platform.ipc_protocol", self.ipc_protocol, "with ipc_groups=null the task "
+                                  "makes its own process group through env:// (MASTER_ADDR, MASTER_PORT), which "
+                                  "needs ipc_protocol=tcp")
             if not self.layout.is_data_only:
                 raise ConfigError("platform.ipc_groups", None, "a platform.layout with tensor or pipeline above 1 "
                                   "needs the process group that hydra-ddpw makes: use ipc_groups=[] (or leave the "
@@ -306,14 +305,13 @@ class Platform:
                 if wrong is not None:
                     raise ConfigError(f"platform.ipc_groups[{index}]", list(members), wrong)
                 if member in seen:
-                    raise ConfigError("platform.ipc_groups", [list(g) for g in groups],
-                                      f"rank {member} is in group {seen[member]} and group {index}; groups must not "
-                                      "overlap")
+                    raise ConfigError("platform.ipc_groups", [list(g) for g in groups], f"rank {member} is in "
+                                      f"group {seen[member]} and group {index}; groups must not overlap")
                 seen[member] = index
         if missing := sorted(set(range(self.world_size)) - set(seen)):
-            raise ConfigError("platform.ipc_groups", [list(g) for g in groups], f"rank(s) {missing} are in no group; "
-                              "every rank of the world must be in exactly one group (or use [] for the single "
-                              "default group)")
+            raise ConfigError("platform.ipc_groups", [list(g) for g in groups], f"rank(s) {missing} are in no "
+                              "group; every rank of the world must be in exactly one group (or use [] for the "
+                              "single default group)")
 
     def _world_text(self) -> str:
         return f"the world of {self.world_size} rank(s) (0..{self.world_size - 1})"

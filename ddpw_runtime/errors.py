@@ -23,20 +23,9 @@ class RankFailure(CompactError, RuntimeError):
     `waiting_error` what the rank whose collective timed out raised. The original exception is `__cause__` when it
     could be sent back."""
 
-    def __init__(
-        self,
-        rank: int,
-        node: int,
-        exit_code: int | None,
-        error_type: str,
-        error_message: str,
-        traceback_text: str = "",
-        log_tail: str = "",
-        log_file: str | None = None,
-        outcomes: Sequence[RankOutcome] = (),
-        hang: HangReport | None = None,
-        waiting_error: str = "",
-    ) -> None:
+    def __init__(self, rank: int, node: int, exit_code: int | None, error_type: str, error_message: str,
+                 traceback_text: str = "", log_tail: str = "", log_file: str | None = None,
+                 outcomes: Sequence[RankOutcome] = (), hang: HangReport | None = None, waiting_error: str = "") -> None:
         self.rank = rank
         self.node = node
         self.exit_code = exit_code

@@ -34,17 +34,9 @@ class Wrapper:
     `--max-restarts`), with the same `run_id()` and log folder; a time limit or an interruption is not.
     """
 
-    def __init__(
-        self,
-        platform: Platform,
-        *,
-        log_dir: str | Path | None = None,
-        caller_rank: bool = False,
-        task_context: Callable[[], AbstractContextManager[Any]] | None = None,
-        stop_grace_s: float = 1.0,
-        interrupt_grace_s: float = 10.0,
-        max_restarts: int = 0,
-    ) -> None:
+    def __init__(self, platform: Platform, *, log_dir: str | Path | None = None, caller_rank: bool = False,
+                 task_context: Callable[[], AbstractContextManager[Any]] | None = None, stop_grace_s: float = 1.0,
+                 interrupt_grace_s: float = 10.0, max_restarts: int = 0) -> None:
         # Imported here: `ddpw_runtime` imports this module, and the starter and rank processes run as
         # `python -m ddpw_runtime.<package>.<module>`, which must not find themselves imported already; and
         # importing `ddpw_runtime` for the helpers of a rank need not pay for the launcher options.

@@ -78,12 +78,8 @@ def job_check(options: LauncherOptions, platform: Platform) -> None:
         options.validate_platform(platform)
 
 
-def prepare_jobs(
-    hydra_context: HydraContext,
-    config: DictConfig,
-    to_run: Sequence[JobToRun],
-    options: LauncherOptions,
-) -> list[PreparedJob]:
+def prepare_jobs(hydra_context: HydraContext, config: DictConfig, to_run: Sequence[JobToRun],
+                 options: LauncherOptions) -> list[PreparedJob]:
     """What every ddpw launcher does first: check its options, then every job of the batch that runs,
     composed (once, see `compose_once`), numbered, its platform read and checked (a `ConfigError` if it
     cannot run); jobs submitted elsewhere are pinned now, jobs that run here as each starts."""
@@ -104,14 +100,8 @@ def prepare_jobs(
     return jobs
 
 
-def prepared(
-    config: DictConfig,
-    idx: int,
-    overrides: list[str],
-    options: LauncherOptions,
-    pin: bool = True,
-    earlier_output_dir: Path | None = None,
-) -> PreparedJob:
+def prepared(config: DictConfig, idx: int, overrides: list[str], options: LauncherOptions, pin: bool = True,
+             earlier_output_dir: Path | None = None) -> PreparedJob:
     """One composed job config made a `PreparedJob`: platform read and checked with `options`, output
     dir (`earlier_output_dir` where it ran before) and `${now:}` pinned (with `pin`; else `PreparedJob.pin`
     does it when the job starts)."""

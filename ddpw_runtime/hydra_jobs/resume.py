@@ -42,14 +42,12 @@ def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
             "earlier run's; a sweeper with storage of its own resumes from there "
             "(Optuna: the same hydra.sweeper.storage and hydra.sweeper.study_name, in a new hydra.sweep.dir, "
             "without resume)"))
-    earlier = read_summary(sweep_dir)
-    if earlier is None:
+    if (earlier := read_summary(sweep_dir)) is None:
         raise ConfigError("hydra.launcher.resume", True, (
             f"hydra.sweep.dir={sweep_dir} holds no earlier run of a sweep (no {sweep_dir / 'sweep_summary.json'} "
             "with its record): give the sweep dir of the run to go on with (its summary names it), or run "
             "without resume"))
-    differences = _differences(earlier[0], record)
-    if differences:
+    if differences := _differences(earlier[0], record):
         raise ConfigError("hydra.launcher.resume", True, (
             f"this sweep differs from the earlier run in hydra.sweep.dir={sweep_dir}: {'; '.join(differences)}; "
             + _AGAIN))
@@ -58,11 +56,9 @@ def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
 
 def _differences(earlier: SweepRecord, now: SweepRecord) -> list[str]:
     """What differs between two sweeps' records, in the user's words."""
-    found = []
     before, after = _by_key(earlier.overrides), _by_key(now.overrides)
-    for key in sorted(set(before) | set(after), key=lambda k: [*before, *after].index(k)):
-        if before.get(key) != after.get(key):
-            found.append(f"{after.get(key, f'no {key}')} (earlier: {before.get(key, f'no {key}')})")
+    found = [f"{after.get(key, f'no {key}')} (earlier: {before.get(key, f'no {key}')})"
+             for key in dict.fromkeys([*before, *after]) if before.get(key) != after.get(key)]
     if earlier.sweeper != now.sweeper:
         found.append(f"hydra/sweeper {now.sweeper} (earlier: {earlier.sweeper})")
     if earlier.params != now.params:

@@ -61,14 +61,8 @@ class JobTask:
     and `__wrapped__`, so callbacks see the user's task. `announce`: print the job's start line and summary;
     `around_ranks`: a context entered while the ranks run (the SLURM node's preemption handling)."""
 
-    def __init__(
-        self,
-        task_function: TaskFunction,
-        job: NodeJob,
-        idx: int,
-        announce: bool = True,
-        around_ranks: Callable[[], AbstractContextManager[Any]] = nullcontext,
-    ) -> None:
+    def __init__(self, task_function: TaskFunction, job: NodeJob, idx: int, announce: bool = True,
+                 around_ranks: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
         functools.update_wrapper(self, task_function)
         self.task_function = task_function
         self.job = job
