@@ -20,6 +20,7 @@ from ddpw_runtime.launch.recorded import recorded_in
 from ddpw_runtime.launch.signals import send_to_group
 from ddpw_runtime.launch.stacks import HangReport, RankPlace, from_dump, read_from
 
+_T = TypeVar("_T")
 CHECK_S = 0.5
 """How often a job's supervisor looks for a request and for a stall while its ranks run."""
 _STACK_DUMP_WAIT_S = 0.2
@@ -27,7 +28,6 @@ _STACK_DUMP_WAIT_S = 0.2
 _STACK_DUMP_QUIET_S = 0.01
 """A rank's stacks count as written once its stacks file grew and then did not change for this long."""
 _STACK_DUMP_POLL_S = 0.002
-_T = TypeVar("_T")
 REQUEST = "where.request"
 """The file in a job's output dir that asks its supervisors where the ranks are (a pickled `WhereRequest`)."""
 
@@ -50,8 +50,7 @@ class WhereAnswer:
 
 
 def answer_file(log_dir: Path, node: int | str) -> Path:
-    """Where node `node` of the job whose output dir is `log_dir` answers a request (`*`: a pattern for every
-    node's)."""
+    """Where node `node` of the job whose output dir is `log_dir` answers a request (`*`: every node's, a pattern)."""
     return log_dir / f"where_node_{node}.answer"
 
 
