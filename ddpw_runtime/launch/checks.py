@@ -55,22 +55,19 @@ def check_torch(platform: Platform) -> None:
         import torch
 
         if not torch.backends.mps.is_available():
-            raise ConfigError(
-                "platform.device", platform.device, "this machine has no MPS device that torch can use (Apple "
-                "silicon, macOS 12.3 or later, a torch built with MPS); use platform.device=cpu "
-                "(hydra/launcher=ddpw_cpu)",
-            )
+            raise ConfigError("platform.device", platform.device, "this machine has no MPS device that torch can use "
+                              "(Apple silicon, macOS 12.3 or later, a torch built with MPS); use platform.device=cpu "
+                              "(hydra/launcher=ddpw_cpu)")
     backend = platform.resolved_backend
     if backend in BUILT_WITH:
         import torch
         import torch.distributed as dist
 
         if not getattr(dist, BUILT_WITH[backend])():
-            raise ConfigError(
-                "platform.backend", backend, f"this torch ({torch.__version__}) was built without {backend}; use "
-                + ("backend=gloo, or leave it unset (null) for the automatic choice, or a torch built with MPI"
-                   if backend == "mpi" else "backend=gloo"),
-            )
+            raise ConfigError("platform.backend", backend, f"this torch ({torch.__version__}) was built without "
+                              f"{backend}; use " + ("backend=gloo, or leave it unset (null) for the automatic "
+                                                    "choice, or a torch built with MPI" if backend == "mpi" else
+                                                    "backend=gloo"))
 
 
 def resolve_callable(key: str, path: str) -> Callable[..., Any]:
@@ -82,11 +79,9 @@ def resolve_callable(key: str, path: str) -> Callable[..., Any]:
     except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigError(key, path, f"cannot import it ({exc}); give 'package.module:function'") from exc
     except (Exception, SystemExit) as exc:  # the module's own code failed: say how, in one line
-        raise ConfigError(
-            key, path, f"importing {module_name} raised {type(exc).__name__}: "
-            f"{(str(exc).strip().splitlines() or [''])[0]}; fix that "
-            "module, or give another 'package.module:function'",
-        ) from exc
+        raise ConfigError(key, path, f"importing {module_name} raised {type(exc).__name__}: "
+                          f"{(str(exc).strip().splitlines() or [''])[0]}; fix that "
+                          "module, or give another 'package.module:function'") from exc
     if not callable(fn):
         raise ConfigError(key, path, "this names something that is not callable")
     return fn

@@ -58,11 +58,10 @@ def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
         except RankFailure as failure:
             if not job.restart_on_failure or job.restart_count >= job.max_restarts:
                 raise
-            log.warning(
-                "%sattempt %d of %d failed: rank %d (node %d) failed: %s; starting the job again (restart %d of "
-                "%d), in the same output dir", job.console_prefix, job.restart_count + 1, job.max_restarts + 1,
-                failure.rank, failure.node, failure.cause, job.restart_count + 1, job.max_restarts,
-            )
+            log.warning("%sattempt %d of %d failed: rank %d (node %d) failed: %s; starting the job again (restart %d "
+                        "of %d), in the same output dir", job.console_prefix, job.restart_count + 1,
+                        job.max_restarts + 1, failure.rank, failure.node, failure.cause, job.restart_count + 1,
+                        job.max_restarts)
             job = replace(job, restart_count=job.restart_count + 1)
 
 

@@ -93,10 +93,9 @@ class LocalJob:
         self.workdir = Path(tempfile.mkdtemp(prefix="ddpw-"))
         try:
             port = self.listener.getsockname()[1] if self.listener is not None else job.master_port
-            self.plan: LaunchPlan = plan_local(
-                platform, Path(job.log_dir).resolve(), self.workdir, job.run_id or uuid.uuid4().hex[:12],
-                job.node_rank, job.master_addr, port, job.max_restarts, job.restart_count, job.share,
-            )
+            self.plan: LaunchPlan = plan_local(platform, Path(job.log_dir).resolve(), self.workdir,
+                                               job.run_id or uuid.uuid4().hex[:12], job.node_rank, job.master_addr,
+                                               port, job.max_restarts, job.restart_count, job.share)
             self.payload = RankPayload(self.plan, task, state, str(self.workdir))
             self.payload_path = self.workdir / "payload.pkl"
             write_private(self.payload_path, self.payload)

@@ -1,8 +1,7 @@
 """Every process of one job on this node, however it was started (also in a session of its own), and how to stop them
 all: the job's cgroup where one can be made, else the processes whose environment names the job (`DDPW_JOB`; also for
-what a rank in the caller's own process starts). Stopping gives SIGTERM and a moment (so the `multiprocessing`
-resource tracker can clean /dev/shm), then SIGKILL; every wait is bounded (docs/faults.md, "What "nothing is left"
-covers")."""
+what a rank in the caller's own process starts). Stopping gives SIGTERM and a moment (so the `multiprocessing` resource
+tracker can clean /dev/shm), then SIGKILL; every wait is bounded (docs/faults.md, "What "nothing is left" covers")."""
 
 from __future__ import annotations
 

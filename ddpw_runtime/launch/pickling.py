@@ -1,20 +1,18 @@
-"""How everything that travels between hydra-ddpw's processes is pickled (a task and its arguments, a job's
-config, a rank's value or error): cloudpickle, with two differences that keep the user's script the user's.
+"""How everything that travels between hydra-ddpw's processes is pickled (a task and its arguments, a job's config, a
+rank's value or error): cloudpickle, with two differences that keep the user's script the user's.
 
-- **The script's own functions and classes travel by reference**, as in a process torchrun or multiprocessing
-  starts: in every rank they are the script's `__main__` objects, not copies (cloudpickle copies everything of
-  `__main__`). So a spawn-context DataLoader, or `mp.spawn` of a function of the script, pickles them as
-  without hydra-ddpw. A process that does not run the script yet (a fresh interpreter: `spawn_method=spawn`,
-  a SLURM node, a starter of a CUDA build) imports it as `__mp_main__` first, as multiprocessing's spawn does,
-  so its `if __name__ == "__main__":` block does not run again. Only a script with such a block is imported
-  again; the functions of one without it (which would run Hydra again), of a notebook or of `python -c` travel
-  by value, as before.
-- **What travels by value keeps its file and line**: code objects go as `marshal` writes them (every process
-  of a job runs the same Python), so a traceback, a stack dump, pdb or a profiler name the user's file and
-  line, whatever cloudpickle's release writes in their place (3.1.3 writes `<dynamic-code>`).
+- **The script's own functions and classes travel by reference**, as in a process torchrun or multiprocessing starts:
+  in every rank they are the script's `__main__` objects, not copies (cloudpickle copies everything of `__main__`). So
+  a spawn-context DataLoader, or `mp.spawn` of a function of the script, pickles them as without hydra-ddpw. A process
+  that does not run the script yet (a fresh interpreter: `spawn_method=spawn`, a SLURM node, a starter of a CUDA
+  build) imports it as `__mp_main__` first, as multiprocessing's spawn does, so its `if __name__ == "__main__":` block
+  does not run again. Only a script with such a block is imported again; the functions of one without it (which would
+  run Hydra again), of a notebook or of `python -c` travel by value, as before.
+- **What travels by value keeps its file and line**: code objects go as `marshal` writes them (every process of a job
+  runs the same Python), so a traceback, a stack dump, pdb or a profiler name the user's file and line, whatever
+  cloudpickle's release writes in their place (3.1.3 writes `<dynamic-code>`).
 
-Data only (no torch): rank processes import it too.
-"""
+Data only (no torch): rank processes import it too."""
 
 from __future__ import annotations
 

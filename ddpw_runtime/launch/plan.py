@@ -82,16 +82,14 @@ class LaunchPlan:
 
     def one_line(self) -> str:
         """The plan in one line, as logged when a job starts."""
-        return (
-            f"{self.world_size} rank(s) ({self.platform.n_nodes} node(s) x {self.ranks_per_node}) on "
-            f"{self.device}, {self.backend} via {self.init_method}, logs in {self.log_dir}/rank_<rank>.log"
-        )
+        return (f"{self.world_size} rank(s) ({self.platform.n_nodes} node(s) x {self.ranks_per_node}) on "
+                f"{self.device}, {self.backend} via {self.init_method}, logs in {self.log_dir}/rank_<rank>.log")
 
     def describe(self) -> str:
         """A readable multi-line summary with the platform's, as the dry run prints it."""
         groups = str(self.groups or "world only") if self.makes_group else \
             "none: the task makes its own process group (ipc_groups=null)"
-        lines = [
+        return "\n".join([
             f"world size      : {self.world_size} ({self.platform.n_nodes} node(s) x {self.ranks_per_node} rank(s))",
             f"device          : {self.device}",
             f"backend         : {self.backend}",
@@ -104,8 +102,7 @@ class LaunchPlan:
             f"rank logs       : {self.log_file(0).parent}/rank_<rank>.log",
             "--- platform ---",
             self.platform.summary(),
-        ]
-        return "\n".join(lines)
+        ])
 
 
 def plan_local(platform: Platform, log_dir: Path, rendezvous_dir: Path, run_id: str, node_rank: int = 0,

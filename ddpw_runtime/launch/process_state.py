@@ -28,12 +28,8 @@ class ProcessState:
     @staticmethod
     def capture() -> ProcessState:
         """This process's state now."""
-        return ProcessState(
-            env=dict(os.environ),
-            cwd=os.getcwd(),
-            sys_path=list(sys.path),
-            hydra_state=pickling.dumps(_compat.hydra_state()) if "omegaconf" in sys.modules else None,
-        )
+        return ProcessState(env=dict(os.environ), cwd=os.getcwd(), sys_path=list(sys.path),
+                            hydra_state=pickling.dumps(_compat.hydra_state()) if "omegaconf" in sys.modules else None)
 
     def enter(self, rank_env: Mapping[str, str]) -> None:
         """Make this process's environment, working directory, import path and Hydra state these, with

@@ -70,12 +70,8 @@ class RaisedError:
     @staticmethod
     def of(exc: BaseException) -> RaisedError:
         """The record of `exc`."""
-        return RaisedError(
-            type_name=qualified_name(type(exc)),
-            message=message_of(exc),
-            traceback="".join(traceback.format_exception(exc)),
-            pickled=portable_pickle(exc),
-        )
+        return RaisedError(type_name=qualified_name(type(exc)), message=message_of(exc),
+                           traceback="".join(traceback.format_exception(exc)), pickled=portable_pickle(exc))
 
     @property
     def headline(self) -> str:

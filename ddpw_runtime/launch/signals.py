@@ -1,10 +1,10 @@
-"""Signals: to ranks (each leads its own process group, which reaches what it started too); Ctrl-C and
-SIGTERM held back while the controller must not be interrupted; and the handlers of a multirun's controller.
+"""Signals: to ranks (each leads its own process group, which reaches what it started too); Ctrl-C and SIGTERM held
+back while the controller must not be interrupted; and the handlers of a multirun's controller.
 
-From the launcher's `setup` on, Ctrl-C raises `Interrupted` (exit 130 without a traceback) and SIGTERM
-`Terminated` (exit 143; a second one ends what runs at once, as a second Ctrl-C does), unless the program was
-started ignoring it (`handle`). While jobs run, the launcher passes the signal on to them and says which were
-stopped; outside them the handler says so itself."""
+From the launcher's `setup` on, Ctrl-C raises `Interrupted` (exit 130 without a traceback) and SIGTERM `Terminated`
+(exit 143; a second one ends what runs at once, as a second Ctrl-C does), unless the program was started ignoring it
+(`handle`). While jobs run, the launcher passes the signal on to them and says which were stopped; outside them the
+handler says so itself."""
 
 from __future__ import annotations
 
@@ -44,10 +44,9 @@ def raise_terminated(signum: int, frame: FrameType | None) -> None:
 
 @contextmanager
 def blocked(signals: tuple[int, ...]) -> Iterator[set[int | signal.Signals]]:
-    """Block `signals` in this thread for the block (across a fork: a handler that raised inside
-    `os.fork()`'s at-fork hooks would be reported as unraisable and lost); yields the mask before it.
-    The mask is read before it is changed, so a handler that raises as it changes (a signal that came
-    just before) never leaves the signals blocked for good."""
+    """Block `signals` in this thread for the block (across a fork: a handler that raised inside `os.fork()`'s at-fork
+    hooks would be reported as unraisable and lost); yields the mask before it. The mask is read before it is changed,
+    so a handler that raises as it changes (a signal that came just before) never leaves them blocked for good."""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, signals)
@@ -58,10 +57,9 @@ def blocked(signals: tuple[int, ...]) -> Iterator[set[int | signal.Signals]]:
 
 @contextmanager
 def held() -> Iterator[None]:
-    """Run the block whole: Ctrl-C and SIGTERM that arrive meanwhile reach their own handlers right after it.
-    Python runs signal handlers in the main thread only, so this holds them there whichever thread the
-    kernel delivered them to (a signal mask would hold them only when no other thread exists); elsewhere
-    nothing is needed. A handler that was not set from Python is left as is."""
+    """Run the block whole: Ctrl-C and SIGTERM that arrive meanwhile reach their own handlers right after it. Python
+    runs signal handlers in the main thread only, so this holds them there whichever thread the kernel delivered them to
+    (a signal mask would hold them only when no other thread exists). A handler not set from Python is left as is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -81,8 +79,8 @@ def held() -> Iterator[None]:
 
 @contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """While supervising, SIGTERM raises `Terminated` (in the main thread only) so the ranks are
-    stopped with a grace period instead of the controller vanishing."""
+    """While supervising, SIGTERM raises `Terminated` (in the main thread only) so the ranks are stopped with a grace
+    period instead of the controller vanishing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -100,17 +98,15 @@ _state = {"jobs running": False}
 
 
 def handle(signals: tuple[int, ...], handler: Callable[[int, FrameType | None], object]) -> None:
-    """Handle each of `signals` with `handler`, but one the program was started ignoring (SIGHUP under
-    `nohup`; SIGINT for a command a script runs in the background), which stays ignored, as Python keeps
-    it: the program goes on as it would without hydra-ddpw."""
+    """Handle each of `signals` with `handler`, but one the program was started ignoring (SIGHUP under `nohup`; SIGINT
+    for a command a script runs in the background), which stays ignored, as without hydra-ddpw."""
     for sig in signals:
         if signal.getsignal(sig) != signal.SIG_IGN:
             signal.signal(sig, handler)
 
 
 def install() -> None:
-    """Handle Ctrl-C and SIGTERM as a multirun's controller (see the module docstring), from now on (main
-    thread only)."""
+    """Handle Ctrl-C and SIGTERM as a multirun's controller (the module docstring) from now on (main thread only)."""
     if threading.current_thread() is threading.main_thread():
         handle(STOPPING_SIGNALS, _on_signal)
 

@@ -47,8 +47,7 @@ class RankStarter:
         self._requests = itertools.count()
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._answers: dict[int, queue.SimpleQueue[object]] = {}
-        """Who waits for the answer to which request (by its number)."""
+        self._answers: dict[int, queue.SimpleQueue[object]] = {}  # who waits for the answer to which request
         self._inbox_of_request: dict[int, Inbox] = {}
         self._inbox_of_pid: dict[int, Inbox] = {}
         self._gone: StarterGone | None = None
@@ -57,7 +56,6 @@ class RankStarter:
         self._reader.start()
 
     def _launch(self) -> tuple[Channel, int]:
-        """Start the starter process; the channel to it and its pid."""
         ours, theirs = socket.socketpair()
         controller = os.getpid()
         if self.preload and _can_fork_controller():
@@ -82,12 +80,9 @@ class RankStarter:
                     finally:
                         os._exit(0)
         else:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "ddpw_runtime.procs.starter", str(theirs.fileno()),
-                 "1" if self.preload else "0", str(controller)],
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL,
-            )
+            self._process = subprocess.Popen([sys.executable, "-m", "ddpw_runtime.procs.starter", str(theirs.fileno()),
+                                              "1" if self.preload else "0", str(controller)],
+                                             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
             pid = self._process.pid
         theirs.close()
         return Channel(ours), pid
@@ -100,18 +95,12 @@ class RankStarter:
             except (EOFError, OSError):
                 break
             with self._state_lock:
-                if isinstance(message, RankStarted):
-                    inbox = self._inbox_of_request.pop(message.request, None)
-                    if inbox is not None:
-                        self._inbox_of_pid[message.pid] = inbox
-                if isinstance(message, (RankStarted, JobEnded)):
-                    waiting = self._answers.get(message.request)
-                    if waiting is not None:
-                        waiting.put(message)
-                elif isinstance(message, RankExited):
-                    inbox = self._inbox_of_pid.pop(message.pid, None)
-                    if inbox is not None:
-                        inbox.put(message)
+                if isinstance(message, RankStarted) and message.request in self._inbox_of_request:
+                    self._inbox_of_pid[message.pid] = self._inbox_of_request.pop(message.request)
+                if isinstance(message, (RankStarted, JobEnded)) and message.request in self._answers:
+                    self._answers[message.request].put(message)
+                elif isinstance(message, RankExited) and message.pid in self._inbox_of_pid:
+                    self._inbox_of_pid.pop(message.pid).put(message)
         with self._state_lock:
             self._gone = StarterGone(f"the rank starter (pid {self.pid}) died")
             for waiting in self._answers.values():

@@ -69,8 +69,7 @@ class NodeRanks(Children):
         self.places: dict[int, RankPlace] = {}
         """Where each rank still running was when the job was stopped (before any rank was)."""
         self.watch = Watch(local.plan, self.take_places, local.job.console_prefix)
-        self._requests: list[int | None] = []
-        """What other threads asked for (`request_stop`)."""
+        self._requests: list[int | None] = []  # what other threads asked for (`request_stop`)
         self._lock = threading.Lock()
 
     def _started(self, rank: int, pid: int) -> None:
@@ -88,11 +87,9 @@ class NodeRanks(Children):
             if self.outside is not None and rank == 0:
                 continue
             with held():  # Ctrl-C or SIGTERM comes once the rank is known here, so that it is stopped too
-                pid = self.local.starter.start(
-                    self.inbox, self.key, str(self.local.payload_path), rank - first,
-                    self.local.listen_fd if rank == 0 and not self.local.store_hosted else None,
-                    self.console.terminal_of(rank),
-                )
+                listen_fd = self.local.listen_fd if rank == 0 and not self.local.store_hosted else None
+                pid = self.local.starter.start(self.inbox, self.key, str(self.local.payload_path), rank - first,
+                                               listen_fd, self.console.terminal_of(rank))
                 self.console.handed_over(rank)
                 self._started(rank, pid)
 
