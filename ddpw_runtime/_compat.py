@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -135,8 +136,6 @@ def compiled_original(model: Any) -> Any:
 def main_thread_frame() -> Any:
     """The innermost frame the main thread runs now (where a stopped rank 0 was). Private:
     `sys._current_frames`. Fallback: None."""
-    import threading
-
     frames: dict[int, Any] = getattr(sys, "_current_frames", dict)()
     return frames.get(threading.main_thread().ident or 0)
 

@@ -12,8 +12,6 @@ from typing import Any
 from hydra.types import HydraContext
 from omegaconf import DictConfig
 
-_Key = tuple[int, tuple[str, ...]]
-
 
 class ComposedOnce:
     """A config loader that keeps the job configs it composed until the launcher takes them; every
@@ -21,7 +19,7 @@ class ComposedOnce:
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
-        self.kept: dict[_Key, DictConfig] = {}
+        self.kept: dict[tuple[int, tuple[str, ...]], DictConfig] = {}
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("loader", "kept"):

@@ -36,21 +36,18 @@ def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
     if not options.resume:
         return SweepSummary(sweep_dir, record)
     if record.sweeper != _compat.BASIC_SWEEPER:
-        raise ConfigError("hydra.launcher.resume", True, (
-            f"resume works with Hydra's basic sweeper, whose jobs follow from the overrides; {record.sweeper} "
-            "chooses its jobs as it goes, from the results so far, so this run's jobs cannot be matched to an "
-            "earlier run's; a sweeper with storage of its own resumes from there "
-            "(Optuna: the same hydra.sweeper.storage and hydra.sweeper.study_name, in a new hydra.sweep.dir, "
-            "without resume)"))
+        raise ConfigError("hydra.launcher.resume", True, "resume works with Hydra's basic sweeper, whose jobs follow "
+                          f"from the overrides; {record.sweeper} chooses its jobs as it goes, from the results so far, "
+                          "so this run's jobs cannot be matched to an earlier run's; a sweeper with storage of its own "
+                          "resumes from there (Optuna: the same hydra.sweeper.storage and hydra.sweeper.study_name, "
+                          "in a new hydra.sweep.dir, without resume)")
     if (earlier := read_summary(sweep_dir)) is None:
-        raise ConfigError("hydra.launcher.resume", True, (
-            f"hydra.sweep.dir={sweep_dir} holds no earlier run of a sweep (no {sweep_dir / 'sweep_summary.json'} "
-            "with its record): give the sweep dir of the run to go on with (its summary names it), or run "
-            "without resume"))
+        raise ConfigError("hydra.launcher.resume", True, f"hydra.sweep.dir={sweep_dir} holds no earlier run of a "
+                          f"sweep (no {sweep_dir / 'sweep_summary.json'} with its record): give the sweep dir of the "
+                          "run to go on with (its summary names it), or run without resume")
     if differences := _differences(earlier[0], record):
-        raise ConfigError("hydra.launcher.resume", True, (
-            f"this sweep differs from the earlier run in hydra.sweep.dir={sweep_dir}: {'; '.join(differences)}; "
-            + _AGAIN))
+        raise ConfigError("hydra.launcher.resume", True, "this sweep differs from the earlier run in "
+                          f"hydra.sweep.dir={sweep_dir}: {'; '.join(differences)}; " + _AGAIN)
     return SweepSummary(sweep_dir, record, earlier[1])
 
 
@@ -93,8 +90,7 @@ def plan_launch(summary: SweepSummary, job_overrides: Sequence[Sequence[str]], i
     any of its jobs starts; each kept job gets its entry now (not in a dry run) and a line in the log."""
     launch = Launch(list(range(initial_job_idx, initial_job_idx + len(job_overrides))))
     for idx, overrides in zip(launch.numbers, job_overrides, strict=True):
-        before = summary.entries.get(idx)
-        if before is None:
+        if (before := summary.entries.get(idx)) is None:
             launch.to_run.append(JobToRun(idx, list(overrides)))
             continue
         if before.overrides != list(overrides):

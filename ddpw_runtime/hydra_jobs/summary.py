@@ -137,5 +137,4 @@ class JobConsole:
         self._print(failed_summary(self.job, error, duration_s, self.output_dir, self.colour))
 
     def _print(self, text: str) -> None:
-        self.out.write(text + "\n")
-        self.out.flush()
+        print(text, file=self.out, flush=True)

@@ -19,16 +19,15 @@ import atexit
 import json
 import logging
 import pickle
-import sys
 import threading
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ddpw_runtime import _compat
 from ddpw_runtime.hydra_jobs.summary import PREFIX, one_line, shown_path
@@ -73,14 +72,12 @@ class SweepRecord:
     """The command line's overrides of the task config (`hydra.overrides.task`), sweeps as typed."""
     sweeper: str
     """The sweeper's class (`hydra.sweeper._target_`)."""
-    params: Any = field(default=None)
+    params: Any = None
     """The sweeps the config gives the sweeper (`hydra.sweeper.params`), unresolved."""
 
     @staticmethod
     def of(config: DictConfig) -> SweepRecord:
         """The record of the sweep whose (master) config is `config`."""
-        from omegaconf import OmegaConf
-
         params = OmegaConf.select(config, "hydra.sweeper.params")
         return SweepRecord(list(config.hydra.overrides.task), str(OmegaConf.select(config, "hydra.sweeper._target_")),
                            OmegaConf.to_container(params) if OmegaConf.is_config(params) else params)
@@ -204,8 +201,7 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
 
 
 def _shown(value: Any) -> str:
-    """A return value as the table shows it: floats to `_DIGITS` significant digits, also inside lists
-    and mappings."""
+    """A return value as the table shows it: floats to `_DIGITS` significant digits, nested ones too."""
     if isinstance(value, float):
         return format(value, f".{_DIGITS}g")
     if isinstance(value, dict):
@@ -244,5 +240,4 @@ class PrintSweepSummary(Callback):
             entries = json.loads(path.read_text())["jobs"]
         except (OSError, ValueError, KeyError):
             return
-        sys.stdout.write(table(entries, path, Path.cwd()) + "\n")
-        sys.stdout.flush()
+        print(table(entries, path, Path.cwd()), flush=True)
