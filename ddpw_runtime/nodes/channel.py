@@ -2,7 +2,7 @@
 by node 0's controller on `master_addr:master_port`, the store the ranks use too, under keys of its own): node 0
 publishes the job (`JobSpec`), each other node says it joined, any node may stop the job (`NodeStop`, the first
 one counts), and each other node sends how its ranks ended (`NodeEnd`). Every wait is bounded. Torch is imported
-only by `NodeChannel.connect`, where a node's controller has it loaded anyway."""
+only by `StoreSide.connect`, where a node's controller has it loaded anyway."""
 
 from __future__ import annotations
 
