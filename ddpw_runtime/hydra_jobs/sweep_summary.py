@@ -143,8 +143,7 @@ class SweepSummary:
     def kept_return(self, job: int) -> JobReturn | None:
         """The JobReturn kept when job `job` COMPLETED, or None where there is none that can be read."""
         try:
-            with open(self.path.parent / RETURNS / f"{job}.pkl", "rb") as src:
-                ret = pickle.load(src)
+            ret = pickle.loads((self.path.parent / RETURNS / f"{job}.pkl").read_bytes())
         except Exception:  # noqa: BLE001 - missing, cut short, or made by code that is gone: run the job again
             return None
         return ret if isinstance(ret, JobReturn) else None
