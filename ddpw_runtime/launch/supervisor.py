@@ -185,8 +185,7 @@ class NodeRanks(Children):
 
     def kill(self, spare: int | None = None, group: bool = True) -> list[Child]:
         """SIGKILL every running rank (but `spare`), see `Children.kill`."""
-        if self.outside is not None and spare != self.outside.pid and \
-                self.outside.pid in [rank.pid for rank in self.running()]:
+        if self.outside is not None and self.outside.pid in [rank.pid for rank in self.running(spare)]:
             sys.stderr.write(f"[ddpw] rank 0 (pid {self.outside.pid}, the program's task) did not end in the time it "
                              "was given; killed\n")
         return super().kill(spare, group)
