@@ -104,6 +104,7 @@ def test_a_rank_that_does_not_die_after_sigkill_is_named_and_the_job_still_ends(
         assert proc.returncode == 1, proc.stderr
         console = proc.stdout + proc.stderr
         assert "rank 1 (pid" in console and "did not exit" in console and "left behind" in console
+        assert console.count("left behind") == 1, console  # named once, not waited for again as the job's process
         assert "ran past its time limit" in console
     finally:
         if freezer.exists():

@@ -98,7 +98,8 @@ class Preload(NamedTuple):
 
 class EndJob(NamedTuple):
     """Every rank of `job` has ended: stop whatever they started (processes in new sessions included, see
-    `job_processes.py`), but not the adopted processes in `release`, which are let go first."""
+    `job_processes.py`), but not those in `release` (adopted ones, and ranks already left behind), which are let go
+    first."""
 
     request: int
     job: str

@@ -178,7 +178,7 @@ class RankStarter:
             self.channel.send(message)
 
     def end_job(self, job: str, release: tuple[int, ...] = ()) -> tuple[int, ...]:
-        """Stop every process the ranks of `job` started, but the adopted ones in `release`; the pids that would not
+        """Stop every process the ranks of `job` started, but those in `release`; the pids that would not
         die. Ctrl-C and SIGTERM wait until the answer is in (at most a few seconds: see `job_processes.py`)."""
         with held():
             return self._ask(EndJob(next(self._requests), job, release), (), "stop a job's processes", JobEnded).left

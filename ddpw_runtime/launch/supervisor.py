@@ -154,9 +154,9 @@ class NodeRanks(Children):
             if time.monotonic() >= grace_end:  # an outside rank still running gets `REPORT_S` more (once)
                 outside = self.outside.pid if self.outside else None
                 spare = outside if not reported and outside in [rank.pid for rank in self.running()] else None
-                reported = True
+                reported, report_end = True, time.monotonic() + REPORT_S  # counted while the others' kill waits
                 self.kill(spare=spare)
-                grace_end = float("inf") if spare is None else time.monotonic() + REPORT_S
+                grace_end = float("inf") if spare is None else report_end
             elif time.monotonic() >= limit_end or (not self.stopping and self.watch.check()):
                 timed_out, limit_end = True, float("inf")
                 grace_end = self._begin_stop()
@@ -208,11 +208,12 @@ class NodeRanks(Children):
         return any(rank.stopped for rank in self.of_pid.values())
 
     def end(self) -> None:
-        """After the ranks ended: have the starter stop whatever they started (`job_processes.py`); remove the
-        stacks files no rank wrote to."""
+        """After the ranks ended: have the starter stop whatever they started (`job_processes.py`), but the ranks
+        already left behind (named once, not waited for again); remove the stacks files no rank wrote to."""
         drop_empty_stacks(self.local.plan)
+        stuck = [rank.pid for rank in self.of_pid.values() if rank.state is ChildState.LEFT_BEHIND]
         try:
-            left = self.local.starter.end_job(self.key, tuple(self.adopted))
+            left = self.local.starter.end_job(self.key, (*self.adopted, *stuck))
         except StarterGone:  # its ranks died with it (SIGKILL at its death); what they started is stopped here,
             # whole (bounded): a job process gets SIGTERM as its starter dies, which must not cut this short
             with held():
