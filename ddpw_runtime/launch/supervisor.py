@@ -194,13 +194,15 @@ class NodeRanks(Children):
         """How each rank ended, in rank order."""
         plan = self.local.plan
         of_rank = {self.rank_of[pid]: started for pid, started in self.of_pid.items()}
-        return [
-            RankOutcome(rank=rank, node=plan.node_rank, result=_read_result(self.local.payload.result_file(rank)),
-                        exit_code=child.exit_code if child else None, stopped=child is not None and child.stopped,
-                        signals_sent=frozenset(self.signals_sent), log_file=str(plan.log_file(rank)),
-                        ended_at=(child.ended_at if child else None) or time.time(), place=self.places.get(rank))
-            for rank in self.ranks for child in [of_rank.get(rank)]
-        ]
+        outcomes = []
+        for rank in self.ranks:
+            child = of_rank.get(rank)  # None: it never started
+            outcomes.append(RankOutcome(
+                rank=rank, node=plan.node_rank, result=_read_result(self.local.payload.result_file(rank)),
+                exit_code=child.exit_code if child else None, stopped=child is not None and child.stopped,
+                signals_sent=frozenset(self.signals_sent), log_file=str(plan.log_file(rank)),
+                ended_at=(child.ended_at if child else None) or time.time(), place=self.places.get(rank)))
+        return outcomes
 
     @property
     def stopping(self) -> bool:
@@ -220,7 +222,9 @@ class NodeRanks(Children):
                 for pid in self.of_pid:
                     if pid not in self.adopted:
                         send_to_group(pid, signal.SIGKILL)  # forks of a rank are in its process group
-                left = tuple(JobProcesses(self.key, cgroup=False).stop())  # and what names the job elsewhere
+                job = JobProcesses(self.key, cgroup=False)  # and what names the job elsewhere
+                job.spared.update(stuck)
+                left = tuple(job.stop())
         except RuntimeError:  # the starter did not answer in time: it stops what it can when it ends
             return
         if left:

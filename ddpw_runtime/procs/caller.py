@@ -203,5 +203,5 @@ def with_rank_zero(timed_out: JobTimedOut, place: RankPlace | None) -> JobTimedO
     """`timed_out` (the other ranks') with where rank 0, in this process, was."""
     if place is None:
         return timed_out
-    report = timed_out.report and replace(timed_out.report, places=(place, *timed_out.report.places))
+    report = None if timed_out.report is None else replace(timed_out.report, places=(place, *timed_out.report.places))
     return JobTimedOut(timed_out.timeout_min, {0: place.where(), **timed_out.where}, report, timed_out.stalled)
