@@ -7,11 +7,11 @@ restarts are left), `on_run_end` names the threads that keep the program running
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import os
 import pickle
-import queue
 import signal
 import sys
 import threading
@@ -163,6 +163,16 @@ def _in_forks() -> None:
         faulthandler.unregister(DUMP_SIGNAL)
 
 
+def _as_it_ends() -> None:
+    """The program ends (its task may have called `sys.exit` while in its job): the supervisor's requests
+    (`DUMP_SIGNAL`, `STOP_SIGNAL`) are ignored from now on. Python gives up its handlers as it finalizes, and a
+    real-time signal's default action would end the process, whose exit code would then be that signal's, not its
+    own."""
+    faulthandler.unregister(DUMP_SIGNAL)
+    for sig in (DUMP_SIGNAL, STOP_SIGNAL):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 class RankZeroSide:
     """Rank 0 of a plain run, in the user's own process, and its channel to the supervisor."""
 
@@ -179,6 +189,7 @@ class RankZeroSide:
         self._dumps = os.open(os.devnull, os.O_WRONLY)
         faulthandler.register(DUMP_SIGNAL, file=self._dumps, all_threads=True)
         os.register_at_fork(after_in_child=_in_forks)
+        atexit.register(_as_it_ends)
 
     @staticmethod
     def fork(platform: Platform, options: LauncherOptions) -> RankZeroSide:
@@ -282,23 +293,26 @@ class RankZeroSide:
         """The supervisor's next message, read on a thread (where no signal handler runs, so no message is
         cut short). An error that a signal handler of the task raises meanwhile is no longer the task's (such
         as torch's, when the job's end stops the workers of a DataLoader the task left): it goes to rank 0's
-        log, and the wait goes on. Ctrl-C still ends the wait."""
-        received: queue.SimpleQueue[tuple[object, list[int]] | BaseException] = queue.SimpleQueue()
+        log, and the wait goes on. Ctrl-C still ends the wait. The message waits in a list the thread fills, not in
+        a queue's return value: a handler that raises just as the wait returns cannot lose it."""
+        received: list[tuple[object, list[int]] | BaseException] = []
+        arrived = threading.Event()
 
         def read() -> None:
             try:
-                received.put(self.channel.recv())
+                received.append(self.channel.recv())
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which raises it
-                received.put(exc)
+                received.append(exc)
+            arrived.set()
 
         threading.Thread(target=read, name="ddpw-rank-0-channel", daemon=True).start()
-        message: tuple[object, list[int]] | BaseException | None = None
-        while message is None:
+        while not received:
             try:
-                message = received.get()
+                arrived.wait()
                 _pending_signal_handlers_run()
             except Exception as error:  # noqa: BLE001 - see above
                 self._to_log("raised in a signal handler after its task had ended", error)
+        message = received[0]
         if isinstance(message, BaseException):
             raise message
         return message
