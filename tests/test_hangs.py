@@ -58,6 +58,17 @@ def test_the_rank_outside_the_collective_is_named_with_where_it_was_among_3(tmp_
     assert leftover(seen(job)) == []
 
 
+@pytest.mark.subprocess
+def test_a_waiting_rank_stopped_as_it_ends_is_still_known_to_have_waited(tmp_path: Path) -> None:
+    """Ranks 0 and 1 time out; letting go of rank 1's frames takes a second (as a DataLoader's workers are joined),
+    and the job's stop (SIGTERM) comes meanwhile: rank 1 still writes that it waited, so rank 2 alone is named."""
+    proc = run_app(tmp_path, "-m", "behaviour=hold_up_slow_end", "fail_rank=2", "platform.n_procs_per_node=3", SHORT,
+                   "hydra.launcher.stop_grace_s=20")
+    assert proc.returncode == 1, proc.stderr
+    assert "rank 2 (node 0) failed: NotInCollective: ranks 0-1 waited for it in all_reduce" in proc.stderr
+    assert "  rank 1: waiting in all_reduce, at hold_up (" in proc.stderr
+
+
 def _held_up_by_rank_1() -> None:
     import torch
     import torch.distributed as dist

@@ -20,6 +20,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any, cast
 
 from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_atomically
@@ -56,20 +57,23 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     signal.signal(DUMP_SIGNAL, recorder.on_request)  # its collectives, after faulthandler's stacks (chain)
     faulthandler.register(DUMP_SIGNAL, file=open_log(plan.stacks_file(rank)), all_threads=True, chain=True)
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held by the starter until now
-        payload.state.enter({**rank_environment(plan, rank, local_rank), **payload.job_environment()})
-        if plan.share is not None and plan.share.cpus:
-            os.sched_setaffinity(0, plan.share.cpus)  # its job's cores, before any thread pool starts
-        tempfile.tempdir = None  # the job's own TMPDIR from now on, even if the starter had asked before
-        tell_imported_libraries(rank)
-        setup_rank(plan, rank, local_rank, listen_fd)
-        if joining is not None:
-            joining.join()
-        configure_logging(rank)
-        task: TaskCall = pickle.loads(payload.task)
-        before_task = len(sys.modules)
-        payload.task_mark(rank).touch(0o600)
-        value = task()
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held by the starter until now
+            payload.state.enter({**rank_environment(plan, rank, local_rank), **payload.job_environment()})
+            if plan.share is not None and plan.share.cpus:
+                os.sched_setaffinity(0, plan.share.cpus)  # its job's cores, before any thread pool starts
+            tempfile.tempdir = None  # the job's own TMPDIR from now on, even if the starter had asked before
+            tell_imported_libraries(rank)
+            setup_rank(plan, rank, local_rank, listen_fd)
+            if joining is not None:
+                joining.join()
+            configure_logging(rank)
+            task: TaskCall = pickle.loads(payload.task)
+            before_task = len(sys.modules)
+            payload.task_mark(rank).touch(0o600)
+            value = task()
+        finally:
+            held = _hold_stops()  # the task is over: its result is written whole before the job's stop takes it
         result = RankResult.success(rank, value, _loaded_since(before_task))
     except SystemExit as exc:  # `sys.exit()` in a task: success for status 0 or None
         result = RankResult.success(rank, None) if exc.code in (0, None) else RankResult.failure(rank, exc)
@@ -80,12 +84,35 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     # closed connection, the controller already knows this rank failed first.
     write_atomically(payload.result_file(rank), dumps(result))
     recorder.after(result)  # after the result: a rank stopped meanwhile is still known to have waited
+    _let_stops_through(held)
     # The process group is not torn down: the process ends now, and its end closes the group's connections.
     # Destroying it first only adds gloo's wait for its I/O threads (~20 ms with 2 ranks) to every job.
     if result.ok:
         leave_store(plan.world_size, hosts=listen_fd is not None)
     flush_output()
     return 0 if result.ok else 1
+
+
+_Handler = Callable[[int, FrameType | None], Any] | int | None
+"""A signal's handler, as `signal.signal` takes and returns it."""
+_stops: list[int] = []
+"""The SIGTERMs (the job's stop) that came while the rank's result was being written."""
+
+
+def _hold_stops() -> _Handler:
+    """Make a SIGTERM wait until `_let_stops_through` (a handler, not a signal mask: the kernel gives a process's
+    signal to any of its threads). A rank whose collective timed out may spend seconds between its task's end and
+    its result (its traceback formatted, a DataLoader's workers joined as its frames go): stopped meanwhile, it would
+    be lost as one that never said it waited. The handler it replaces is returned."""
+    return signal.signal(signal.SIGTERM, lambda signum, frame: _stops.append(signum))
+
+
+def _let_stops_through(previous: _Handler) -> None:
+    """Put `previous` back as SIGTERM's handler; a SIGTERM that came meanwhile reaches it now."""
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+    if _stops:
+        signal.raise_signal(signal.SIGTERM)
 
 
 def _loaded_since(count: int) -> set[str]:

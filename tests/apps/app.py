@@ -177,10 +177,20 @@ def load_batch() -> None:
         time.sleep(1)
 
 
-def hold_up(holder: int) -> None:
-    """Rank `holder` is stuck loading a batch while the other ranks wait for it in all_reduce."""
+class SlowToLetGo:
+    """What a task's frame holds and takes a second to let go of (a DataLoader whose workers are joined as its
+    iterator goes): a rank whose collective timed out ends that much later."""
+
+    def __del__(self) -> None:
+        time.sleep(1)
+
+
+def hold_up(holder: int, slow_end: bool = False) -> None:
+    """Rank `holder` is stuck loading a batch while the other ranks wait for it in all_reduce (with `slow_end`, those
+    but rank 0 hold a `SlowToLetGo`: rank 0's failure stops the job while they end)."""
     if ddpw_runtime.rank() == holder:
         load_batch()
+    held = SlowToLetGo() if slow_end and ddpw_runtime.rank() != 0 else None  # noqa: F841 - let go with this frame
     dist.all_reduce(torch.ones(1))
 
 
@@ -291,8 +301,8 @@ def main(cfg: DictConfig) -> object:
         linger()
     if cfg.behaviour == "load_then_fail":
         load_until_a_peer_fails(cfg.fail_rank)
-    if cfg.behaviour == "hold_up":
-        hold_up(cfg.fail_rank)
+    if cfg.behaviour in ("hold_up", "hold_up_slow_end"):
+        hold_up(cfg.fail_rank, slow_end=cfg.behaviour == "hold_up_slow_end")
     if cfg.behaviour == "train_held_up":
         train_held_up(cfg.fail_rank)
     if cfg.behaviour == "all_reduce_until_a_peer_goes":
