@@ -175,11 +175,16 @@ class NodeRanks(Children):
         """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace.interrupt_s` to finish (those
         still starting, `STARTING_GRACE_S`), then kill them; a second Ctrl-C kills them at once."""
         self.console.freeze()  # what the ranks print as they stop stays in their logs
+        joining = [rank for rank in self.starting() if self.outside is not None and rank.pid == self.outside.pid]
         self.send(sig)
         start, grace = time.monotonic(), self.local.job.grace.interrupt_s
         with suppress(KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM (or a request): kill now
             self.wait(start + min(STARTING_GRACE_S, grace), until=lambda: bool(self._requests))
-            self.send(signal.SIGKILL, to=self.starting())
+            still = self.starting()
+            self.send(signal.SIGKILL, to=still)
+            # An outside rank that was joining its group got the signal in torch's C++ set-up, which may drop the
+            # KeyboardInterrupt it raised; in its task now, it gets the signal once more.
+            self.send(sig, to=[rank for rank in joining if rank.alive and rank not in still])
             self.wait(start + grace, until=lambda: bool(self._requests))
         self.kill()
 
