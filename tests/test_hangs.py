@@ -16,6 +16,7 @@ import pytest
 
 from ddpw_conf import Platform
 from ddpw_runtime import RankFailure, rank
+from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.recorded import Collective, Recorded, recorded_in
 from ddpw_runtime.launch.stacks import Frame, HangReport, RankPlace, from_dump, from_traceback
 from tests.helpers import APPS, job_dirs, leftover, run_app, run_ranks, seen, start_app, wait_for
@@ -56,6 +57,17 @@ def test_the_rank_outside_the_collective_is_named_with_where_it_was_among_3(tmp_
     assert "in load_batch" in (job / "stacks_rank_2.txt").read_text()  # every thread's stack, next to its log
     assert all((job / f"fr_rank_{k}").stat().st_size > 0 for k in range(3))  # each rank's flight recorder
     assert leftover(seen(job)) == []
+
+
+@pytest.mark.subprocess
+def test_a_rank_still_starting_when_the_stacks_are_taken_is_not_ended_by_the_request(tmp_path: Path) -> None:
+    """Rank 1 is a fresh interpreter (spawn) still importing torch when rank 0's wait for it times out: the job's
+    stop asks every rank for its stacks before any is stopped, and rank 1, which has no handler yet, ignores it."""
+    proc = run_app(tmp_path, "platform.spawn_method=spawn", "platform.collective_timeout_min=0.01")
+    assert proc.returncode == 1, proc.stderr
+    assert "rank 0 failed: torch.distributed.DistStoreError" in proc.stdout, proc.stdout
+    assert "  rank 1: stopped (SIGTERM, exit -15)" in proc.stdout, proc.stdout
+    assert f"signal {int(DUMP_SIGNAL)}" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.subprocess

@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 from ddpw_runtime.launch import protocol
 from ddpw_runtime.launch.job_processes import JobProcesses, processes
+from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.protocol import Channel
 from ddpw_runtime.launch.signals import blocked, handle, send_to_group
 
@@ -90,6 +91,10 @@ class _Server:
         # Ctrl-C is the controller's to handle: a handler that does nothing (not SIG_IGN, which would drop
         # a Ctrl-C sent to a child in the moment between its fork and its own handler; see `_fork`).
         signal.signal(signal.SIGINT, lambda *_: None)
+        # A stack request (`DUMP_SIGNAL`) that reaches a rank before it has set its handler is ignored, not taken by
+        # its default action (to end the process, which would then be reported killed by it): until `run_rank` sets
+        # its own, a rank has this, forked or exec'd.
+        signal.signal(DUMP_SIGNAL, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, self.end)
         handle((signal.SIGTERM,), self.end)  # (ignored on a SLURM node: see procs/slurm_node.py)
         self.wake_r, self.wake_w = os.pipe()
