@@ -66,13 +66,18 @@ def check_known(prefix: str, node: Mapping[str, Any], known: Collection[str], ow
     for key in node:
         if key not in known:
             full = f"{prefix}{key}"
-            word = full.rpartition(".")[2]
             names = sorted(set(known) - {"_target_"})
-            nearest = (difflib.get_close_matches(word, names, n=1)
-                       or [name for name in names if word.lower() in name or name in word.lower()])
-            guess = f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
+            guess = nearest_guess(full.rpartition(".")[2], names)
             raise ConfigError(full, node[key],
                               f"{owner} has no such {noun}; {guess}its {noun}s are {', '.join(names)}{not_ours}")
+
+
+def nearest_guess(word: str, names: Sequence[str]) -> str:
+    """`did you mean ...? ` naming the nearest of `names` to `word` (a typo, a part of the name, or the name
+    with more to it), or "" when none or too many are near."""
+    nearest = (difflib.get_close_matches(word, names, n=1)
+               or [name for name in names if word.lower() in name or name in word.lower()])
+    return f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
 
 
 def is_int(value: Any) -> bool:

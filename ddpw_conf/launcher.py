@@ -8,7 +8,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
-from ddpw_conf.errors import ConfigError, check_bool, check_int, check_known, check_match, check_number
+from ddpw_conf.errors import (
+    ConfigError,
+    check_bool,
+    check_int,
+    check_known,
+    check_match,
+    check_number,
+    nearest_guess,
+)
 from ddpw_conf.platform import Device, Platform, platform_from_config
 
 _Options = TypeVar("_Options", bound="LauncherOptions")
@@ -65,12 +73,20 @@ class LauncherOptions:
         """Raise `ConfigError` for a (validated) platform that cannot run with these options."""
 
     def platform_of(self, config: Any) -> Platform:
-        """The Platform of a job's config (with or without its `hydra` node): its `platform_key` node."""
+        """The Platform of a job's config (with or without its `hydra` node): its `platform_key` node. A
+        config without that node is refused (a mistyped key would otherwise run the default platform)."""
         from omegaconf import OmegaConf
 
+        absent = object()
+        node = OmegaConf.select(config, self.platform_key, default=absent)
+        if node is absent:
+            nodes = sorted(str(name) for name in config if name != "hydra")
+            raise ConfigError("hydra.launcher.platform_key", self.platform_key, "the job's config has no such node; "
+                              f"{nearest_guess(self.platform_key, nodes)}its top-level nodes are "
+                              f"{', '.join(nodes) or 'none'}: name the node that holds the platform, or add a "
+                              f"`{PLATFORM_KEY}` node (hydra/launcher=ddpw_* brings one)")
         with self.naming_platform_keys():
-            return platform_from_config(OmegaConf.select(config, self.platform_key),
-                                        NOT_OURS if self.platform_key == PLATFORM_KEY else "")
+            return platform_from_config(node, NOT_OURS if self.platform_key == PLATFORM_KEY else "")
 
     @contextmanager
     def naming_platform_keys(self) -> Iterator[None]:

@@ -87,6 +87,11 @@ TYPED = [
                  "platform.stall_timeout_min set", id="stop_on_stall-without-stall_timeout_min"),
     pytest.param(["platform.n_nodes=2", "platform.node_rank=1"], "platform.master_addr", None,
                  "needs each machine's node rank and node 0's address", id="across-machines-without-node-0s-address"),
+    pytest.param(["hydra.launcher.platform_key=platfrom"], "hydra.launcher.platform_key", "platfrom",
+                 "the job's config has no such node; did you mean platform?", id="platform_key-no-such-node"),
+    pytest.param(["hydra.launcher.platform_key=platfrom", "hydra.launcher.dry_run=true"],
+                 "hydra.launcher.platform_key", "platfrom", "its top-level nodes are behaviour, fail_rank, freezer, "
+                 "platform", id="platform_key-no-such-node-dry-run"),
     pytest.param(["hydra.launcher.resume=true"], "hydra.launcher.resume", True,
                  "a plain run is one job, not a sweep to go on with: resume a sweep with -m", id="resume-a-plain-run"),
     pytest.param(["platform.upon_finish=raises_on_import:done"], "platform.upon_finish", "raises_on_import:done",
@@ -116,6 +121,8 @@ def test_a_bad_value_typed_by_a_user_is_refused_before_any_rank_starts(
                  id="typo-added-with-plus"),
     pytest.param("+platform.layout.expert=2", "platform.layout.expert", 2, "Layout has no such field",
                  id="unknown-nested-key"),
+    pytest.param("hydra.launcher.platform_key=platfrom", "hydra.launcher.platform_key", "platfrom",
+                 "no such node; did you mean platform?", id="platform_key-no-such-node"),
 ])
 def test_a_multirun_refuses_an_unknown_key_before_any_job_starts(
     tmp_path: Path, override: str, key: str, value: Any, fix: str
