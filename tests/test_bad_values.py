@@ -92,6 +92,8 @@ TYPED = [
     pytest.param(["hydra.launcher.platform_key=platfrom", "hydra.launcher.dry_run=true"],
                  "hydra.launcher.platform_key", "platfrom", "its top-level nodes are behaviour, fail_rank, freezer, "
                  "platform", id="platform_key-no-such-node-dry-run"),
+    pytest.param(["platform.master_addr=no.such.host.invalid"], "platform.master_addr", "no.such.host.invalid",
+                 "cannot resolve it", id="master_addr-unresolvable"),
     pytest.param(["hydra.launcher.resume=true"], "hydra.launcher.resume", True,
                  "a plain run is one job, not a sweep to go on with: resume a sweep with -m", id="resume-a-plain-run"),
     pytest.param(["platform.upon_finish=raises_on_import:done"], "platform.upon_finish", "raises_on_import:done",
@@ -123,8 +125,10 @@ def test_a_bad_value_typed_by_a_user_is_refused_before_any_rank_starts(
                  id="unknown-nested-key"),
     pytest.param("hydra.launcher.platform_key=platfrom", "hydra.launcher.platform_key", "platfrom",
                  "no such node; did you mean platform?", id="platform_key-no-such-node"),
+    pytest.param("platform.master_addr=127.0.0.1,no.such.host.invalid", "platform.master_addr",
+                 "no.such.host.invalid", "cannot resolve it", id="master_addr-of-a-later-job-unresolvable"),
 ])
-def test_a_multirun_refuses_an_unknown_key_before_any_job_starts(
+def test_a_multirun_refuses_a_bad_value_of_any_job_before_the_first_starts(
     tmp_path: Path, override: str, key: str, value: Any, fix: str
 ) -> None:
     proc = run_app(tmp_path, "-m", "platform.n_procs_per_node=1,2", override)
