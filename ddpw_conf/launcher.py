@@ -14,10 +14,9 @@ from ddpw_conf.errors import (
     check_int,
     check_known,
     check_match,
-    check_number,
     nearest_guess,
 )
-from ddpw_conf.platform import Device, Platform, platform_from_config
+from ddpw_conf.platform import Device, Platform, check_duration, platform_from_config
 
 _Options = TypeVar("_Options", bound="LauncherOptions")
 
@@ -105,7 +104,8 @@ class LauncherOptions:
         for key in ("dry_run", "resume", "fail_fast"):
             check_bool(f"{where}{key}", getattr(self, key))
         for key in ("interrupt_grace_s", "stop_grace_s"):
-            check_number(f"{where}{key}", getattr(self, key), "use a number of seconds >= 0")
+            check_duration(f"{where}{key}", getattr(self, key), "use a number of seconds >= 0", "seconds",
+                           positive=False)
         check_int(f"{where}max_restarts", self.max_restarts, 0)
         key = self.platform_key
         if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key) or key.split(".")[0] == "hydra":

@@ -261,6 +261,7 @@ OPTIONS = [
     ({"dry_run": "yes"}, "hydra.launcher.dry_run", "use true or false"),
     ({"stop_grace_s": -5}, "hydra.launcher.stop_grace_s", "number of seconds >= 0"),
     ({"interrupt_grace_s": "soon"}, "hydra.launcher.interrupt_grace_s", "number of seconds >= 0"),
+    ({"interrupt_grace_s": 1e12}, "hydra.launcher.interrupt_grace_s", "at most 3153600000 seconds (100 years)"),
     ({"max_restarts": -1}, "hydra.launcher.max_restarts", "integer >= 0"),
     ({"platform_key": "hydra.x"}, "hydra.launcher.platform_key", "name a node of the job's config"),
     ({"resume": "yes"}, "hydra.launcher.resume", "use true or false"),

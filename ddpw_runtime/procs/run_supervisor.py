@@ -30,7 +30,7 @@ from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import portable_pickle
-from ddpw_runtime.launch.signals import blocked, handle, held, send_to_group, signal_of, stopped_line
+from ddpw_runtime.launch.signals import blocked, handle, held, killed_line, send_to_group, signal_of, stopped_line
 from ddpw_runtime.launch.starter import close_starters
 from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
 from ddpw_runtime.nodes.controller import Nodes
@@ -257,8 +257,7 @@ class RunSupervisor:
                                             or sig == signal.SIGINT and self.sees_ctrl_c):
                 send_to_group(self.pid, sig, group=False)
             if not self._exited_within(self.grace.interrupt_s if len(self.received) < 2 else 0.0, stopped=sig):
-                sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}, the program's task) did not end in the time "
-                                 "it was given; killed\n")
+                sys.stderr.write(killed_line("rank 0", self.pid, the_programs_task=True))
         self._kill_rank_zero()
         return 128 + sig
 
