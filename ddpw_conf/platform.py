@@ -325,10 +325,12 @@ class Platform:
     def _validate_slurm_parameters(self) -> None:
         params = self.slurm_additional_parameters
         if not isinstance(params, dict):
-            raise ConfigError("platform.slurm_additional_parameters", params, "use a mapping such as {qos: high}")
+            raise ConfigError("platform.slurm_additional_parameters", params,
+                              "use a mapping such as {reservation: maint}")
         for key, value in params.items():
             check_match("platform.slurm_additional_parameters", key, _SLURM_KEY,
-                        "keys are sbatch option names without dashes, such as 'qos' or 'gres'")
+                        "keys are sbatch option names without dashes, such as 'reservation' or "
+                        "'gres'")
             if not isinstance(value, (str, int, float, bool)) or any(c in str(value) for c in "\n\r\0"):
                 raise ConfigError(f"platform.slurm_additional_parameters.{key}", value, "values are single-line "
                                   "strings or numbers; a line break would add lines to the sbatch script")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LOCAL_LAUNCHER, SLURM_LAUNCHER, LocalLauncherConf, SlurmLauncherConf, selected_options
@@ -35,6 +37,7 @@ from ddpw_runtime.launch.rendezvous import unprivileged_ports
 from tests.helpers import APPS, run_app, run_python
 from tests.test_validation import BAD
 
+DOCS = Path(__file__).parent.parent / "docs"
 HYDRA_HINT = "Set the environment variable HYDRA_FULL_ERROR=1"
 """Hydra's own line under every error it reports."""
 
@@ -330,3 +333,21 @@ def test_slurm_refuses_a_bad_value_before_submitting(
     with pytest.raises(ConfigError) as info:
         prepared(config, 0, [override], options)
     refused(str(info.value), key, value, fix)
+
+
+def test_the_docs_example_of_slurm_additional_parameters_is_accepted(
+    monkeypatch: pytest.MonkeyPatch, hydra_restore_singletons: Any
+) -> None:
+    from ddpw_runtime.hydra_jobs.prepare import job_check
+
+    row = re.search(r"\| `slurm_additional_parameters` \|.*?e\.g\. `(\{.*?\})`", (DOCS / "platform.md").read_text())
+    assert row is not None
+    override = f"++platform.slurm_additional_parameters={row.group(1)}"
+    monkeypatch.syspath_prepend(str(APPS))
+    with initialize_config_dir(config_dir=str(APPS / "conf"), version_base=None):
+        config = compose(config_name="slurm", overrides=[override], return_hydra_config=True)
+    options = selected_options(config.hydra.launcher)
+    assert isinstance(options, SlurmLauncherConf)
+    platform = options.platform_of(config)
+    job_check(options, platform)  # every check of a job before it is submitted
+    assert platform.slurm_additional_parameters == OmegaConf.to_container(OmegaConf.create(row.group(1)))
