@@ -90,6 +90,8 @@ TYPED = [
                  "platform.stall_timeout_min set", id="stop_on_stall-without-stall_timeout_min"),
     pytest.param(["platform.n_nodes=2", "platform.node_rank=1"], "platform.master_addr", None,
                  "needs each machine's node rank and node 0's address", id="across-machines-without-node-0s-address"),
+    pytest.param(["platform.n_cpus_per_node='2'"], "platform.n_cpus_per_node", "2",
+                 "this is a string, not a number: write it unquoted (2, not '2')", id="number-given-as-a-string"),
     pytest.param(["hydra.launcher.platform_key=platfrom"], "hydra.launcher.platform_key", "platfrom",
                  "the job's config has no such node; did you mean platform?", id="platform_key-no-such-node"),
     pytest.param(["hydra.launcher.platform_key=platfrom", "hydra.launcher.dry_run=true"],
