@@ -22,6 +22,7 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -241,6 +242,38 @@ def test_wrapper_refuses_a_bad_platform_before_anything_starts(
     before = _children()
     with pytest.raises(ConfigError) as info:
         Wrapper(Platform(**fields_))
+    assert info.value.key == key and info.value.value == value
+    refused(str(info.value), key, value, fix)
+    assert _children() <= before, "a process was started"
+    assert not list(tmp_path.iterdir()), "a log folder was made"
+
+
+UNTYPED: Any = Wrapper
+"""`Wrapper` as a script without type checks calls it."""
+
+
+@pytest.mark.parametrize("call, key, value, fix", [
+    pytest.param(lambda: UNTYPED({"n_procs_per_node": 2}), "Wrapper.platform",
+                 {"n_procs_per_node": 2}, "give a Platform (from ddpw_runtime import Platform), such as "
+                 "Platform(**that_mapping)", id="platform-a-dict"),
+    pytest.param(lambda: UNTYPED("cpu"), "Wrapper.platform", "cpu", "such as Platform(n_procs_per_node=2)",
+                 id="platform-a-string"),
+    pytest.param(lambda: UNTYPED(Platform(n_procs_per_node=2), task_context=5), "Wrapper.task_context", 5,
+                 "give a function of no arguments that returns a context manager", id="task_context-not-callable"),
+    pytest.param(lambda: UNTYPED(Platform(n_procs_per_node=2), caller_rank="yes"), "Wrapper.caller_rank", "yes",
+                 "use true or false", id="caller_rank-not-a-bool"),
+    pytest.param(lambda: UNTYPED(Platform(n_procs_per_node=2), log_dir=__file__), "Wrapper.log_dir", __file__,
+                 "give a folder", id="log_dir-a-file"),
+    pytest.param(lambda: UNTYPED(Platform(n_procs_per_node=2)).start("notcallable"), "Wrapper.start(target)",
+                 "notcallable", "give the function every rank calls", id="start-not-callable"),
+])
+def test_wrapper_refuses_an_argument_of_the_wrong_kind_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: Callable[[], Any], key: str, value: Any, fix: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    before = _children()
+    with pytest.raises(ConfigError) as info:
+        call()
     assert info.value.key == key and info.value.value == value
     refused(str(info.value), key, value, fix)
     assert _children() <= before, "a process was started"
