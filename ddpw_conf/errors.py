@@ -66,13 +66,18 @@ def check_known(prefix: str, node: Mapping[str, Any], known: Collection[str], ow
     for key in node:
         if key not in known:
             full = f"{prefix}{key}"
-            word = full.rpartition(".")[2]
             names = sorted(set(known) - {"_target_"})
-            nearest = (difflib.get_close_matches(word, names, n=1)
-                       or [name for name in names if word.lower() in name or name in word.lower()])
-            guess = f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
+            guess = nearest_guess(full.rpartition(".")[2], names)
             raise ConfigError(full, node[key],
                               f"{owner} has no such {noun}; {guess}its {noun}s are {', '.join(names)}{not_ours}")
+
+
+def nearest_guess(word: str, names: Sequence[str]) -> str:
+    """`did you mean ...? ` naming the nearest of `names` to `word` (a typo, a part of the name, or the name
+    with more to it), or "" when none or too many are near."""
+    nearest = (difflib.get_close_matches(word, names, n=1)
+               or [name for name in names if word.lower() in name or name in word.lower()])
+    return f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
 
 
 def is_int(value: Any) -> bool:
@@ -83,7 +88,7 @@ def is_int(value: Any) -> bool:
 def check_int(key: str, value: Any, minimum: int, alternative: str = "", optional: bool = False) -> None:
     """Raise `ConfigError` unless `value` is an integer >= `minimum` (or None, if `optional`)."""
     if not (optional and value is None) and (not is_int(value) or value < minimum):
-        raise ConfigError(key, value, f"use an integer >= {minimum}{alternative}")
+        raise ConfigError(key, value, f"use an integer >= {minimum}{alternative}{_number_as_text(value)}")
 
 
 def check_bool(key: str, value: Any) -> None:
@@ -95,7 +100,18 @@ def check_bool(key: str, value: Any) -> None:
 def check_number(key: str, value: Any, fix: str, positive: bool = False) -> None:
     """Raise `ConfigError` (with `fix`) unless `value` is a number (not a bool) >= 0, or > 0 if `positive`."""
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (positive and not value > 0):
-        raise ConfigError(key, value, fix)
+        raise ConfigError(key, value, fix + _number_as_text(value))
+
+
+def _number_as_text(value: Any) -> str:
+    """What a number that came as text needs (a value quoted in YAML or on the command line, or read with
+    `${oc.env:...}`, which gives strings), for a check's fix; "" for any other value."""
+    try:
+        float(value if isinstance(value, str) else "-")
+    except ValueError:
+        return ""
+    return (f"; this is a string, not a number: write it unquoted ({value.strip()}, not {value!r}), or decode a "
+            "variable's value with oc.decode, such as ${oc.decode:${oc.env:MYCPUS}}")
 
 
 def check_choice(key: str, value: Any, choices: Sequence[str], alternative: str = "") -> None:

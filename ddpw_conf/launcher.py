@@ -8,8 +8,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
-from ddpw_conf.errors import ConfigError, check_bool, check_int, check_known, check_match, check_number
-from ddpw_conf.platform import Device, Platform, platform_from_config
+from ddpw_conf.errors import (
+    ConfigError,
+    check_bool,
+    check_int,
+    check_known,
+    check_match,
+    nearest_guess,
+)
+from ddpw_conf.platform import Device, Platform, check_duration, platform_from_config
 
 _Options = TypeVar("_Options", bound="LauncherOptions")
 
@@ -65,12 +72,20 @@ class LauncherOptions:
         """Raise `ConfigError` for a (validated) platform that cannot run with these options."""
 
     def platform_of(self, config: Any) -> Platform:
-        """The Platform of a job's config (with or without its `hydra` node): its `platform_key` node."""
+        """The Platform of a job's config (with or without its `hydra` node): its `platform_key` node. A
+        config without that node is refused (a mistyped key would otherwise run the default platform)."""
         from omegaconf import OmegaConf
 
+        absent = object()
+        node = OmegaConf.select(config, self.platform_key, default=absent)
+        if node is absent:
+            nodes = sorted(str(name) for name in config if name != "hydra")
+            raise ConfigError("hydra.launcher.platform_key", self.platform_key, "the job's config has no such node; "
+                              f"{nearest_guess(self.platform_key, nodes)}its top-level nodes are "
+                              f"{', '.join(nodes) or 'none'}: name the node that holds the platform, or add a "
+                              f"`{PLATFORM_KEY}` node (hydra/launcher=ddpw_* brings one)")
         with self.naming_platform_keys():
-            return platform_from_config(OmegaConf.select(config, self.platform_key),
-                                        NOT_OURS if self.platform_key == PLATFORM_KEY else "")
+            return platform_from_config(node, NOT_OURS if self.platform_key == PLATFORM_KEY else "")
 
     @contextmanager
     def naming_platform_keys(self) -> Iterator[None]:
@@ -89,7 +104,8 @@ class LauncherOptions:
         for key in ("dry_run", "resume", "fail_fast"):
             check_bool(f"{where}{key}", getattr(self, key))
         for key in ("interrupt_grace_s", "stop_grace_s"):
-            check_number(f"{where}{key}", getattr(self, key), "use a number of seconds >= 0")
+            check_duration(f"{where}{key}", getattr(self, key), "use a number of seconds >= 0", "seconds",
+                           positive=False)
         check_int(f"{where}max_restarts", self.max_restarts, 0)
         key = self.platform_key
         if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key) or key.split(".")[0] == "hydra":

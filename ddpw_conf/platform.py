@@ -30,10 +30,19 @@ _SLURM_KEY = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*([.:][A-Za-z_]\w*)")
 MAX_WORLD_SIZE = 4096
 MAX_TIMEOUT_MIN = 100 * 365 * 24 * 60
-"""The longest `timeout_min`, `collective_timeout_min` and `stall_timeout_min` (100 years). torch adds a
-timeout to the time since 1970 in nanoseconds, a signed 64-bit count that overflows in 2262 (past it, measured
-with torch 2.13, collectives hang or fail at once); the launcher's own waits and SLURM's time limit (minutes, 32
-bits) end below that too."""
+"""The longest `timeout_min`, `collective_timeout_min` and `stall_timeout_min`, and the launcher's graces (100 years).
+torch adds a timeout to the time since 1970 in nanoseconds, a signed 64-bit count that overflows in 2262 (past it,
+measured with torch 2.13, collectives hang or fail at once); the launcher's own waits and SLURM's time limit (minutes,
+32 bits) end below that too."""
+
+
+def check_duration(key: str, value: Any, fix: str, unit: str = "minutes", positive: bool = True) -> None:
+    """Raise `ConfigError` unless `value` is a number of `unit` (minutes or seconds) > 0 (>= 0 unless `positive`; else
+    `fix`) and at most `MAX_TIMEOUT_MIN`."""
+    check_number(key, value, fix, positive)
+    if value > (most := MAX_TIMEOUT_MIN * (60 if unit == "seconds" else 1)):
+        raise ConfigError(key, value, f"use at most {most} {unit} (100 years): torch and the launcher add it to clocks "
+                          "that overflow beyond that")
 
 
 class Device(Enum):
@@ -239,10 +248,7 @@ class Platform:
         for key in ("timeout_min", "collective_timeout_min", "stall_timeout_min", "join_timeout_min"):
             if (value := getattr(self, key)) is None and key == "stall_timeout_min":
                 continue
-            check_number(f"platform.{key}", value, "use a positive number of minutes, such as 60 or 0.5", positive=True)
-            if value > MAX_TIMEOUT_MIN:
-                raise ConfigError(f"platform.{key}", value, f"use at most {MAX_TIMEOUT_MIN} minutes (100 years): "
-                                  "torch and the launcher add it to clocks that overflow beyond that")
+            check_duration(f"platform.{key}", value, "use a positive number of minutes, such as 60 or 0.5")
         if timedelta(minutes=self.collective_timeout_min) < timedelta(milliseconds=1):
             raise ConfigError("platform.collective_timeout_min", self.collective_timeout_min, "torch counts this "
                               "timeout in whole milliseconds and this is less than one, so every wait would fail at "
@@ -319,10 +325,12 @@ class Platform:
     def _validate_slurm_parameters(self) -> None:
         params = self.slurm_additional_parameters
         if not isinstance(params, dict):
-            raise ConfigError("platform.slurm_additional_parameters", params, "use a mapping such as {qos: high}")
+            raise ConfigError("platform.slurm_additional_parameters", params,
+                              "use a mapping such as {reservation: maint}")
         for key, value in params.items():
             check_match("platform.slurm_additional_parameters", key, _SLURM_KEY,
-                        "keys are sbatch option names without dashes, such as 'qos' or 'gres'")
+                        "keys are sbatch option names without dashes, such as 'reservation' or "
+                        "'gres'")
             if not isinstance(value, (str, int, float, bool)) or any(c in str(value) for c in "\n\r\0"):
                 raise ConfigError(f"platform.slurm_additional_parameters.{key}", value, "values are single-line "
                                   "strings or numbers; a line break would add lines to the sbatch script")

@@ -6,13 +6,15 @@ no rank outlives the call.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ddpw_conf import Platform
+from ddpw_conf import ConfigError, Platform
+from ddpw_conf.errors import check_bool
 
 _R = TypeVar("_R")
 
@@ -42,6 +44,7 @@ class Wrapper:
         # importing `ddpw_runtime` for the helpers of a rank need not pay for the launcher options.
         from ddpw_conf.launcher import LauncherOptions
         from ddpw_runtime.launch.checks import check, check_caller_rank
+        _check_arguments(platform, log_dir, caller_rank, task_context)
         check(platform)
         platform.validate_local()
         LauncherOptions(stop_grace_s=stop_grace_s, interrupt_grace_s=interrupt_grace_s,
@@ -67,6 +70,9 @@ class Wrapper:
         from ddpw_runtime.launch.payload import TaskCall
         from ddpw_runtime.procs.caller import run_with_caller_rank
 
+        if not callable(target):
+            raise ConfigError("Wrapper.start(target)", target, "give the function every rank calls, then its "
+                              "arguments: Wrapper(platform).start(train, cfg)")
         log_dir = self.log_dir or LOG_ROOT / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")  # a new folder per call
         self.last_log_dir = log_dir.resolve()
         task = target if self.task_context is None else functools.partial(_in_context, self.task_context, target)
@@ -90,6 +96,22 @@ def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]],
         return run
 
     return decorate
+
+
+def _check_arguments(platform: Any, log_dir: Any, caller_rank: Any, task_context: Any) -> None:
+    """Raise `ConfigError` for an argument of `Wrapper` of the wrong kind, before anything looks into it."""
+    if not isinstance(platform, Platform):
+        fix = ("Platform(**that_mapping)" if isinstance(platform, Mapping) else "Platform(n_procs_per_node=2)")
+        raise ConfigError("Wrapper.platform", platform, f"give a Platform (from ddpw_runtime import Platform), such as "
+                          f"{fix}, or ddpw_conf.platform_from_config(node) for a config node")
+    if log_dir is not None and (not isinstance(log_dir, (str, os.PathLike)) or Path(log_dir).exists()
+                                and not Path(log_dir).is_dir()):
+        raise ConfigError("Wrapper.log_dir", log_dir, "give a folder (a str or Path; it is made if it does not exist), "
+                          "or None for a new folder per call under ./ddpw_logs")
+    check_bool("Wrapper.caller_rank", caller_rank)
+    if task_context is not None and not callable(task_context):
+        raise ConfigError("Wrapper.task_context", task_context, "give a function of no arguments that returns a "
+                          "context manager (such as a @contextlib.contextmanager function), or None")
 
 
 def _in_context(context: Callable[[], AbstractContextManager[Any]], target: Callable[..., _R], *args: Any,

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LOCAL_LAUNCHER, SLURM_LAUNCHER, LocalLauncherConf, SlurmLauncherConf, selected_options
@@ -35,6 +38,7 @@ from ddpw_runtime.launch.rendezvous import unprivileged_ports
 from tests.helpers import APPS, run_app, run_python
 from tests.test_validation import BAD
 
+DOCS = Path(__file__).parent.parent / "docs"
 HYDRA_HINT = "Set the environment variable HYDRA_FULL_ERROR=1"
 """Hydra's own line under every error it reports."""
 
@@ -87,6 +91,15 @@ TYPED = [
                  "platform.stall_timeout_min set", id="stop_on_stall-without-stall_timeout_min"),
     pytest.param(["platform.n_nodes=2", "platform.node_rank=1"], "platform.master_addr", None,
                  "needs each machine's node rank and node 0's address", id="across-machines-without-node-0s-address"),
+    pytest.param(["platform.n_cpus_per_node='2'"], "platform.n_cpus_per_node", "2",
+                 "this is a string, not a number: write it unquoted (2, not '2')", id="number-given-as-a-string"),
+    pytest.param(["hydra.launcher.platform_key=platfrom"], "hydra.launcher.platform_key", "platfrom",
+                 "the job's config has no such node; did you mean platform?", id="platform_key-no-such-node"),
+    pytest.param(["hydra.launcher.platform_key=platfrom", "hydra.launcher.dry_run=true"],
+                 "hydra.launcher.platform_key", "platfrom", "its top-level nodes are behaviour, fail_rank, freezer, "
+                 "platform", id="platform_key-no-such-node-dry-run"),
+    pytest.param(["platform.master_addr=no.such.host.invalid"], "platform.master_addr", "no.such.host.invalid",
+                 "cannot resolve it", id="master_addr-unresolvable"),
     pytest.param(["hydra.launcher.resume=true"], "hydra.launcher.resume", True,
                  "a plain run is one job, not a sweep to go on with: resume a sweep with -m", id="resume-a-plain-run"),
     pytest.param(["platform.upon_finish=raises_on_import:done"], "platform.upon_finish", "raises_on_import:done",
@@ -116,8 +129,12 @@ def test_a_bad_value_typed_by_a_user_is_refused_before_any_rank_starts(
                  id="typo-added-with-plus"),
     pytest.param("+platform.layout.expert=2", "platform.layout.expert", 2, "Layout has no such field",
                  id="unknown-nested-key"),
+    pytest.param("hydra.launcher.platform_key=platfrom", "hydra.launcher.platform_key", "platfrom",
+                 "no such node; did you mean platform?", id="platform_key-no-such-node"),
+    pytest.param("platform.master_addr=127.0.0.1,no.such.host.invalid", "platform.master_addr",
+                 "no.such.host.invalid", "cannot resolve it", id="master_addr-of-a-later-job-unresolvable"),
 ])
-def test_a_multirun_refuses_an_unknown_key_before_any_job_starts(
+def test_a_multirun_refuses_a_bad_value_of_any_job_before_the_first_starts(
     tmp_path: Path, override: str, key: str, value: Any, fix: str
 ) -> None:
     proc = run_app(tmp_path, "-m", "platform.n_procs_per_node=1,2", override)
@@ -231,6 +248,38 @@ def test_wrapper_refuses_a_bad_platform_before_anything_starts(
     assert not list(tmp_path.iterdir()), "a log folder was made"
 
 
+UNTYPED: Any = Wrapper
+"""`Wrapper` as a script without type checks calls it."""
+
+
+@pytest.mark.parametrize("call, key, value, fix", [
+    pytest.param(lambda: UNTYPED({"n_procs_per_node": 2}), "Wrapper.platform",
+                 {"n_procs_per_node": 2}, "give a Platform (from ddpw_runtime import Platform), such as "
+                 "Platform(**that_mapping)", id="platform-a-dict"),
+    pytest.param(lambda: UNTYPED("cpu"), "Wrapper.platform", "cpu", "such as Platform(n_procs_per_node=2)",
+                 id="platform-a-string"),
+    pytest.param(lambda: UNTYPED(Platform(n_procs_per_node=2), task_context=5), "Wrapper.task_context", 5,
+                 "give a function of no arguments that returns a context manager", id="task_context-not-callable"),
+    pytest.param(lambda: UNTYPED(Platform(n_procs_per_node=2), caller_rank="yes"), "Wrapper.caller_rank", "yes",
+                 "use true or false", id="caller_rank-not-a-bool"),
+    pytest.param(lambda: UNTYPED(Platform(n_procs_per_node=2), log_dir=__file__), "Wrapper.log_dir", __file__,
+                 "give a folder", id="log_dir-a-file"),
+    pytest.param(lambda: UNTYPED(Platform(n_procs_per_node=2)).start("notcallable"), "Wrapper.start(target)",
+                 "notcallable", "give the function every rank calls", id="start-not-callable"),
+])
+def test_wrapper_refuses_an_argument_of_the_wrong_kind_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: Callable[[], Any], key: str, value: Any, fix: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    before = _children()
+    with pytest.raises(ConfigError) as info:
+        call()
+    assert info.value.key == key and info.value.value == value
+    refused(str(info.value), key, value, fix)
+    assert _children() <= before, "a process was started"
+    assert not list(tmp_path.iterdir()), "a log folder was made"
+
+
 def test_wrapper_refuses_a_port_another_program_listens_on() -> None:
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
@@ -250,6 +299,7 @@ OPTIONS = [
     ({"dry_run": "yes"}, "hydra.launcher.dry_run", "use true or false"),
     ({"stop_grace_s": -5}, "hydra.launcher.stop_grace_s", "number of seconds >= 0"),
     ({"interrupt_grace_s": "soon"}, "hydra.launcher.interrupt_grace_s", "number of seconds >= 0"),
+    ({"interrupt_grace_s": 1e12}, "hydra.launcher.interrupt_grace_s", "at most 3153600000 seconds (100 years)"),
     ({"max_restarts": -1}, "hydra.launcher.max_restarts", "integer >= 0"),
     ({"platform_key": "hydra.x"}, "hydra.launcher.platform_key", "name a node of the job's config"),
     ({"resume": "yes"}, "hydra.launcher.resume", "use true or false"),
@@ -318,3 +368,21 @@ def test_slurm_refuses_a_bad_value_before_submitting(
     with pytest.raises(ConfigError) as info:
         prepared(config, 0, [override], options)
     refused(str(info.value), key, value, fix)
+
+
+def test_the_docs_example_of_slurm_additional_parameters_is_accepted(
+    monkeypatch: pytest.MonkeyPatch, hydra_restore_singletons: Any
+) -> None:
+    from ddpw_runtime.hydra_jobs.prepare import job_check
+
+    row = re.search(r"\| `slurm_additional_parameters` \|.*?e\.g\. `(\{.*?\})`", (DOCS / "platform.md").read_text())
+    assert row is not None
+    override = f"++platform.slurm_additional_parameters={row.group(1)}"
+    monkeypatch.syspath_prepend(str(APPS))
+    with initialize_config_dir(config_dir=str(APPS / "conf"), version_base=None):
+        config = compose(config_name="slurm", overrides=[override], return_hydra_config=True)
+    options = selected_options(config.hydra.launcher)
+    assert isinstance(options, SlurmLauncherConf)
+    platform = options.platform_of(config)
+    job_check(options, platform)  # every check of a job before it is submitted
+    assert platform.slurm_additional_parameters == OmegaConf.to_container(OmegaConf.create(row.group(1)))

@@ -56,6 +56,12 @@ def test_a_repo_preset_env_and_hydra_values_reach_every_rank(tmp_path: Path) -> 
         assert data["threads"] == 1  # n_cpus_per_node 2, split over 2 ranks
 
 
+def test_omp_num_threads_set_by_hydra_is_kept_in_every_rank(tmp_path: Path) -> None:
+    proc = run_patterns(tmp_path, "+hydra.job.env_set.OMP_NUM_THREADS=3")
+    assert proc.returncode == 0, proc.stderr
+    assert [data["threads"] for data in seen(job_dirs(tmp_path)[0]).values()] == [3, 3]  # not the split's 1
+
+
 def test_presets_from_the_command_line_replace_the_repo_default(tmp_path: Path) -> None:
     platform = job_config(tmp_path, "platform=a100")["platform"]
     assert (platform["name"], platform["device"], platform["n_gpus_per_node"]) == ("a100", "gpu", 8)

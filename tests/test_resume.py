@@ -118,3 +118,20 @@ def test_a_sweeper_that_chooses_its_jobs_as_it_goes_refuses_resume(tmp_path: Pat
     assert proc.returncode == 1
     assert "chooses its jobs as it goes" in proc.stderr and "hydra.sweeper.storage" in proc.stderr
     assert not list(tmp_path.rglob(".hydra"))
+
+
+def test_jobs_that_return_nan_or_inf_leave_a_summary_any_json_reader_takes_and_a_resume_keeps_them(
+    tmp_path: Path
+) -> None:
+    def not_json(constant: str) -> None:
+        raise AssertionError(f"{constant} is no JSON value")
+
+    args = ("-m", "x=nan,inf,-inf", *sweep_args(tmp_path)[2:])
+    first = run_app(tmp_path, *args, app=APP)
+    assert first.returncode == 0, first.stderr
+    jobs = json.loads((tmp_path / "sw" / "sweep_summary.json").read_text(), parse_constant=not_json)["jobs"]
+    assert [e["return_value"] for e in jobs] == ["nan", "inf", "-inf"]
+    resumed = run_app(tmp_path, *args, "hydra.launcher.resume=true", app=APP)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [runs(tmp_path / "runs", job) for job in range(3)] == [1, 1, 1]
+    assert [e["kept"] for e in summary(tmp_path / "sw").values()] == [True, True, True]

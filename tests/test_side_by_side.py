@@ -232,10 +232,10 @@ def test_jobs_one_after_another_start_one_at_a_time_in_order() -> None:
 def test_a_rank_of_a_job_beside_others_sees_only_its_jobs_gpus_mocked_gpus(tmp_path: Path) -> None:
     platform = Platform(device="gpu", n_gpus_per_node=2, n_procs_per_node=2)
     plan = plan_local(platform, tmp_path, tmp_path, "run", share=Share(gpus=("5", "7"), n_cpus=8))
-    assert rank_environment(plan, 1, 1)["CUDA_VISIBLE_DEVICES"] == "5,7"  # rank 1 binds cuda:1, GPU 7
+    assert rank_environment(plan, 1, 1, {})["CUDA_VISIBLE_DEVICES"] == "5,7"  # rank 1 binds cuda:1, GPU 7
     assert plan.threads_per_rank == 4
     alone = plan_local(platform, tmp_path, tmp_path, "run")
-    assert "CUDA_VISIBLE_DEVICES" not in rank_environment(alone, 1, 1)
+    assert "CUDA_VISIBLE_DEVICES" not in rank_environment(alone, 1, 1, {})
 
 
 def test_gpu_names_follow_the_callers_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:

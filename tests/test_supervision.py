@@ -38,18 +38,22 @@ def _started(tmp_path: Path, proc: subprocess.Popen, ranks: int = 2) -> dict:
 
 
 @pytest.mark.parametrize(
-    "behaviour, sig, code",
-    [("ignore_sigint", signal.SIGINT, 130), ("ignore_sigterm", signal.SIGTERM, 143), ("gil", signal.SIGINT, 130)],
+    "flags, behaviour, sig, code",
+    [((), "ignore_sigint", signal.SIGINT, 130), ((), "ignore_sigterm", signal.SIGTERM, 143),
+     ((), "gil", signal.SIGINT, 130), (("-m",), "ignore_sigterm", signal.SIGTERM, 143)],
 )
 def test_a_task_that_ignores_the_signal_or_holds_the_gil_is_ended_after_the_grace(
-    tmp_path: Path, behaviour: str, sig: int, code: int
+    tmp_path: Path, flags: tuple, behaviour: str, sig: int, code: int
 ) -> None:
-    proc = _start(tmp_path, f"behaviour={behaviour}", SHORT_GRACE)
+    proc = _start(tmp_path, *flags, f"behaviour={behaviour}", SHORT_GRACE)
     ranks = _started(tmp_path, proc)
     proc.send_signal(sig)  # to the program's own pid, as `kill` or a scheduler sends it
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
-    assert "rank 0 (pid" in err and "killed" in err  # the only way to end it, and the console says so
+    for rank, report in ranks.items():  # the only way to end them, and the console names each, once
+        task = ", the program's task" if rank == 0 and not flags else ""
+        assert err.count(f"rank {rank} (pid {report['pid']}{task}) did not end in the time it was given; killed") \
+            == 1, err
     assert leftover(ranks) == []
 
 

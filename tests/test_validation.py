@@ -82,6 +82,11 @@ BAD = [
     Bad("n_procs_per_node-negative", {"n_procs_per_node": -4}, "platform.n_procs_per_node", "integer >= 1"),
     Bad("n_gpus_per_node-negative", {"n_gpus_per_node": -1}, "platform.n_gpus_per_node", "integer >= 0"),
     Bad("n_cpus_per_node-0", {"n_cpus_per_node": 0}, "platform.n_cpus_per_node", "integer >= 1"),
+    Bad("n_cpus_per_node-a-string", {"n_cpus_per_node": "2"}, "platform.n_cpus_per_node",
+        "this is a string, not a number: write it unquoted (2, not '2'), or decode a variable's value with oc.decode, "
+        "such as ${oc.decode:${oc.env:MYCPUS}}"),
+    Bad("timeout_min-a-string", {"timeout_min": "60"}, "platform.timeout_min",
+        "positive number of minutes, such as 60 or 0.5; this is a string, not a number: write it unquoted"),
     Bad("mem_per_node-negative", {"mem_per_node": -1}, "platform.mem_per_node", "integer >= 0"),
     Bad("timeout_min-0", {"timeout_min": 0}, "platform.timeout_min", "positive number of minutes"),
     Bad("collective_timeout_min-neg", {"collective_timeout_min": -1}, "platform.collective_timeout_min",

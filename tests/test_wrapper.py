@@ -103,14 +103,24 @@ def test_upon_finish_runs_once_in_the_caller_after_success_only(tmp_path: Path) 
     assert FINISHED == [os.getpid()]
 
 
-def test_threads_per_rank_split_n_cpus_per_node(tmp_path: Path) -> None:
-    def threads() -> tuple:
-        import torch
+def threads() -> tuple:
+    """A rank's torch threads and its `OMP_NUM_THREADS`."""
+    import torch
 
-        return torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]
+    return torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]
 
+
+def test_threads_per_rank_split_n_cpus_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert Wrapper(Platform(n_procs_per_node=1, n_cpus_per_node=1), log_dir=tmp_path).start(threads) == [(1, "1")]
     assert Wrapper(Platform(n_procs_per_node=2, n_cpus_per_node=2), log_dir=tmp_path).start(threads) == [(1, "1")] * 2
+
+
+def test_omp_num_threads_the_user_set_is_kept_as_torchrun_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert Wrapper(Platform(n_procs_per_node=2, n_cpus_per_node=2), log_dir=tmp_path).start(threads) == [(3, "3")] * 2
 
 
 @contextmanager

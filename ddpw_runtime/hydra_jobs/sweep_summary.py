@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import pickle
 import threading
 from collections import Counter
@@ -97,10 +98,23 @@ def entry(job: int, overrides: list[str], output_dir: Path, duration_s: float, r
 
 
 def _as_json(value: Any) -> Any:
+    """`value` if JSON can hold it (a non-finite float too: see `_finite`), else its `repr()`."""
     try:
         json.dumps(value, allow_nan=True)
     except (TypeError, ValueError):
         return repr(value)
+    return value
+
+
+def _finite(value: Any) -> Any:
+    """`value` with each float that JSON has no number for (nan, inf, -inf), in lists and dicts too, written as a
+    string, as Python writes it ("nan", "inf", "-inf"): the file stays JSON that any reader takes."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(float(value))
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
     return value
 
 
@@ -126,7 +140,8 @@ class SweepSummary:
             self.entries[job_entry.job] = job_entry
             data = {"sweep": asdict(self.sweep), "jobs": [asdict(self.entries[job]) for job in sorted(self.entries)]}
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(self.path, (json.dumps(data, indent=1, default=repr) + "\n").encode(), 0o644)
+            text = json.dumps(_finite(data), indent=1, default=repr, allow_nan=False)
+            write_atomically(self.path, (text + "\n").encode(), 0o644)
             self.written_here.add(self.path)
 
     def _keep(self, job: int, ret: JobReturn) -> None:

@@ -1,6 +1,7 @@
 """Whether a platform can run on this machine and this torch, before anything starts: beyond `Platform.validate`, the
-GPUs, cores and MPS device here, the backends torch was built with, a fixed rendezvous port, and whether `upon_finish`
-imports. torch is imported only for the platforms that need it (GPUs, MPS, an explicit mpi or nccl backend)."""
+GPUs, cores and MPS device here, the backends torch was built with, the rendezvous address and a fixed rendezvous port,
+and whether `upon_finish` imports. torch is imported only for the platforms that need it (GPUs, MPS, an explicit mpi
+or nccl backend)."""
 
 from __future__ import annotations
 
@@ -40,10 +41,12 @@ def check(platform: Platform, here: bool = True) -> Platform:
                               f"this machine gives this program {cores} CPU cores; ask for at most {cores}")
         # A fixed port that is taken, or below the unprivileged range, is refused by listening on it for a
         # moment (on a SLURM node the first node's controller does it: `rendezvous.listen`; across machines, node 0,
-        # but on the port where it serves its multirun's store).
+        # but on the port where it serves its multirun's store). Else a given address must at least resolve.
         if platform.master_port is not None and platform.ipc_protocol == "tcp" and not platform.node_rank \
                 and not serves_sweep(platform):
             rendezvous.listen(platform, None, None).close()
+        elif platform.master_addr is not None:
+            rendezvous.resolved(platform.master_addr)
     if platform.upon_finish:
         resolve_callable("platform.upon_finish", platform.upon_finish)
     return platform

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import socket
 from pathlib import Path
+from typing import Any
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_runtime.launch.plan import LOOPBACK
@@ -20,10 +21,7 @@ def listen(platform: Platform, master_addr: str | None, master_port: int | None)
     loopback) and `platform.master_port` (else `master_port`, else a free port)."""
     addr = platform.master_addr or master_addr or LOOPBACK
     port = platform.master_port or master_port or 0
-    try:
-        info = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as exc:
-        raise ConfigError("platform.master_addr", addr, f"cannot resolve it ({exc}); use an IP address") from exc
+    info = resolved(addr, port)
     sock = socket.socket(info[0], socket.SOCK_STREAM)
     # As torch's own store does: a port whose last job's connections linger in TIME_WAIT (a requeued
     # SLURM job gets the same port) can be bound again; a port someone listens on still cannot.
@@ -46,6 +44,16 @@ def listen(platform: Platform, master_addr: str | None, master_port: int | None)
                               "addresses, or leave master_addr unset (null)") from exc
         raise
     return sock
+
+
+def resolved(addr: str, port: int = 0) -> tuple[Any, ...]:
+    """The first stream address `addr` and `port` resolve to (`socket.getaddrinfo`'s entry); `ConfigError` naming
+    `platform.master_addr` when `addr` cannot be resolved."""
+    try:
+        return socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ConfigError("platform.master_addr", addr, f"cannot resolve it ({exc}); use an IP address or a host "
+                          "name this machine resolves") from exc
 
 
 def unprivileged_ports() -> int:

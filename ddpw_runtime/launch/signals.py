@@ -132,6 +132,13 @@ def stopped_line(job: int, signum: int) -> str:
     return f"{_stopped_by(signum)}: every rank of job #{job} was stopped.\n"
 
 
+def killed_line(name: str, pid: int, the_programs_task: bool = False) -> str:
+    """The line (for stderr) that says rank `name` (`rank 1`, process `pid`; `the_programs_task`: a plain run's rank
+    0, the user's own process) did not end in the time it was given and was killed."""
+    task = ", the program's task" if the_programs_task else ""
+    return f"[ddpw] {name} (pid {pid}{task}) did not end in the time it was given; killed\n"
+
+
 def stopping_line(signum: int, jobs: list[int]) -> str:
     """The line (for stderr) that says Ctrl-C (SIGINT) or SIGTERM is stopping the jobs `jobs`, and how to
     end them at once."""

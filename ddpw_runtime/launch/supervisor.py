@@ -24,7 +24,7 @@ from ddpw_runtime.launch.job_processes import JobProcesses
 from ddpw_runtime.launch.outcome import note_failures
 from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.signals import held, send_to_group, signal_of, sigterm_raises
+from ddpw_runtime.launch.signals import held, killed_line, send_to_group, signal_of, sigterm_raises
 from ddpw_runtime.launch.stacks import RankPlace, shown_ranks
 
 log = logging.getLogger(__name__)
@@ -189,10 +189,11 @@ class NodeRanks(Children):
         self.kill()
 
     def kill(self, spare: int | None = None, group: bool = True) -> list[Child]:
-        """SIGKILL every running rank (but `spare`), see `Children.kill`."""
-        if self.outside is not None and self.outside.pid in [rank.pid for rank in self.running(spare)]:
-            sys.stderr.write(f"[ddpw] rank 0 (pid {self.outside.pid}, the program's task) did not end in the time it "
-                             "was given; killed\n")
+        """SIGKILL every running rank (but `spare`), see `Children.kill`; each that a stop's signal reached is named."""
+        outside = self.outside.pid if self.outside is not None else None
+        for rank in self.running(spare):
+            if rank.stopped:
+                sys.stderr.write(killed_line(rank.name, rank.pid, rank.pid == outside))
         return super().kill(spare, group)
 
     def outcomes(self) -> list[RankOutcome]:

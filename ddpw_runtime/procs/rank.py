@@ -59,7 +59,8 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     try:
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held by the starter until now
-            payload.state.enter({**rank_environment(plan, rank, local_rank), **payload.job_environment()})
+            state = payload.state
+            state.enter({**rank_environment(plan, rank, local_rank, state.env), **payload.job_environment()})
             if plan.share is not None and plan.share.cpus:
                 os.sched_setaffinity(0, plan.share.cpus)  # its job's cores, before any thread pool starts
             tempfile.tempdir = None  # the job's own TMPDIR from now on, even if the starter had asked before

@@ -30,7 +30,7 @@ from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import portable_pickle
-from ddpw_runtime.launch.signals import blocked, handle, held, send_to_group, signal_of, stopped_line
+from ddpw_runtime.launch.signals import blocked, handle, held, killed_line, send_to_group, signal_of, stopped_line
 from ddpw_runtime.launch.starter import close_starters
 from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
 from ddpw_runtime.nodes.controller import Nodes
@@ -170,7 +170,7 @@ class RunSupervisor:
 
         with local_job(starting.task, starting.state, job) as local, local.console() as console:
             self.result_file = local.payload.result_file(0)
-            env = {**rank_environment(local.plan, 0, 0), **local.payload.job_environment()}
+            env = {**rank_environment(local.plan, 0, 0, local.payload.state.env), **local.payload.job_environment()}
             terminal = console.terminal_of(0)
             stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
             nodes = Nodes.lead(stores[0], local, starting)  # a job across machines: the other nodes join
@@ -257,8 +257,7 @@ class RunSupervisor:
                                             or sig == signal.SIGINT and self.sees_ctrl_c):
                 send_to_group(self.pid, sig, group=False)
             if not self._exited_within(self.grace.interrupt_s if len(self.received) < 2 else 0.0, stopped=sig):
-                sys.stderr.write(f"[ddpw] rank 0 (pid {self.pid}, the program's task) did not end in the time "
-                                 "it was given; killed\n")
+                sys.stderr.write(killed_line("rank 0", self.pid, the_programs_task=True))
         self._kill_rank_zero()
         return 128 + sig
 

@@ -9,36 +9,42 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 from ddpw_runtime.launch.plan import RECORDER_PREFIX, LaunchPlan
 
 RESTART_COUNT_ENV = "DDPW_RESTART_COUNT"
 """The variable that carries `restart_count()` to the ranks."""
+THREADS_ENV = "OMP_NUM_THREADS"
+"""The threads each rank's torch (and OpenMP) uses: the user's value where set, else the plan's split."""
 RECORDED_COLLECTIVES = 2000
 """How many of its last collectives a rank's flight recorder keeps (`TORCH_FR_BUFFER_SIZE`, unless the user set
 it): what the hang report reads, at no cost worth measuring per collective."""
 
 
-def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict[str, str]:
-    """The variables of `rank` (torchrun's, and the libraries' below); a library variable the user set
-    is left alone; a job that runs beside others sees only its own GPUs. On a single-node job over
-    loopback, gloo and NCCL are kept on the loopback interface too (unless the user chose one). torch's flight
-    recorder keeps each rank's last collectives, and NCCL dumps it into the job's output dir on a timeout."""
+def rank_environment(plan: LaunchPlan, rank: int, local_rank: int, given: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `rank` (torchrun's, and the libraries' below) to add to `given`, the launching process's
+    environment; a library variable set there is left alone, and so is `OMP_NUM_THREADS`, as torchrun leaves it
+    (else the node's CPUs split across its ranks); a job that runs beside others sees only its own GPUs. On a
+    single-node job over loopback, gloo and NCCL are kept on the loopback interface too (unless the user chose one).
+    torch's flight recorder keeps each rank's last collectives, and NCCL dumps it into the job's output dir on a
+    timeout."""
     local_only = plan.platform.n_nodes == 1 and plan.master_addr.startswith("127.") and sys.platform == "linux"
     defaults = {name: "lo" for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if local_only}
     defaults["PL_TRAINER_DEVICES"] = str(plan.ranks_per_node)
     defaults["PL_TRAINER_NUM_NODES"] = str(plan.platform.n_nodes)
     if plan.device == "cpu":
         defaults["ACCELERATE_USE_CPU"] = "true"
-    if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ:  # its older name
+    if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in given:  # its older name
         defaults["TORCH_FR_BUFFER_SIZE"] = str(RECORDED_COLLECTIVES)
     defaults["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
     defaults["TORCH_FR_DUMP_TEMP_FILE"] = str(plan.log_dir / RECORDER_PREFIX)
+    defaults[THREADS_ENV] = str(plan.threads_per_rank)
     restarts = str(plan.restart_count)
     own_gpus = {} if plan.share is None or plan.share.gpus is None else {
         "CUDA_VISIBLE_DEVICES": ",".join(plan.share.gpus)}  # rank k binds cuda:k, the k-th of its job's GPUs
     return {
-        **{name: value for name, value in defaults.items() if name not in os.environ},
+        **{name: value for name, value in defaults.items() if name not in given},
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),
         "WORLD_SIZE": str(plan.world_size),
@@ -58,9 +64,15 @@ def rank_environment(plan: LaunchPlan, rank: int, local_rank: int) -> dict[str, 
         # rank 0): env:// and the job's tcp:// then make every rank a client of it, as under torchrun.
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         RESTART_COUNT_ENV: restarts,
-        "OMP_NUM_THREADS": str(plan.threads_per_rank),
         **own_gpus,
     }
+
+
+def threads_per_rank(plan: LaunchPlan) -> int:
+    """The threads this rank's torch uses: `OMP_NUM_THREADS` of its environment when it is a count (the user's own,
+    see `rank_environment`), else the plan's split of the node's CPUs."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else plan.threads_per_rank
 
 
 def tell_imported_libraries(rank: int) -> None:

@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from ddpw_runtime import _compat
 from ddpw_runtime.launch.plan import LaunchPlan
 from ddpw_runtime.rank import context
+from ddpw_runtime.rank.environment import threads_per_rank
 from ddpw_runtime.rank.task_init import JobGroup, answer_task_init, restore_init
 
 _held_store: Any = None
@@ -32,7 +33,7 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
     bound socket; every other rank joins it (also without a group to make, `ipc_groups=null`, where the task
     makes its group through `env://`)."""
     global _held_store
-    torch.set_num_threads(plan.threads_per_rank)
+    torch.set_num_threads(threads_per_rank(plan))
     gpu = torch.device("cuda", local_rank) if plan.device == "cuda" else None
     if gpu is not None:
         torch.cuda.set_device(gpu)
