@@ -163,3 +163,23 @@ def test_summary_of_another_error_shows_its_message() -> None:
     lines = failed_summary(2, timed_out, 300.0, "o").splitlines()
     assert lines[0].startswith("[ddpw] job #2 FAILED after 300.0 s: JobTimedOut: the job ran past its")
     assert lines[-1] == "  logs: o/rank_<k>.log"
+
+
+class _ReprOnlyInARank:
+    """A task's value whose repr() asks for the rank's state, which the sweep's process does not have."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("not inside a rank")
+
+
+def test_a_value_whose_repr_fails_in_the_sweeps_process_is_shown_as_such_and_the_summary_is_written(
+    tmp_path: Path,
+) -> None:
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from ddpw_runtime.hydra_jobs.sweep_summary import entry
+
+    ret = JobReturn()
+    ret.return_value, ret.status = _ReprOnlyInARank(), JobStatus.COMPLETED
+    job = entry(0, ["+kind=local"], tmp_path, 0.1, ret)
+    assert job.return_value == "<_ReprOnlyInARank: its repr() failed here: RuntimeError: not inside a rank>"

@@ -102,7 +102,10 @@ def _as_json(value: Any) -> Any:
     try:
         json.dumps(value, allow_nan=True)
     except (TypeError, ValueError):
-        return repr(value)
+        try:
+            return repr(value)
+        except Exception as error:  # noqa: BLE001 - a repr that works only in a rank (it asks for the rank's state)
+            return f"<{type(value).__qualname__}: its repr() failed here: {type(error).__name__}: {error}>"
     return value
 
 
