@@ -19,6 +19,7 @@ import torch
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LocalLauncherConf
+from ddpw_runtime.launch.rendezvous import listen
 from ddpw_runtime.nodes.environment import DEFAULT_PORT, detect, place_node
 from tests.helpers import APPS, job_dirs, leftover, seen, wait_for
 
@@ -92,7 +93,7 @@ def test_node_0_of_an_srun_step_is_the_first_host_of_its_node_list(nodelist: str
 
 def test_one_node_ignores_the_environment_it_does_not_need() -> None:
     platform = Platform()
-    assert place_node(platform, environ={"NODE_RANK": "3", "MASTER_ADDR": "10.1.1.1"}) is platform
+    assert place_node(platform, environ={"NODE_RANK": "0", "MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "1"}) is platform
 
 
 @pytest.mark.parametrize(("fields", "environ", "key", "hint"), [
@@ -101,7 +102,8 @@ def test_one_node_ignores_the_environment_it_does_not_need() -> None:
     pytest.param({}, {"RANK": "1", "WORLD_SIZE": "2"}, "platform.node_rank", "a bare RANK is not read",
                  id="bare-rank-only"),
     pytest.param({}, {"PET_NNODES": "3", "PET_NODE_RANK": "0", "MASTER_ADDR": "m"}, "platform.n_nodes",
-                 "PET_NNODES=3", id="pytorchjob-nnodes-disagree"),
+                 "(Kubeflow PyTorchJob) gives PET_NNODES=3; set platform.n_nodes=3, or change the platform's",
+                 id="pytorchjob-nnodes-disagree"),
     pytest.param({"node_rank": 0}, {"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NODE_IPS": "a\nb", "SKYPILOT_NUM_NODES": "2"},
                  "platform.node_rank", "SKYPILOT_NODE_RANK=1", id="skypilot-rank-disagrees"),
     pytest.param({"master_port": 1234}, {"NODE_RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "4321"},
@@ -129,6 +131,20 @@ def test_one_node_where_the_platform_runs_the_command_on_several_is_refused() ->
         place_node(Platform(), environ=_SRUN_STEP)
 
 
+@pytest.mark.parametrize(("environ", "variable"), [
+    pytest.param({"NODE_RANK": "1", "MASTER_ADDR": HOST}, "NODE_RANK=1", id="torchrun-style"),
+    pytest.param({"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NODE_IPS": HOST}, "SKYPILOT_NODE_RANK=1", id="skypilot"),
+    pytest.param({"PET_NODE_RANK": "1", "MASTER_ADDR": HOST}, "PET_NODE_RANK=1", id="pytorchjob"),
+])
+def test_one_node_where_the_environment_says_it_is_another_node_than_0_is_refused(environ: dict,
+                                                                                   variable: str) -> None:
+    """A node other than 0 that leaves `platform.n_nodes` at 1 would run a whole job of its own."""
+    with pytest.raises(ConfigError) as info:
+        place_node(Platform(), environ=environ)
+    assert info.value.key == "platform.n_nodes" and f"says it is node 1 of a job across machines ({variable})" in str(
+        info.value) and "set platform.n_nodes to the job's number of machines" in str(info.value)
+
+
 @pytest.mark.parametrize(("fields", "key", "hint"), [
     pytest.param({"n_nodes": 2, "node_rank": 2}, "platform.node_rank", "0..1", id="node_rank-outside"),
     pytest.param({"n_nodes": 2, "node_rank": -1}, "platform.node_rank", "integer >= 0", id="node_rank-negative"),
@@ -139,6 +155,20 @@ def test_bad_values_of_the_new_fields_are_refused(fields: dict, key: str, hint: 
     with pytest.raises(ConfigError) as info:
         Platform(**fields).validate()
     assert info.value.key == key and hint in str(info.value)
+
+
+def test_node_0s_rendezvous_refused_suggests_only_fixes_that_work_across_machines() -> None:
+    """Across machines a null `master_port` is 29500 on every node and a null `master_addr` is refused, so neither
+    is offered as the way out."""
+    with socket.create_server((HOST, 0)) as other_program:
+        port = other_program.getsockname()[1]
+        with pytest.raises(ConfigError) as busy:
+            listen(_two(node_rank=0, master_addr=HOST, master_port=port), None, None)
+    with pytest.raises(ConfigError) as foreign:
+        listen(_two(node_rank=0, master_addr="10.255.255.1", master_port=free_port()), None, None)
+    assert "choose a free port; give every node the same one" in str(busy.value)
+    assert "use one of its own addresses, the one the other nodes reach it at" in str(foreign.value)
+    assert "null" not in str(busy.value) + str(foreign.value)
 
 
 def test_restarts_of_a_job_across_machines_are_refused() -> None:
