@@ -234,10 +234,11 @@ def _start_two(tmp_path: Path, way: Way, *overrides: str, second_after: float = 
     return tuple(nodes)
 
 
-def _two_running(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen, subprocess.Popen, dict]:
-    """Two nodes of a job (the first job of a multirun, with `-m`) whose ranks wait for a signal, once both ranks
-    run; what each rank recorded."""
-    zero, one = _start_two(tmp_path, _explicit, "behaviour=wait", *overrides)
+def _two_running(tmp_path: Path, *overrides: str,
+                 behaviour: str = "wait") -> tuple[subprocess.Popen, subprocess.Popen, dict]:
+    """Two nodes of a job (the first job of a multirun, with `-m`) whose ranks do `behaviour` (wait for a signal),
+    once both ranks run; what each rank recorded."""
+    zero, one = _start_two(tmp_path, _explicit, f"behaviour={behaviour}", *overrides)
     wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
              what="both ranks to run")
     return zero, one, seen(job_dirs(tmp_path)[0])
@@ -349,6 +350,20 @@ def test_node_1_killed_ends_node_0_naming_it_within_seconds(tmp_path: Path) -> N
     _, err0 = zero.communicate(timeout=60)
     assert zero.returncode == 1 and "node 1 could no longer be reached" in err0, err0
     assert time.monotonic() - started < 30
+    wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
+
+
+@pytest.mark.subprocess
+def test_node_1_killed_while_node_0s_rank_waits_for_it_in_a_collective_ends_node_0_naming_it(tmp_path: Path) -> None:
+    """Node 0's rank fails at once on the lost peer, and node 0 waits no longer for the end of a node it no longer
+    hears."""
+    zero, one, ranks = _two_running(tmp_path, behaviour="hold_up")  # rank 1 (node 1) loads, rank 0 waits in all_reduce
+    started = time.monotonic()
+    one.kill()
+    one.communicate(timeout=30)
+    _, err0 = zero.communicate(timeout=60)
+    assert zero.returncode == 1 and "node 1 could no longer be reached" in err0, err0
+    assert time.monotonic() - started < 15  # (it waited for node 1's end for 30 s)
     wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
 
 

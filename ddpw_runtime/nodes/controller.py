@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -32,9 +31,6 @@ _WATCH_S = 0.1
 """How often each node's watcher looks for a stop from another node."""
 _END_MARGIN_S = 10.0
 """What node 0 waits for the other nodes' ends beyond their grace and kill bound."""
-_SILENT_S = 5.0
-"""How long node 0 hears nothing from another node before it counts that node as lost (each beats every
-`_WATCH_S`)."""
 _PUBLISH_TRIES = 3
 """How often a node tries to publish its interruption when more Ctrl-C or SIGTERM cut the try short."""
 
@@ -134,7 +130,8 @@ class Nodes:
     @contextmanager
     def watching(self, ranks: NodeRanks) -> Iterator[None]:
         """While the block runs, a thread stops `ranks` when another node stops the job or can no longer be
-        reached: every other node beats in the store, and node 0 counts one silent for `_SILENT_S` as lost."""
+        reached: every other node beats in the store (also while its ranks stop, so send its end in the block), and
+        node 0 counts one silent for `SILENT_S` as lost."""
         channel = self.channel
         if channel is None:
             yield
@@ -142,22 +139,24 @@ class Nodes:
         done = threading.Event()
 
         def watch() -> None:
-            heard: dict[int, tuple[int, float]] = {}
+            stop: NodeStop | None = None
             while not done.wait(_WATCH_S):
-                stop = channel.stopped() if channel.node == 0 else channel.beat()
-                if stop is None and channel.node == 0:
-                    now = time.monotonic()
-                    heard = {node: (beats, now if heard.get(node, (-1, 0.0))[0] != beats else heard[node][1])
-                             for node, beats in channel.beats().items()}
-                    silent = [node for node, (_, when) in heard.items() if now - when > _SILENT_S]
-                    if silent:
-                        stop = NodeStop(silent[0], lost=True)
-                        channel.stop(stop)
-                if stop is not None and stop.node != channel.node:
-                    self.seen = stop
-                    ranks.request_stop()
-                if stop is not None:
-                    return
+                if channel.node != 0:  # it beats until the block ends (its end sent), or node 0 is gone
+                    news = channel.beat()
+                    if channel.lost:
+                        done.set()
+                else:
+                    news = channel.stopped()
+                    if news is None and (silent := channel.silent()):
+                        news = NodeStop(silent[0], lost=True)
+                        channel.stop(news)
+                    if news is not None:
+                        done.set()
+                if news is not None and stop is None:
+                    stop = news
+                    if stop.node != channel.node:
+                        self.seen = stop
+                        ranks.request_stop()
 
         watcher = threading.Thread(target=watch, name="ddpw-nodes", daemon=True)
         watcher.start()
@@ -169,12 +168,11 @@ class Nodes:
 
     def gathered(self, outcomes: list[RankOutcome]) -> list[RankOutcome]:
         """Node 0, after its ranks ended (`outcomes`): every node's outcomes, in rank order, once each other node
-        sent its end (waited for at most their grace, kill bound and a margin). NodeError when a node was
-        interrupted, its controller failed, or it sent nothing while every rank here returned."""
+        sent its end or fell silent (waited for at most their grace, kill bound and a margin). NodeError when a node
+        was interrupted, its controller failed, it was lost, or it sent nothing while every rank here returned."""
         if self.channel is None:
             return outcomes
-        lost = self.seen.node if self.seen is not None and self.seen.lost else None
-        ends = self.channel.ends(self.grace.interrupt_s + KILL_WAIT_S + _END_MARGIN_S, lost)
+        ends, lost = self.channel.ends(self.grace.interrupt_s + KILL_WAIT_S + _END_MARGIN_S)
         for end in ends.values():
             if end.interrupted is not None:
                 raise NodeError(NodeStop(end.node, end.interrupted).text())
@@ -184,8 +182,8 @@ class Nodes:
         errors = [end.error for end in ends.values() if end.error is not None]
         if errors:
             raise errors[0]
-        if self.seen is not None and self.seen.lost:
-            raise NodeError(self.seen.text())
+        if lost:
+            raise NodeError(NodeStop(lost[0], lost=True).text())
         missing = [node for node in range(1, self.channel.n_nodes) if node not in ends]
         if missing:
             raise NodeError(f"node(s) {', '.join(map(str, missing))} sent no end of their ranks (their controller "

@@ -75,20 +75,20 @@ def follow(platform: Platform, options: LauncherOptions) -> int:
         with local_job(spec.task, state, job) as local, local.console() as console:
             channel.join()
             ranks = nodes.ranks(local, console)
-            with nodes.watching(ranks):
+            with nodes.watching(ranks):  # (it beats until node 0 has this node's end: node 0 waits for no lost node)
                 outcomes = supervise(ranks)
+                stopped = nodes.seen or channel.stopped()  # (before node 0, once it has the end, closes the store)
+                channel.end(NodeEnd(node, outcomes))
     except (KeyboardInterrupt, Terminated) as stop:
         channel.end(NodeEnd(node, interrupted=signal_of(stop)))
         return 128 + signal_of(stop)
     except Exception as error:
         channel.end(NodeEnd(node, error=portable(error, NodeError)))
         raise
-    channel.end(NodeEnd(node, outcomes))
     cause = root_cause(outcomes)
     if cause is not None and failed_by_itself(outcomes) and nodes.seen is None:
         sys.stderr.write(f"[ddpw] rank {cause.rank} failed on this node (node {node}); node 0 shows the job's error\n")
         return 1
-    stopped = nodes.seen or channel.stopped()
     if stopped is not None and stopped.node != node:
         sys.stderr.write(f"[ddpw] {stopped.text()}; this node's ranks were stopped\n")
         return 1
