@@ -472,6 +472,23 @@ def test_node_0_killed_in_a_multirun_ends_node_1_naming_it_and_nothing_is_left(t
 
 
 @pytest.mark.subprocess
+def test_node_1_killed_in_a_multirun_ends_the_sweep_naming_it_and_starts_no_more_jobs(tmp_path: Path) -> None:
+    """Each further job would wait its join timeout for the lost node: node 0 starts none."""
+    zero, one, ranks = _two_running(tmp_path, "-m", "fail_rank=0,1,2", "platform.join_timeout_min=0.5")
+    started = time.monotonic()
+    one.kill()
+    _, err1 = one.communicate(timeout=30)
+    out0, err0 = zero.communicate(timeout=120)
+    assert zero.returncode == 1, err0
+    assert "no more jobs start, since each would wait for a node that job #0 lost: node 1 could no longer be " \
+           "reached" in err0, out0 + err0 + err1
+    assert time.monotonic() - started < 25  # (jobs #1 and #2 waited 30 s each for node 1)
+    summary = json.loads((_sweep_dirs(tmp_path)[0].parent / "sweep_summary.json").read_text())
+    assert [job["status"] for job in summary["jobs"]] == ["FAILED", "NOT STARTED", "NOT STARTED"]
+    wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
+
+
+@pytest.mark.subprocess
 @pytest.mark.parametrize(("zero_flags", "one_flags", "said"), [
     pytest.param(["-m", "fail_rank=0,1"], [], "node 0 (at {where}) runs a multirun (-m) and node 1 a plain run",
                  id="node-1-plain"),

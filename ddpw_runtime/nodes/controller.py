@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ddpw_runtime.errors import NodeError, Terminated
+from ddpw_runtime.errors import NodeError, NodeLost, Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.job import Grace
@@ -101,7 +101,7 @@ class Nodes:
             raise NodeError(stopped.text())
         if missing:
             channel.stop(NodeStop(0))
-            raise NodeError(
+            raise NodeLost(
                 f"node(s) {', '.join(map(str, missing))} of {platform.n_nodes} never joined within "
                 f"platform.join_timeout_min={platform.join_timeout_min:g} (node 0 waited at {channel.where}): start "
                 "the same command on each machine (its platform.node_rank, or its platform's variables, saying "
@@ -176,14 +176,16 @@ class Nodes:
         for end in ends.values():
             if end.interrupted is not None:
                 raise NodeError(NodeStop(end.node, end.interrupted).text())
+        if self.seen is not None and self.seen.lost:  # this node's ranks were stopped for it: how they ended is not it
+            raise NodeLost(self.seen.text())
         every = sorted([*outcomes, *(o for end in ends.values() for o in end.ranks)], key=lambda o: o.rank)
         if failed_by_itself(every):  # a rank's own failure, on any node
             return every
         errors = [end.error for end in ends.values() if end.error is not None]
         if errors:
             raise errors[0]
-        if lost:
-            raise NodeError(NodeStop(lost[0], lost=True).text())
+        if lost:  # (once this node's ranks had ended)
+            raise NodeLost(NodeStop(lost[0], lost=True).text())
         missing = [node for node in range(1, self.channel.n_nodes) if node not in ends]
         if missing:
             raise NodeError(f"node(s) {', '.join(map(str, missing))} sent no end of their ranks (their controller "
