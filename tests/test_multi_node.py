@@ -445,6 +445,20 @@ def test_ctrl_c_on_node_1_in_a_multirun_ends_the_sweep_on_both_nodes(tmp_path: P
 
 
 @pytest.mark.subprocess
+def test_ctrl_c_on_node_0_in_a_multirun_ends_node_1_saying_so_once(tmp_path: Path) -> None:
+    zero, one, ranks = _two_running(tmp_path, "-m", "fail_rank=0,1")
+    zero.send_signal(signal.SIGINT)
+    _, err0 = zero.communicate(timeout=60)
+    _, err1 = one.communicate(timeout=60)
+    assert zero.returncode == 130, err0
+    assert one.returncode == 1, err1
+    assert err1.count("[ddpw] node 0 got Ctrl-C (SIGINT), which ends the job on every node") == 1, err1
+    assert "could no longer be reached" not in err1 and "ended without saying so" not in err1, err1
+    assert len(_sweep_dirs(tmp_path)) == 1  # no second job started
+    wait_for(lambda: leftover(ranks) == [], timeout=10, what="every rank to end")
+
+
+@pytest.mark.subprocess
 def test_an_optuna_study_across_two_nodes_runs_every_trial_on_both(tmp_path: Path) -> None:
     """Node 0's Optuna sweeper decides each trial (4, 2 per batch); node 1 runs its rank of each as it comes."""
     zero, one = _start_two(tmp_path, _explicit, "-m", app="sweep_app.py")

@@ -162,9 +162,18 @@ class Nodes:
         watcher.start()
         try:
             yield
+        except (KeyboardInterrupt, Terminated):
+            if channel.node == 0:  # the other nodes read why (the stop published) before node 0's store goes
+                channel.ends(self._ends_within_s)
+            raise
         finally:
             done.set()
             watcher.join(timeout=5.0)
+
+    @property
+    def _ends_within_s(self) -> float:
+        """How long node 0 waits for the other nodes' ends: their grace, kill bound and a margin."""
+        return self.grace.interrupt_s + KILL_WAIT_S + _END_MARGIN_S
 
     def gathered(self, outcomes: list[RankOutcome]) -> list[RankOutcome]:
         """Node 0, after its ranks ended (`outcomes`): every node's outcomes, in rank order, once each other node
@@ -172,7 +181,7 @@ class Nodes:
         was interrupted, its controller failed, it was lost, or it sent nothing while every rank here returned."""
         if self.channel is None:
             return outcomes
-        ends, lost = self.channel.ends(self.grace.interrupt_s + KILL_WAIT_S + _END_MARGIN_S)
+        ends, lost = self.channel.ends(self._ends_within_s)
         for end in ends.values():
             if end.interrupted is not None:
                 raise NodeError(NodeStop(end.node, end.interrupted).text())
