@@ -101,6 +101,11 @@ class NodeError(CompactError, RuntimeError):
     failure). The message names the node, and the address and port where it matters."""
 
 
+class NodeLost(NodeError):
+    """A node of a job across machines never joined it, or could no longer be reached (its controller ended, or the
+    network to it failed): in a multirun, node 0 starts no more jobs, since each would wait for that node."""
+
+
 class RankStopped(Exception):
     """Raised inside a rank that runs in the caller's own process (a plain run's rank 0, or
     `Wrapper(caller_rank=True)`) when the job is stopped around it: another rank failed, or the time

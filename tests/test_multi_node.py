@@ -19,6 +19,7 @@ import torch
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LocalLauncherConf
+from ddpw_runtime.launch.rendezvous import listen
 from ddpw_runtime.nodes.environment import DEFAULT_PORT, detect, place_node
 from tests.helpers import APPS, job_dirs, leftover, seen, wait_for
 
@@ -92,7 +93,7 @@ def test_node_0_of_an_srun_step_is_the_first_host_of_its_node_list(nodelist: str
 
 def test_one_node_ignores_the_environment_it_does_not_need() -> None:
     platform = Platform()
-    assert place_node(platform, environ={"NODE_RANK": "3", "MASTER_ADDR": "10.1.1.1"}) is platform
+    assert place_node(platform, environ={"NODE_RANK": "0", "MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "1"}) is platform
 
 
 @pytest.mark.parametrize(("fields", "environ", "key", "hint"), [
@@ -101,7 +102,8 @@ def test_one_node_ignores_the_environment_it_does_not_need() -> None:
     pytest.param({}, {"RANK": "1", "WORLD_SIZE": "2"}, "platform.node_rank", "a bare RANK is not read",
                  id="bare-rank-only"),
     pytest.param({}, {"PET_NNODES": "3", "PET_NODE_RANK": "0", "MASTER_ADDR": "m"}, "platform.n_nodes",
-                 "PET_NNODES=3", id="pytorchjob-nnodes-disagree"),
+                 "(Kubeflow PyTorchJob) gives PET_NNODES=3; set platform.n_nodes=3, or change the platform's",
+                 id="pytorchjob-nnodes-disagree"),
     pytest.param({"node_rank": 0}, {"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NODE_IPS": "a\nb", "SKYPILOT_NUM_NODES": "2"},
                  "platform.node_rank", "SKYPILOT_NODE_RANK=1", id="skypilot-rank-disagrees"),
     pytest.param({"master_port": 1234}, {"NODE_RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "4321"},
@@ -129,6 +131,20 @@ def test_one_node_where_the_platform_runs_the_command_on_several_is_refused() ->
         place_node(Platform(), environ=_SRUN_STEP)
 
 
+@pytest.mark.parametrize(("environ", "variable"), [
+    pytest.param({"NODE_RANK": "1", "MASTER_ADDR": HOST}, "NODE_RANK=1", id="torchrun-style"),
+    pytest.param({"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NODE_IPS": HOST}, "SKYPILOT_NODE_RANK=1", id="skypilot"),
+    pytest.param({"PET_NODE_RANK": "1", "MASTER_ADDR": HOST}, "PET_NODE_RANK=1", id="pytorchjob"),
+])
+def test_one_node_where_the_environment_says_it_is_another_node_than_0_is_refused(environ: dict,
+                                                                                   variable: str) -> None:
+    """A node other than 0 that leaves `platform.n_nodes` at 1 would run a whole job of its own."""
+    with pytest.raises(ConfigError) as info:
+        place_node(Platform(), environ=environ)
+    assert info.value.key == "platform.n_nodes" and f"says it is node 1 of a job across machines ({variable})" in str(
+        info.value) and "set platform.n_nodes to the job's number of machines" in str(info.value)
+
+
 @pytest.mark.parametrize(("fields", "key", "hint"), [
     pytest.param({"n_nodes": 2, "node_rank": 2}, "platform.node_rank", "0..1", id="node_rank-outside"),
     pytest.param({"n_nodes": 2, "node_rank": -1}, "platform.node_rank", "integer >= 0", id="node_rank-negative"),
@@ -139,6 +155,20 @@ def test_bad_values_of_the_new_fields_are_refused(fields: dict, key: str, hint: 
     with pytest.raises(ConfigError) as info:
         Platform(**fields).validate()
     assert info.value.key == key and hint in str(info.value)
+
+
+def test_node_0s_rendezvous_refused_suggests_only_fixes_that_work_across_machines() -> None:
+    """Across machines a null `master_port` is 29500 on every node and a null `master_addr` is refused, so neither
+    is offered as the way out."""
+    with socket.create_server((HOST, 0)) as other_program:
+        port = other_program.getsockname()[1]
+        with pytest.raises(ConfigError) as busy:
+            listen(_two(node_rank=0, master_addr=HOST, master_port=port), None, None)
+    with pytest.raises(ConfigError) as foreign:
+        listen(_two(node_rank=0, master_addr="10.255.255.1", master_port=free_port()), None, None)
+    assert "choose a free port; give every node the same one" in str(busy.value)
+    assert "use one of its own addresses, the one the other nodes reach it at" in str(foreign.value)
+    assert "null" not in str(busy.value) + str(foreign.value)
 
 
 def test_restarts_of_a_job_across_machines_are_refused() -> None:
@@ -204,10 +234,11 @@ def _start_two(tmp_path: Path, way: Way, *overrides: str, second_after: float = 
     return tuple(nodes)
 
 
-def _two_running(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen, subprocess.Popen, dict]:
-    """Two nodes of a job (the first job of a multirun, with `-m`) whose ranks wait for a signal, once both ranks
-    run; what each rank recorded."""
-    zero, one = _start_two(tmp_path, _explicit, "behaviour=wait", *overrides)
+def _two_running(tmp_path: Path, *overrides: str,
+                 behaviour: str = "wait") -> tuple[subprocess.Popen, subprocess.Popen, dict]:
+    """Two nodes of a job (the first job of a multirun, with `-m`) whose ranks do `behaviour` (wait for a signal),
+    once both ranks run; what each rank recorded."""
+    zero, one = _start_two(tmp_path, _explicit, f"behaviour={behaviour}", *overrides)
     wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
              what="both ranks to run")
     return zero, one, seen(job_dirs(tmp_path)[0])
@@ -323,6 +354,20 @@ def test_node_1_killed_ends_node_0_naming_it_within_seconds(tmp_path: Path) -> N
 
 
 @pytest.mark.subprocess
+def test_node_1_killed_while_node_0s_rank_waits_for_it_in_a_collective_ends_node_0_naming_it(tmp_path: Path) -> None:
+    """Node 0's rank fails at once on the lost peer, and node 0 waits no longer for the end of a node it no longer
+    hears."""
+    zero, one, ranks = _two_running(tmp_path, behaviour="hold_up")  # rank 1 (node 1) loads, rank 0 waits in all_reduce
+    started = time.monotonic()
+    one.kill()
+    one.communicate(timeout=30)
+    _, err0 = zero.communicate(timeout=60)
+    assert zero.returncode == 1 and "node 1 could no longer be reached" in err0, err0
+    assert time.monotonic() - started < 15  # (it waited for node 1's end for 30 s)
+    wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
+
+
+@pytest.mark.subprocess
 def test_ctrl_c_on_a_node_waiting_for_node_0_ends_it_at_once(tmp_path: Path) -> None:
     own, environ = _explicit(free_port(), 1)
     one = _node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", *own], environ)
@@ -400,6 +445,20 @@ def test_ctrl_c_on_node_1_in_a_multirun_ends_the_sweep_on_both_nodes(tmp_path: P
 
 
 @pytest.mark.subprocess
+def test_ctrl_c_on_node_0_in_a_multirun_ends_node_1_saying_so_once(tmp_path: Path) -> None:
+    zero, one, ranks = _two_running(tmp_path, "-m", "fail_rank=0,1")
+    zero.send_signal(signal.SIGINT)
+    _, err0 = zero.communicate(timeout=60)
+    _, err1 = one.communicate(timeout=60)
+    assert zero.returncode == 130, err0
+    assert one.returncode == 1, err1
+    assert err1.count("[ddpw] node 0 got Ctrl-C (SIGINT), which ends the job on every node") == 1, err1
+    assert "could no longer be reached" not in err1 and "ended without saying so" not in err1, err1
+    assert len(_sweep_dirs(tmp_path)) == 1  # no second job started
+    wait_for(lambda: leftover(ranks) == [], timeout=10, what="every rank to end")
+
+
+@pytest.mark.subprocess
 def test_an_optuna_study_across_two_nodes_runs_every_trial_on_both(tmp_path: Path) -> None:
     """Node 0's Optuna sweeper decides each trial (4, 2 per batch); node 1 runs its rank of each as it comes."""
     zero, one = _start_two(tmp_path, _explicit, "-m", app="sweep_app.py")
@@ -423,6 +482,23 @@ def test_node_0_killed_in_a_multirun_ends_node_1_naming_it_and_nothing_is_left(t
     _, err1 = one.communicate(timeout=60)
     assert one.returncode == 1, err1
     assert "node 0's sweep ended without saying so" in err1, err1
+    wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
+
+
+@pytest.mark.subprocess
+def test_node_1_killed_in_a_multirun_ends_the_sweep_naming_it_and_starts_no_more_jobs(tmp_path: Path) -> None:
+    """Each further job would wait its join timeout for the lost node: node 0 starts none."""
+    zero, one, ranks = _two_running(tmp_path, "-m", "fail_rank=0,1,2", "platform.join_timeout_min=0.5")
+    started = time.monotonic()
+    one.kill()
+    _, err1 = one.communicate(timeout=30)
+    out0, err0 = zero.communicate(timeout=120)
+    assert zero.returncode == 1, err0
+    assert "no more jobs start, since each would wait for a node that job #0 lost: node 1 could no longer be " \
+           "reached" in err0, out0 + err0 + err1
+    assert time.monotonic() - started < 25  # (jobs #1 and #2 waited 30 s each for node 1)
+    summary = json.loads((_sweep_dirs(tmp_path)[0].parent / "sweep_summary.json").read_text())
+    assert [job["status"] for job in summary["jobs"]] == ["FAILED", "NOT STARTED", "NOT STARTED"]
     wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
 
 

@@ -31,17 +31,21 @@ def listen(platform: Platform, master_addr: str | None, master_port: int | None)
         sock.listen(1024)
     except OSError as exc:
         sock.close()
+        across = platform.n_nodes > 1  # (there, null is what the platform says, else 29500 on every node)
+        free = ("; give every node the same one" if across else
+                " or leave master_port unset (null) to get a free one per job")
         if exc.errno == errno.EADDRINUSE:
             raise ConfigError("platform.master_port", port, "another program is listening on this port; choose a free "
-                              "port or leave master_port unset (null) to get a free one per job") from exc
+                              f"port{free}") from exc
         if exc.errno == errno.EACCES:
             first = unprivileged_ports()
             raise ConfigError("platform.master_port", port, f"this program may not listen on this port (ports below "
-                              f"{first} need root or CAP_NET_BIND_SERVICE); choose a port of {first} or above, or "
-                              "leave master_port unset (null) to get a free one per job") from exc
+                              f"{first} need root or CAP_NET_BIND_SERVICE); choose a port of {first} or above"
+                              f"{free}") from exc
         if exc.errno == errno.EADDRNOTAVAIL:
             raise ConfigError("platform.master_addr", addr, "this machine has no such address; use one of its own "
-                              "addresses, or leave master_addr unset (null)") from exc
+                              "addresses" + (", the one the other nodes reach it at" if across else
+                                             ", or leave master_addr unset (null)")) from exc
         raise
     return sock
 

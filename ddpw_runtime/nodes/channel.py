@@ -32,6 +32,9 @@ _CONNECT_SLICE_S = 1.0
 """How long each try to reach node 0 may last (Ctrl-C is seen between tries)."""
 _CONNECT_PAUSE_S = 0.25
 """The pause after a try to reach node 0 that failed."""
+SILENT_S = 5.0
+"""How long node 0 hears no beat from another node (each beats every tenth of a second until it sent its end)
+before it counts that node as lost."""
 _Side = TypeVar("_Side", bound="StoreSide")
 
 
@@ -127,6 +130,13 @@ class NodeChannel(StoreSide):
 
     lost = False
     """Node 0's store could no longer be reached (nothing more is sent to it)."""
+    ended = False
+    """This node sent its end (nothing more is sent for it)."""
+
+    def __init__(self, store: Any, node: int, n_nodes: int, where: str) -> None:
+        super().__init__(store, node, n_nodes, where)
+        self._heard: dict[int, tuple[int, float]] = {}
+        """Node 0: each other node's last beat count, and when node 0 first saw it."""
 
     def publish(self, spec: JobSpec) -> None:
         """Node 0: the job, for the other nodes."""
@@ -184,22 +194,32 @@ class NodeChannel(StoreSide):
             return NodeStop(0, lost=True)
         return self.stopped()
 
-    def beats(self) -> dict[int, int]:
-        """Node 0: how often each other node that has not sent its end has beaten so far."""
-        return {node: self.store.add(f"{_KEY}beat/{node}", 0) for node in range(1, self.n_nodes)
-                if not self.store.check([f"{_KEY}end/{node}"])}
+    def silent(self) -> list[int]:
+        """Node 0: the other nodes that have not sent their end and whose beats stopped for `SILENT_S` (counted from
+        when node 0 first looked): their controller is gone, or the network to them."""
+        now = time.monotonic()
+        beats = {node: self.store.add(f"{_KEY}beat/{node}", 0) for node in range(1, self.n_nodes)
+                 if not self.store.check([f"{_KEY}end/{node}"])}
+        self._heard = {node: (count, self._heard[node][1] if self._heard.get(node, (-1, 0.0))[0] == count else now)
+                       for node, count in beats.items()}
+        return [node for node, (_, when) in self._heard.items() if now - when > SILENT_S]
 
     def end(self, end: NodeEnd) -> None:
-        """A node's end, for node 0 (nothing when node 0 is gone)."""
-        if not self.lost:
+        """A node's end, for node 0, once (nothing when node 0 is gone)."""
+        if not self.lost and not self.ended:
+            self.ended = True
             with contextlib.suppress(RuntimeError):
                 self.store.set(f"{_KEY}end/{end.node}", pickling.dumps(end))
 
-    def ends(self, timeout_s: float, lost: int | None = None) -> dict[int, NodeEnd]:
-        """Node 0: the other nodes' ends (but node `lost`'s), waited for at most `timeout_s` (those that came by
-        then)."""
+    def ends(self, timeout_s: float) -> tuple[dict[int, NodeEnd], list[int]]:
+        """Node 0: the other nodes' ends, waited for at most `timeout_s` (those that came by then), and the nodes
+        not waited for since they fell `silent` meanwhile (lost)."""
         deadline = time.monotonic() + timeout_s
-        keys = {node: f"{_KEY}end/{node}" for node in range(1, self.n_nodes) if node != lost}
-        while not self.store.check(list(keys.values())) and time.monotonic() < deadline:
+        keys = {node: f"{_KEY}end/{node}" for node in range(1, self.n_nodes)}
+        lost: list[int] = []
+        while time.monotonic() < deadline:
+            lost = self.silent()
+            if self.store.check([key for node, key in keys.items() if node not in lost]):
+                break
             time.sleep(_POLL_S)
-        return {node: pickle.loads(self.store.get(key)) for node, key in keys.items() if self.store.check([key])}
+        return {node: pickle.loads(self.store.get(key)) for node, key in keys.items() if self.store.check([key])}, lost

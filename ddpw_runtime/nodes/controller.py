@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ddpw_runtime.errors import NodeError, Terminated
+from ddpw_runtime.errors import NodeError, NodeLost, Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.job import Grace
@@ -32,9 +31,6 @@ _WATCH_S = 0.1
 """How often each node's watcher looks for a stop from another node."""
 _END_MARGIN_S = 10.0
 """What node 0 waits for the other nodes' ends beyond their grace and kill bound."""
-_SILENT_S = 5.0
-"""How long node 0 hears nothing from another node before it counts that node as lost (each beats every
-`_WATCH_S`)."""
 _PUBLISH_TRIES = 3
 """How often a node tries to publish its interruption when more Ctrl-C or SIGTERM cut the try short."""
 
@@ -105,7 +101,7 @@ class Nodes:
             raise NodeError(stopped.text())
         if missing:
             channel.stop(NodeStop(0))
-            raise NodeError(
+            raise NodeLost(
                 f"node(s) {', '.join(map(str, missing))} of {platform.n_nodes} never joined within "
                 f"platform.join_timeout_min={platform.join_timeout_min:g} (node 0 waited at {channel.where}): start "
                 "the same command on each machine (its platform.node_rank, or its platform's variables, saying "
@@ -134,7 +130,8 @@ class Nodes:
     @contextmanager
     def watching(self, ranks: NodeRanks) -> Iterator[None]:
         """While the block runs, a thread stops `ranks` when another node stops the job or can no longer be
-        reached: every other node beats in the store, and node 0 counts one silent for `_SILENT_S` as lost."""
+        reached: every other node beats in the store (also while its ranks stop, so send its end in the block), and
+        node 0 counts one silent for `SILENT_S` as lost."""
         channel = self.channel
         if channel is None:
             yield
@@ -142,50 +139,62 @@ class Nodes:
         done = threading.Event()
 
         def watch() -> None:
-            heard: dict[int, tuple[int, float]] = {}
+            stop: NodeStop | None = None
             while not done.wait(_WATCH_S):
-                stop = channel.stopped() if channel.node == 0 else channel.beat()
-                if stop is None and channel.node == 0:
-                    now = time.monotonic()
-                    heard = {node: (beats, now if heard.get(node, (-1, 0.0))[0] != beats else heard[node][1])
-                             for node, beats in channel.beats().items()}
-                    silent = [node for node, (_, when) in heard.items() if now - when > _SILENT_S]
-                    if silent:
-                        stop = NodeStop(silent[0], lost=True)
-                        channel.stop(stop)
-                if stop is not None and stop.node != channel.node:
-                    self.seen = stop
-                    ranks.request_stop()
-                if stop is not None:
-                    return
+                if channel.node != 0:  # it beats until the block ends (its end sent), or node 0 is gone
+                    news = channel.beat()
+                    if channel.lost:
+                        done.set()
+                else:
+                    news = channel.stopped()
+                    if news is None and (silent := channel.silent()):
+                        news = NodeStop(silent[0], lost=True)
+                        channel.stop(news)
+                    if news is not None:
+                        done.set()
+                if news is not None and stop is None:
+                    stop = news
+                    if stop.node != channel.node:
+                        self.seen = stop
+                        ranks.request_stop()
 
         watcher = threading.Thread(target=watch, name="ddpw-nodes", daemon=True)
         watcher.start()
         try:
             yield
+        except (KeyboardInterrupt, Terminated):
+            if channel.node == 0:  # the other nodes read why (the stop published) before node 0's store goes
+                channel.ends(self._ends_within_s)
+            raise
         finally:
             done.set()
             watcher.join(timeout=5.0)
 
+    @property
+    def _ends_within_s(self) -> float:
+        """How long node 0 waits for the other nodes' ends: their grace, kill bound and a margin."""
+        return self.grace.interrupt_s + KILL_WAIT_S + _END_MARGIN_S
+
     def gathered(self, outcomes: list[RankOutcome]) -> list[RankOutcome]:
         """Node 0, after its ranks ended (`outcomes`): every node's outcomes, in rank order, once each other node
-        sent its end (waited for at most their grace, kill bound and a margin). NodeError when a node was
-        interrupted, its controller failed, or it sent nothing while every rank here returned."""
+        sent its end or fell silent (waited for at most their grace, kill bound and a margin). NodeError when a node
+        was interrupted, its controller failed, it was lost, or it sent nothing while every rank here returned."""
         if self.channel is None:
             return outcomes
-        lost = self.seen.node if self.seen is not None and self.seen.lost else None
-        ends = self.channel.ends(self.grace.interrupt_s + KILL_WAIT_S + _END_MARGIN_S, lost)
+        ends, lost = self.channel.ends(self._ends_within_s)
         for end in ends.values():
             if end.interrupted is not None:
                 raise NodeError(NodeStop(end.node, end.interrupted).text())
+        if self.seen is not None and self.seen.lost:  # this node's ranks were stopped for it: how they ended is not it
+            raise NodeLost(self.seen.text())
         every = sorted([*outcomes, *(o for end in ends.values() for o in end.ranks)], key=lambda o: o.rank)
         if failed_by_itself(every):  # a rank's own failure, on any node
             return every
         errors = [end.error for end in ends.values() if end.error is not None]
         if errors:
             raise errors[0]
-        if self.seen is not None and self.seen.lost:
-            raise NodeError(self.seen.text())
+        if lost:  # (once this node's ranks had ended)
+            raise NodeLost(NodeStop(lost[0], lost=True).text())
         missing = [node for node in range(1, self.channel.n_nodes) if node not in ends]
         if missing:
             raise NodeError(f"node(s) {', '.join(map(str, missing))} sent no end of their ranks (their controller "

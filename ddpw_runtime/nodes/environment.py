@@ -107,7 +107,7 @@ def place_node(platform: Platform, environ: Mapping[str, str] | None = None) -> 
     `master_addr` and `master_port` (`DEFAULT_PORT` where nothing gives one), each from its field or else the
     node's environment (`os.environ` by default). `ConfigError`, before anything starts, when the environment and
     the fields disagree, or when the node rank or node 0's address is given by neither; also for `n_nodes` = 1 where
-    the platform runs this command on several machines."""
+    the platform runs this command on several machines, or says this machine is a node other than 0."""
     found = detect(os.environ if environ is None else environ) or NodeEnvironment("")  # (empty: says nothing)
     given_nodes = found.n_nodes
     if platform.n_nodes == 1:
@@ -115,13 +115,21 @@ def place_node(platform: Platform, environ: Mapping[str, str] | None = None) -> 
             raise ConfigError("platform.n_nodes", 1, f"{found.name} runs this command on {given_nodes.value} machines "
                               f"({given_nodes.variable}={given_nodes.value}); set platform.n_nodes="
                               f"{given_nodes.value} so that they run one job")
+        given_rank = found.node_rank
+        if given_rank is not None and given_rank.value > 0:
+            raise ConfigError("platform.n_nodes", 1, f"this machine's environment ({found.name}) says it is node "
+                              f"{given_rank.value} of a job across machines ({given_rank.variable}="
+                              f"{given_rank.value}), and one node would run a job of its own; set platform.n_nodes to "
+                              f"the job's number of machines on every node, or unset {given_rank.variable}")
         return platform
     values: dict[str, Any] = {}
     for key in ("n_nodes", "node_rank", "master_addr", "master_port"):
         ours, given = getattr(platform, key), getattr(found, key)
         if given is not None and ours is not None and ours != given.value:
-            raise ConfigError(f"platform.{key}", ours, f"{found.name} gives this node {given.variable}={given.value}; "
-                              f"make them agree (or leave platform.{key} unset, null, to take the platform's)")
+            fix = (f"set platform.n_nodes={given.value}, or change the platform's" if key == "n_nodes" else
+                   f"make them agree, or leave platform.{key} unset (null) to take the platform's")
+            raise ConfigError(f"platform.{key}", ours, f"this machine's environment ({found.name}) gives "
+                              f"{given.variable}={given.value}; {fix}")
         values[key] = ours if ours is not None else given.value if given is not None else None
     if found.ranks_per_node is not None and found.ranks_per_node.value != platform.ranks_per_node:
         given = found.ranks_per_node

@@ -42,9 +42,11 @@ def follow_sweep(platform: Platform, options: LauncherOptions) -> int:
                 return 128 + signal_of(stop)
             if port is None:
                 return 0
-            code = follow(replace(platform, master_port=port), options)
+            code, stopped = _follow(replace(platform, master_port=port), options)
             if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
                 sweep.stop(code - 128)
+                return code
+            if stopped is not None and stopped.signal is not None:  # another node's Ctrl-C or SIGTERM ends the sweep
                 return code
             job += 1
 
@@ -54,6 +56,11 @@ def follow(platform: Platform, options: LauncherOptions) -> int:
     it publishes, run this node's ranks of it until they end or another node stops the job; the exit code (0, 1
     when the job failed or was stopped elsewhere, 130 or 143 after Ctrl-C or SIGTERM here). Node 0's console shows
     the job's report; this node's says what ended it here."""
+    return _follow(platform, options)[0]
+
+
+def _follow(platform: Platform, options: LauncherOptions) -> tuple[int, NodeStop | None]:
+    """`follow`'s exit code, and the stop of another node that ended the job (None: none did)."""
     node = platform.node_rank
     assert node
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
@@ -64,7 +71,7 @@ def follow(platform: Platform, options: LauncherOptions) -> int:
     except (KeyboardInterrupt, Terminated) as stop:  # while it waits for node 0: nothing of the job runs here yet
         if channel is not None:  # node 0 does not wait for this node to join
             channel.stop(NodeStop(node, signal_of(stop)))
-        return 128 + signal_of(stop)
+        return 128 + signal_of(stop), None
     grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
     job_platform = replace(spec.platform, node_rank=node)
     Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
@@ -75,21 +82,23 @@ def follow(platform: Platform, options: LauncherOptions) -> int:
         with local_job(spec.task, state, job) as local, local.console() as console:
             channel.join()
             ranks = nodes.ranks(local, console)
-            with nodes.watching(ranks):
+            with nodes.watching(ranks):  # (it beats until node 0 has this node's end: node 0 waits for no lost node)
                 outcomes = supervise(ranks)
+                stopped = nodes.seen or channel.stopped()  # (before node 0, once it has the end, closes the store)
+                channel.end(NodeEnd(node, outcomes))
     except (KeyboardInterrupt, Terminated) as stop:
         channel.end(NodeEnd(node, interrupted=signal_of(stop)))
-        return 128 + signal_of(stop)
+        return 128 + signal_of(stop), None
     except Exception as error:
         channel.end(NodeEnd(node, error=portable(error, NodeError)))
         raise
-    channel.end(NodeEnd(node, outcomes))
+    if stopped is not None and stopped.node == node:
+        stopped = None
     cause = root_cause(outcomes)
     if cause is not None and failed_by_itself(outcomes) and nodes.seen is None:
         sys.stderr.write(f"[ddpw] rank {cause.rank} failed on this node (node {node}); node 0 shows the job's error\n")
-        return 1
-    stopped = nodes.seen or channel.stopped()
-    if stopped is not None and stopped.node != node:
+        return 1, stopped
+    if stopped is not None:
         sys.stderr.write(f"[ddpw] {stopped.text()}; this node's ranks were stopped\n")
-        return 1
-    return 1 if cause is not None else 0
+        return 1, stopped
+    return (1 if cause is not None else 0), None

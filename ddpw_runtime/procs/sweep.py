@@ -26,7 +26,8 @@ from omegaconf import DictConfig
 
 from ddpw_conf import ConfigError
 from ddpw_conf.launcher import LocalLauncherConf
-from ddpw_runtime.errors import Interrupted, NodeError, Terminated
+from ddpw_runtime import _compat
+from ddpw_runtime.errors import Interrupted, NodeError, NodeLost, Terminated
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast_line
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
@@ -160,6 +161,8 @@ class _Sweep:
         """The job processes, by pid (the running ones' jobs in `running`)."""
         self.across: SweepChannel | None = None
         """Node 0's side of a multirun across machines: its jobs run one after another, each on every node."""
+        self.lost: str | None = None
+        """Across machines: which job lost a node (or never had it join), after which no more jobs start."""
         if jobs[0].platform.n_nodes > 1:
             starter_for(jobs[0].platform)  # first: a starter forked later would hold the sweep's store open
             self.across = hosted(jobs[0].platform)
@@ -200,9 +203,9 @@ class _Sweep:
     def _start(self, job: PreparedJob, share: Share | None) -> None:
         if self.across is not None:  # the job's own store, on a port of its own, for the other nodes to follow
             why = self.across.stopped()
-            if why is not None:
+            if why is not None or self.lost is not None:
                 self._record_not_started()
-                raise NodeError(f"{why}; no more jobs start")
+                raise NodeError(f"{why}; no more jobs start" if why is not None else self.lost)
             job.platform = replace(job.platform, master_port=free_port(str(job.platform.master_addr)))
             self.across.publish_job(self.across.started(), int(job.platform.master_port or 0))
         grace = Grace(self.options.stop_grace_s, self.options.interrupt_grace_s)
@@ -248,6 +251,8 @@ class _Sweep:
                 stopped = "STOPPED"
             self.summary.record(entry(job.idx, job.overrides, job.output_dir, duration, end.job_return, stopped),
                                 end.job_return)
+            if end.job_return is not None and isinstance(lost := _compat.job_error(end.job_return), NodeLost):
+                self.lost = f"no more jobs start, since each would wait for a node that job #{job.idx} lost: {lost}"
             if self.options.fail_fast and self.failed is None and end.job_return is not None and \
                     end.job_return.status is JobStatus.FAILED:
                 self._fail_fast(job, end.job_return)
