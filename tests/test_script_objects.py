@@ -160,3 +160,23 @@ def test_the_script_s_functions_and_classes_travel_by_reference_and_the_rest_kee
     assert read.returncode == 0, read.stderr
     assert read.stdout.splitlines() == ["True True True __mp_main__"]
     assert frame(script, "local", "return 1 / 0") in read.stderr
+
+
+@pytest.mark.subprocess
+def test_a_function_defined_under_the_main_guard_travels_by_value_to_fresh_interpreters(tmp_path: Path) -> None:
+    """A spawned rank imports the script without running its `if __name__ == "__main__":` block, so what that block
+    defines is not there to be found by reference: it travels by value, and keeps its file and line."""
+    script = tmp_path / "guarded.py"
+    script.write_text(
+        "import ddpw_runtime\n"
+        "from ddpw_runtime import Platform, Wrapper\n"
+        "\n"
+        "if __name__ == '__main__':\n"
+        "    def under_guard(x):\n"
+        "        return (ddpw_runtime.rank(), x)\n"
+        "\n"
+        "    print(Wrapper(Platform(n_procs_per_node=2, spawn_method='spawn')).start(under_guard, 7))\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[(0, 7), (1, 7)]", proc.stdout

@@ -85,21 +85,37 @@ class MainScript:
         return module
 
 
-@functools.cache
 def _guards_its_run(path: str) -> bool:
     """Whether the script at `path` has a top-level `if __name__ == "__main__":`, so importing it runs nothing."""
+    return bool(_guarded_lines(path))
+
+
+@functools.cache
+def _guarded_lines(path: str) -> tuple[tuple[int, int], ...]:
+    """The first and last lines of each top-level `if __name__ == "__main__":` block of the script at `path`."""
     try:
         with open(path, "rb") as src:
             tree = ast.parse(src.read())
     except (OSError, SyntaxError, ValueError):
-        return False
+        return ()
+    blocks = []
     for node in tree.body:
         test = node.test if isinstance(node, ast.If) else None
         if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
             sides = {ast.dump(side) for side in (test.left, *test.comparators)}
             if sides == {ast.dump(ast.Name("__name__", ast.Load())), ast.dump(ast.Constant("__main__"))}:
-                return True
-    return False
+                blocks.append((node.lineno, node.end_lineno or node.lineno))
+    return tuple(blocks)
+
+
+def _defined_in_the_guard(obj: Any) -> bool:
+    """Whether function `obj` is defined inside its script's `if __name__ == "__main__":` block, which another
+    process's import of the script does not run (so it travels by value)."""
+    code = getattr(obj, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return False
+    path = os.path.abspath(code.co_filename)
+    return any(first <= code.co_firstlineno <= last for first, last in _guarded_lines(path))
 
 
 def main_object(script: MainScript, qualname: str, unwrap: int) -> Any:
@@ -146,7 +162,7 @@ class _Pickler(cloudpickle.Pickler):
         if self.script is not None and isinstance(obj, (type, types.FunctionType)) and \
                 getattr(obj, "__module__", None) in _MAIN_NAMES:
             where = _where_in_main(obj)
-            if where is not None:
+            if where is not None and not _defined_in_the_guard(obj):
                 return main_object, (self.script, *where)
         return super().reducer_override(obj)
 
