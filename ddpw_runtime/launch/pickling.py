@@ -7,7 +7,8 @@ rank's value or error): cloudpickle, with two differences that keep the user's s
   that does not run the script yet (a fresh interpreter: `spawn_method=spawn`, a SLURM node, a starter of a CUDA
   build) imports it as `__mp_main__` first, as multiprocessing's spawn does, so its `if __name__ == "__main__":` block
   does not run again. Only a script with such a block is imported again; the functions of one without it (which would
-  run Hydra again), of a notebook or of `python -c` travel by value, as before.
+  run Hydra again), of a notebook or of `python -c`, and those defined inside the guarded block (which that import
+  does not run), travel by value, as before.
 - **What travels by value keeps its file and line**: code objects go as `marshal` writes them (every process of a job
   runs the same Python), so a traceback, a stack dump, pdb or a profiler name the user's file and line, whatever
   cloudpickle's release writes in their place (3.1.3 writes `<dynamic-code>`).
