@@ -433,27 +433,19 @@ def test_a_failure_on_node_1_in_a_multirun_ends_the_sweep_on_both_nodes(tmp_path
 
 
 @pytest.mark.subprocess
-def test_ctrl_c_on_node_1_in_a_multirun_ends_the_sweep_on_both_nodes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pressed", [0, 1], ids=["node-0", "node-1"])
+def test_ctrl_c_on_either_node_in_a_multirun_ends_the_sweep_on_both_and_the_other_says_so_once(
+    tmp_path: Path, pressed: int
+) -> None:
     zero, one, ranks = _two_running(tmp_path, "-m", "fail_rank=0,1")
-    one.send_signal(signal.SIGINT)
-    _, err1 = one.communicate(timeout=60)
-    _, err0 = zero.communicate(timeout=60)
-    assert one.returncode == 130, err1
-    assert zero.returncode == 1 and "node 1 got Ctrl-C (SIGINT)" in err0, err0
-    assert len(_sweep_dirs(tmp_path)) == 1  # no second job started
-    wait_for(lambda: leftover(ranks) == [], timeout=10, what="every rank to end")
-
-
-@pytest.mark.subprocess
-def test_ctrl_c_on_node_0_in_a_multirun_ends_node_1_saying_so_once(tmp_path: Path) -> None:
-    zero, one, ranks = _two_running(tmp_path, "-m", "fail_rank=0,1")
-    zero.send_signal(signal.SIGINT)
-    _, err0 = zero.communicate(timeout=60)
-    _, err1 = one.communicate(timeout=60)
-    assert zero.returncode == 130, err0
-    assert one.returncode == 1, err1
-    assert err1.count("[ddpw] node 0 got Ctrl-C (SIGINT), which ends the job on every node") == 1, err1
-    assert "could no longer be reached" not in err1 and "ended without saying so" not in err1, err1
+    got, other = (zero, one) if pressed == 0 else (one, zero)
+    got.send_signal(signal.SIGINT)
+    _, err_got = got.communicate(timeout=60)
+    _, err_other = other.communicate(timeout=60)
+    assert got.returncode == 130, err_got
+    assert other.returncode == 1, err_other
+    assert err_other.count(f"node {pressed} got Ctrl-C (SIGINT)") == 1, err_other
+    assert "could no longer be reached" not in err_other and "ended without saying so" not in err_other, err_other
     assert len(_sweep_dirs(tmp_path)) == 1  # no second job started
     wait_for(lambda: leftover(ranks) == [], timeout=10, what="every rank to end")
 
