@@ -379,17 +379,51 @@ def test_ctrl_c_on_a_node_waiting_for_node_0_ends_it_at_once(tmp_path: Path) -> 
     assert "c10d" not in err  # torch's client never tried (and logged) a connection
 
 
+def _on_gpus(port: int, node: int) -> tuple[list[str], dict[str, str]]:
+    """Node `node` told explicitly, with a GPU of its own where this machine has two. With one, both nodes' ranks are
+    on it: NCCL refuses two ranks of one host on one GPU, so each node gets a host id of its own (`NCCL_HOSTID`),
+    and NCCL joins them as it joins two machines, over its network transport (on loopback)."""
+    own, environ = _explicit(port, node)
+    if torch.cuda.device_count() >= 2:
+        gpu = {"CUDA_VISIBLE_DEVICES": str(node)}
+    else:
+        gpu = {"CUDA_VISIBLE_DEVICES": "0", "NCCL_HOSTID": f"node-{node}"}
+    gpu["NCCL_SOCKET_IFNAME"] = "lo"
+    return [*own, "hydra/launcher=ddpw_gpu", "platform.n_gpus_per_node=1"], {**environ, **gpu}
+
+
 @pytest.mark.subprocess
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_two_nodes_of_gpu_ranks_span_one_job(tmp_path: Path) -> None:
-    # gloo: both nodes' ranks are bound to this machine's first GPU (NCCL needs a GPU per node: not run yet)
-    zero, one = _start_two(tmp_path, _explicit, "hydra/launcher=ddpw_gpu", "platform.n_gpus_per_node=1",
-                           "platform.backend=gloo")
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_two_nodes_of_gpu_ranks_span_one_job(tmp_path: Path, backend: str) -> None:
+    zero, one = _start_two(tmp_path, _on_gpus, f"platform.backend={backend}")
     _, err0 = zero.communicate(timeout=120)
     _, err1 = one.communicate(timeout=120)
     assert (zero.returncode, one.returncode) == (0, 0), err0 + err1
     ranks = seen(job_dirs(tmp_path)[0])
-    assert [ranks[r]["device"] for r in (0, 1)] == ["cuda:0", "cuda:0"]
+    assert [ranks[r]["device"] for r in (0, 1)] == ["cuda:0", "cuda:0"]  # each node's first (visible) GPU
+    assert ranks[0]["all_reduce_world"] == 2.0 and ranks[0]["output_dir"] == ranks[1]["output_dir"]
+    assert leftover(ranks) == []
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("way", [
+    pytest.param(_explicit, id="cpu-gloo"),
+    pytest.param(_on_gpus, id="gpu-nccl",
+                 marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_a_hang_across_two_nodes_names_the_rank_outside_the_collective_from_the_flight_recorders(
+        tmp_path: Path, way: Way) -> None:
+    zero, one = _start_two(tmp_path, way, "behaviour=hold_up", "fail_rank=1", "platform.collective_timeout_min=0.1")
+    _, err0 = zero.communicate(timeout=180)
+    _, err1 = one.communicate(timeout=60)
+    assert (zero.returncode, one.returncode) == (1, 1), err0 + err1
+    assert "rank 1 (node 1) failed: NotInCollective: rank 0 waited for it in all_reduce" in err0, err0
+    [line] = [line for line in err0.splitlines() if line.startswith("  rank 1: NOT IN THE COLLECTIVE")]
+    assert "at load_batch (" in line and ", not all_reduce #" in line, line  # from the flight recorders
+    [job] = job_dirs(tmp_path)
+    assert (job / "fr_rank_0").stat().st_size > 0  # (with NCCL, its own dump on the timeout) in the job's output dir
+    assert "the job was stopped on node 0" in err1, err1
+    assert leftover(seen(job)) == []
 
 
 # ----------------------------------------------------------------------- a multirun across two nodes

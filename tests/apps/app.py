@@ -26,9 +26,9 @@ def report(cfg: DictConfig) -> dict:
     """What this rank sees, written to `seen_rank_<k>.json` in the job's output dir."""
     rank = ddpw_runtime.rank()
     group = ddpw_runtime.group()
-    members = torch.tensor([float(rank)])
+    members = torch.tensor([float(rank)], device=ddpw_runtime.device())  # (NCCL takes tensors on the rank's GPU)
     dist.all_reduce(members, group=group)
-    world = torch.tensor([1.0])
+    world = torch.tensor([1.0], device=ddpw_runtime.device())
     dist.all_reduce(world)
     seen = {
         "rank": rank,
@@ -191,7 +191,7 @@ def hold_up(holder: int, slow_end: bool = False) -> None:
     if ddpw_runtime.rank() == holder:
         load_batch()
     held = SlowToLetGo() if slow_end and ddpw_runtime.rank() != 0 else None  # noqa: F841 - let go with this frame
-    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1, device=ddpw_runtime.device()))
 
 
 def train_held_up(holder: int) -> None:
