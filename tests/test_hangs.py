@@ -60,6 +60,24 @@ def test_the_rank_outside_the_collective_is_named_with_where_it_was_among_3(tmp_
 
 
 @pytest.mark.subprocess
+def test_a_waiting_rank_that_nccls_watchdog_aborts_still_leads_to_the_rank_outside_the_collective(
+        tmp_path: Path) -> None:
+    """NCCL's watchdog logs a collective's timeout and aborts the rank (SIGABRT, no result; seen on a GPU, stood in
+    for by the app here): the rank it waited for is named from the waiting rank's log and crash report."""
+    proc = run_app(tmp_path, "behaviour=aborted_as_by_nccl", "fail_rank=1")
+    assert proc.returncode == 1, proc.stderr
+    # (no sequence number: NCCL dumps the aborted rank's flight recorder as it times out; gloo has no such dump)
+    assert "rank 1 (node 0) failed: NotInCollective: rank 0 waited for it in all_reduce until the collective timed " \
+           f"out; it was at load_batch ({APP}:{LOAD_BATCH}) <- " in proc.stderr, proc.stderr
+    report = proc.stderr[proc.stderr.index("where each rank was"):].splitlines()
+    assert report[1].startswith(f"  rank 1: NOT IN THE COLLECTIVE, at load_batch ({APP}:{LOAD_BATCH}) <- hold_up (")
+    assert report[2].startswith("  rank 0: waiting in all_reduce, at hold_up (")  # its main thread, when it died
+    assert "what a waiting rank raised (secondary): rank 0: [rank0]:[E1127" in proc.stderr  # its watchdog's line
+    assert "Watchdog caught collective operation timeout" in proc.stderr
+    assert leftover(seen(job_dirs(tmp_path)[0])) == []
+
+
+@pytest.mark.subprocess
 def test_a_rank_still_starting_when_the_stacks_are_taken_is_not_ended_by_the_request(tmp_path: Path) -> None:
     """Rank 1 is a fresh interpreter (spawn) still importing torch when rank 0's wait for it times out: the job's
     stop asks every rank for its stacks before any is stopped, and rank 1, which has no handler yet, ignores it."""

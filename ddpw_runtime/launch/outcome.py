@@ -10,9 +10,8 @@ from pathlib import Path
 
 from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.launch.plan import recorder_file, stacks_file
-from ddpw_runtime.launch.rank_outcome import RankOutcome, log_tail
+from ddpw_runtime.launch.rank_outcome import RankOutcome, log_tail, timeout_line
 from ddpw_runtime.launch.recorded import recorded_in
-from ddpw_runtime.launch.records import COLLECTIVE_TIMEOUT_MARKERS
 from ddpw_runtime.launch.stacks import HangReport, rank_ranges
 
 
@@ -80,14 +79,8 @@ def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure
         outcomes=sorted(outcomes, key=lambda o: o.rank),
         hang=report,
         waiting_error=f"rank {cause.rank}: "
-                      f"{cause.error.headline if cause.error is not None else _timeout_line(cause.log_file)}",
+                      f"{cause.error.headline if cause.error is not None else timeout_line(cause.log_file)}",
     )
-
-
-def _timeout_line(log_file: str | None) -> str:
-    """The line of a rank's log that says its collective timed out (NCCL's watchdog)."""
-    lines = log_tail(log_file).splitlines()
-    return next((line for line in lines if any(m in line for m in COLLECTIVE_TIMEOUT_MARKERS)), "timed out")
 
 
 def describe_exit(code: int | None) -> tuple[str, str]:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ddpw_runtime.launch.records import COLLECTIVE_TIMEOUT_MARKERS, RaisedError, RankResult
-from ddpw_runtime.launch.stacks import RankPlace, from_traceback
+from ddpw_runtime.launch.stacks import RankPlace, from_crash_report, from_traceback
 
 _LOG_TAIL_LINES = 20
 _CRASH_REPORT = "Fatal Python error"
 """How faulthandler starts the report it writes into a rank's log when the rank crashes."""
+_LOG_END_BYTES = 1 << 16
+"""How much of the end of a dead rank's log is read for why it died (NCCL's watchdog writes its timeout there, then
+its C++ stack traces, before it aborts the process)."""
 
 
 @dataclass
@@ -63,13 +65,16 @@ class RankOutcome:
         log)."""
         if self.error is not None:
             return self.error.is_collective_timeout
-        return self.result is None and any(marker in log_tail(self.log_file) for marker in COLLECTIVE_TIMEOUT_MARKERS)
+        return self.result is None and timeout_line(self.log_file) is not None
 
     def where(self) -> RankPlace | None:
         """Where it was: where it waited, for a rank whose collective timed out (its traceback; a stack taken
-        later shows it handling the error); else its stack when the job was stopped, or where it raised."""
+        later shows it handling the error); else its stack when the job was stopped, or where it raised; for a rank
+        that died (NCCL's watchdog aborts a rank whose collective timed out), where its crash report shows it."""
         if self.error is not None and (self.place is None or self.error.is_collective_timeout):
             return from_traceback(self.rank, self.error.traceback)
+        if self.place is None and self.result is None:
+            return from_crash_report(self.rank, _crash_report(self.log_file))
         return self.place
 
     @property
@@ -77,15 +82,33 @@ class RankOutcome:
         """Whether its failure only says that another rank went away first."""
         return self.error is not None and self.error.is_secondary
 
-def log_tail(log_file: str | None) -> str:
-    """What a rank that died without a traceback left at the end of its log: the crash report
-    faulthandler wrote (a segfault's Python stack), else its last lines."""
+def timeout_line(log_file: str | None) -> str | None:
+    """The last line of a dead rank's log that says its collective timed out (NCCL's watchdog); None if none does."""
+    lines = [line for line in _log_end(log_file).splitlines() if any(m in line for m in COLLECTIVE_TIMEOUT_MARKERS)]
+    return lines[-1].strip() if lines else None
+
+
+def _log_end(log_file: str | None) -> str:
+    """The last `_LOG_END_BYTES` of a rank's log ('' when there is none, or it cannot be read)."""
     if log_file is None:
         return ""
     try:
-        lines = Path(log_file).read_text(errors="backslashreplace").splitlines()
+        with open(log_file, "rb") as log:
+            log.seek(max(0, log.seek(0, 2) - _LOG_END_BYTES))
+            return log.read().decode(errors="backslashreplace")
     except OSError:  # none was made, or it cannot be read (a folder in its place)
         return ""
-    crash = [i for i, line in enumerate(lines) if line.startswith(_CRASH_REPORT)]
-    shown = lines[crash[-1]:][:_LOG_TAIL_LINES] if crash else lines[-_LOG_TAIL_LINES:]
-    return "\n".join(shown)
+
+
+def log_tail(log_file: str | None) -> str:
+    """What a rank that died without a traceback left at the end of its log: the crash report
+    faulthandler wrote (a segfault's Python stack), else its last lines."""
+    crash = _crash_report(log_file)
+    return "\n".join(crash[:_LOG_TAIL_LINES] if crash else _log_end(log_file).splitlines()[-_LOG_TAIL_LINES:])
+
+
+def _crash_report(log_file: str | None) -> list[str]:
+    """The lines of the last crash report faulthandler wrote at the end of a rank's log ([] when there is none)."""
+    lines = _log_end(log_file).splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(_CRASH_REPORT)]
+    return lines[starts[-1]:] if starts else []

@@ -182,6 +182,15 @@ def from_dump(rank: int, text: str) -> RankPlace | None:
     return RankPlace(rank, _frames(itertools.takewhile(bool, map(_DUMP_FRAME.match, lines[chosen + 1:]))))
 
 
+def from_crash_report(rank: int, lines: list[str]) -> RankPlace | None:
+    """Where `rank` was when it crashed, from the report faulthandler wrote (its `lines`): its main thread, the last
+    one listed (faulthandler lists the newest thread first); None when the report shows no thread."""
+    starts = [i for i, line in enumerate(lines) if _THREAD.match(line)]
+    if not starts:
+        return None
+    return RankPlace(rank, _frames(itertools.takewhile(bool, map(_DUMP_FRAME.match, lines[starts[-1] + 1:]))))
+
+
 def from_traceback(rank: int, text: str) -> RankPlace:
     """Where `rank` was when it raised, from its traceback `text` (innermost frame first)."""
     return RankPlace(rank, _frames(map(_TRACEBACK_FRAME.match, text.splitlines()))[::-1])

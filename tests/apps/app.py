@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
 import hydra
 import torch
@@ -194,6 +195,31 @@ def hold_up(holder: int, slow_end: bool = False) -> None:
     dist.all_reduce(torch.ones(1, device=ddpw_runtime.device()))
 
 
+NCCL_TIMEOUT = ("[rank0]:[E1127 07:56:49.541237512 ProcessGroupNCCL.cpp:688] [Rank 0] Watchdog caught collective "
+                "operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=6000) "
+                "ran for 6003 milliseconds before timing out.")
+"""The line NCCL's watchdog logs for a collective that timed out (torch 2.11, seen on a GPU)."""
+
+
+def aborted_as_by_nccl(holder: int) -> None:
+    """Rank `holder` is stuck loading a batch; each other rank waits for it in all_reduce until a thread of its own
+    does what NCCL's watchdog does when a collective times out (a stand-in: NCCL needs a GPU): it logs the timeout
+    and aborts the process (SIGABRT, with faulthandler's crash report in the rank's log), no result sent."""
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def watchdog() -> None:
+        while not any("/torch/distributed/" in frame.filename
+                      for frame in traceback.extract_stack(sys._current_frames()[main])):
+            time.sleep(0.01)  # until the main thread waits in the collective
+        print(NCCL_TIMEOUT, file=sys.stderr, flush=True)
+        os.abort()
+
+    if ddpw_runtime.rank() != holder:
+        threading.Thread(target=watchdog, name="watchdog", daemon=True).start()
+    hold_up(holder)
+
+
 def train_held_up(holder: int) -> None:
     """DDP training: rank `holder` is stuck loading its third batch while the other ranks wait for it in
     `backward()`, where DDP all-reduces the gradients (no frame of torch.distributed on their Python stacks)."""
@@ -303,6 +329,8 @@ def main(cfg: DictConfig) -> object:
         load_until_a_peer_fails(cfg.fail_rank)
     if cfg.behaviour in ("hold_up", "hold_up_slow_end"):
         hold_up(cfg.fail_rank, slow_end=cfg.behaviour == "hold_up_slow_end")
+    if cfg.behaviour == "aborted_as_by_nccl":
+        aborted_as_by_nccl(cfg.fail_rank)
     if cfg.behaviour == "train_held_up":
         train_held_up(cfg.fail_rank)
     if cfg.behaviour == "all_reduce_until_a_peer_goes":
