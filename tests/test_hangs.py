@@ -268,6 +268,7 @@ def test_a_flight_recorder_dump_is_read_as_each_groups_last_collective(tmp_path:
     (tmp_path / "fr_rank_2").write_bytes(pickle.dumps(Frame("x", 1, "f")))  # names a class: not read
     (recorded,) = recorded_in(tmp_path, range(4))
     assert recorded.last == (Collective("broadcast", 1, "1", "layout"), Collective("barrier", 2, "0"))
+    assert recorded.entered == (Collective("all_reduce", 1, "0"), *recorded.last)
     assert str(recorded.in_group("1")) == "broadcast #1 of group layout"
 
 
@@ -286,3 +287,17 @@ def test_the_report_names_each_ranks_last_collective_and_the_one_the_culprit_is_
     ]
     assert report.text().splitlines()[0] == "where each rank was (asked); each rank's last collectives: " \
                                             "out/fr_rank_<k>:"
+
+
+def test_the_collective_awaited_is_the_first_the_culprit_missed_when_the_waiting_ranks_enqueued_more() -> None:
+    """NCCL's collectives are asynchronous: a rank waiting for a peer has enqueued the collectives after the one it
+    waits in (seen on a GPU: `all_reduce #3`, then the `barrier`'s `all_reduce_barrier #4`)."""
+    waiting = from_dump(0, DUMP)
+    stuck = RankPlace(1, (Frame("/repo/train.py", 57, "train"),))
+    assert waiting is not None
+    entered = (Collective("all_reduce", 2, "0"), Collective("all_reduce", 3, "0"),
+               Collective("all_reduce_barrier", 4, "0"))
+    recorded = (Recorded(0, entered[-1:], entered), Recorded(1, entered[:1], entered[:1]))
+    report = HangReport("asked", (waiting, stuck), recorded=recorded)
+    assert report.awaited == Collective("all_reduce", 3, "0")
+    assert report.lines()[0].endswith("; collectives: last entered all_reduce #2, not all_reduce #3")

@@ -419,7 +419,8 @@ def test_a_hang_across_two_nodes_names_the_rank_outside_the_collective_from_the_
     assert (zero.returncode, one.returncode) == (1, 1), err0 + err1
     assert "rank 1 (node 1) failed: NotInCollective: rank 0 waited for it in all_reduce" in err0, err0
     [line] = [line for line in err0.splitlines() if line.startswith("  rank 1: NOT IN THE COLLECTIVE")]
-    assert "at load_batch (" in line and ", not all_reduce #" in line, line  # from the flight recorders
+    assert "at load_batch (" in line, line
+    assert line.endswith("; collectives: last entered all_reduce #2, not all_reduce #3"), line  # flight recorders
     [job] = job_dirs(tmp_path)
     assert (job / "fr_rank_0").stat().st_size > 0  # (with NCCL, its own dump on the timeout) in the job's output dir
     assert "the job was stopped on node 0" in err1, err1

@@ -35,10 +35,12 @@ class Collective:
 @dataclass(frozen=True)
 class Recorded:
     """What rank `rank`'s flight recorder held: the last collective it entered in each process group, the newest
-    last (point-to-point operations left out)."""
+    last, and all it held (point-to-point operations left out)."""
 
     rank: int
     last: tuple[Collective, ...] = ()
+    entered: tuple[Collective, ...] = ()
+    """Every collective it held, oldest first."""
 
     @property
     def newest(self) -> Collective | None:
@@ -72,11 +74,14 @@ def read(rank: int, path: Path) -> Recorded | None:
         with open(path, "rb") as src:
             dump = _PlainData(src).load()
         entries = [entry for entry in dump.get("entries", []) if not entry.get("is_p2p")]
-        last: dict[str, tuple[int, Collective]] = {}
+        entered: list[tuple[int, Collective]] = []
         for entry in entries:
             group, desc = (str(part) for part in entry["process_group"])
             name = str(entry["profiling_name"]).rpartition(":")[2]
-            last[group] = (int(entry["record_id"]), Collective(name, int(entry["collective_seq_id"]), group, desc))
+            entered.append((int(entry["record_id"]), Collective(name, int(entry["collective_seq_id"]), group, desc)))
     except (OSError, EOFError, pickle.UnpicklingError, AttributeError, KeyError, TypeError, ValueError):
         return None
-    return Recorded(rank, tuple(collective for _, collective in sorted(last.values(), key=lambda item: item[0])))
+    entered.sort(key=lambda item: item[0])
+    last = {collective.group: (record_id, collective) for record_id, collective in entered}
+    return Recorded(rank, tuple(collective for _, collective in sorted(last.values(), key=lambda item: item[0])),
+                    tuple(collective for _, collective in entered))

@@ -127,12 +127,23 @@ class HangReport:
 
     @property
     def awaited(self) -> Collective | None:
-        """The collective the waiting ranks were in, by their flight recorders: the furthest that one of them
-        entered in the process group of the first one's last collective (None: no waiting rank's was dumped)."""
+        """The collective the waiting ranks were held up in, by their flight recorders, in the process group of the
+        first one's last collective: the first that a rank holding them up did not enter (NCCL's ranks enqueue the
+        collectives that follow before it completes), else the furthest that a waiting rank entered (None: no
+        waiting rank's was dumped)."""
         newest = [record.newest for rank in self.waiting if (record := self.record(rank)) and record.newest]
         if not newest:
             return None
-        return max((c for c in newest if c.group == newest[0].group), key=lambda collective: collective.seq)
+        group = newest[0].group
+        furthest = max((c for c in newest if c.group == group), key=lambda collective: collective.seq)
+        reached = [last.seq if (last := record.in_group(group)) else 0
+                   for rank in self.culprits if (record := self.record(rank))]
+        if not reached:
+            return furthest
+        first = min(reached) + 1
+        return next((collective for rank in self.waiting if (record := self.record(rank))
+                     for collective in record.entered if collective.group == group and collective.seq == first),
+                    furthest)
 
     def lines(self) -> list[str]:
         """One line per rank, those that held the others up first: `rank 2: NOT IN THE COLLECTIVE, at ...`, each
