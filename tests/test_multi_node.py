@@ -215,8 +215,24 @@ def _skypilot(port: int, node: int) -> tuple[list[str], dict[str, str]]:
     return [f"platform.master_port={port}"], skypilot  # SkyPilot gives no port: one the test knows is free
 
 
+def _on_gpus(port: int, node: int) -> tuple[list[str], dict[str, str]]:
+    """Node `node` told explicitly, with a GPU of its own where this machine has two. With one, both nodes' ranks are
+    on it: NCCL refuses two ranks of one host on one GPU, so each node gets a host id of its own (`NCCL_HOSTID`),
+    and NCCL joins them as it joins two machines, over its network transport (on loopback)."""
+    own, environ = _explicit(port, node)
+    if torch.cuda.device_count() >= 2:
+        gpu = {"CUDA_VISIBLE_DEVICES": str(node)}
+    else:
+        gpu = {"CUDA_VISIBLE_DEVICES": "0", "NCCL_HOSTID": f"node-{node}"}
+    gpu["NCCL_SOCKET_IFNAME"] = "lo"
+    return [*own, "hydra/launcher=ddpw_gpu", "platform.n_gpus_per_node=1"], {**environ, **gpu}
+
+
 Way = Callable[[int, int], tuple[list[str], dict[str, str]]]
 """How node `k` of a job whose rendezvous port is `p` is told where it stands: its overrides and environment."""
+ON_GPUS = pytest.param(_on_gpus, id="gpu-nccl",
+                       marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))
+"""Nodes of `ddpw_gpu` ranks over NCCL (skipped without a GPU)."""
 PLATFORMS = [pytest.param(_explicit, id="explicit"), pytest.param(_pytorchjob, id="pytorchjob"),
              pytest.param(_skypilot, id="skypilot")]
 
@@ -234,11 +250,11 @@ def _start_two(tmp_path: Path, way: Way, *overrides: str, second_after: float = 
     return tuple(nodes)
 
 
-def _two_running(tmp_path: Path, *overrides: str,
-                 behaviour: str = "wait") -> tuple[subprocess.Popen, subprocess.Popen, dict]:
+def _two_running(tmp_path: Path, *overrides: str, behaviour: str = "wait",
+                 way: Way = _explicit) -> tuple[subprocess.Popen, subprocess.Popen, dict]:
     """Two nodes of a job (the first job of a multirun, with `-m`) whose ranks do `behaviour` (wait for a signal),
     once both ranks run; what each rank recorded."""
-    zero, one = _start_two(tmp_path, _explicit, f"behaviour={behaviour}", *overrides)
+    zero, one = _start_two(tmp_path, way, f"behaviour={behaviour}", *overrides)
     wait_for(lambda: bool(job_dirs(tmp_path)) and len(seen(job_dirs(tmp_path)[0])) == 2, timeout=60,
              what="both ranks to run")
     return zero, one, seen(job_dirs(tmp_path)[0])
@@ -264,8 +280,9 @@ def test_a_plain_run_spans_two_nodes_in_node_0s_output_dir(tmp_path: Path, way: 
 
 
 @pytest.mark.subprocess
-def test_a_failure_on_node_1_ends_both_and_node_0_shows_the_root_cause_once(tmp_path: Path) -> None:
-    zero, one = _start_two(tmp_path, _explicit, "behaviour=raise", "fail_rank=1")
+@pytest.mark.parametrize("way", [pytest.param(_explicit, id="cpu-gloo"), ON_GPUS])
+def test_a_failure_on_node_1_ends_both_and_node_0_shows_the_root_cause_once(tmp_path: Path, way: Way) -> None:
+    zero, one = _start_two(tmp_path, way, "behaviour=raise", "fail_rank=1")
     _, err0 = zero.communicate(timeout=120)
     _, err1 = one.communicate(timeout=120)
     assert (zero.returncode, one.returncode) == (1, 1), err0 + err1
@@ -278,8 +295,9 @@ def test_a_failure_on_node_1_ends_both_and_node_0_shows_the_root_cause_once(tmp_
 
 
 @pytest.mark.subprocess
-def test_ctrl_c_on_node_1_ends_the_job_on_both_and_node_0_says_which_node(tmp_path: Path) -> None:
-    zero, one, ranks = _two_running(tmp_path)
+@pytest.mark.parametrize("way", [pytest.param(_explicit, id="cpu-gloo"), ON_GPUS])
+def test_ctrl_c_on_node_1_ends_the_job_on_both_and_node_0_says_which_node(tmp_path: Path, way: Way) -> None:
+    zero, one, ranks = _two_running(tmp_path, way=way)
     started = time.monotonic()
     one.send_signal(signal.SIGINT)
     _, err1 = one.communicate(timeout=60)
@@ -379,19 +397,6 @@ def test_ctrl_c_on_a_node_waiting_for_node_0_ends_it_at_once(tmp_path: Path) -> 
     assert "c10d" not in err  # torch's client never tried (and logged) a connection
 
 
-def _on_gpus(port: int, node: int) -> tuple[list[str], dict[str, str]]:
-    """Node `node` told explicitly, with a GPU of its own where this machine has two. With one, both nodes' ranks are
-    on it: NCCL refuses two ranks of one host on one GPU, so each node gets a host id of its own (`NCCL_HOSTID`),
-    and NCCL joins them as it joins two machines, over its network transport (on loopback)."""
-    own, environ = _explicit(port, node)
-    if torch.cuda.device_count() >= 2:
-        gpu = {"CUDA_VISIBLE_DEVICES": str(node)}
-    else:
-        gpu = {"CUDA_VISIBLE_DEVICES": "0", "NCCL_HOSTID": f"node-{node}"}
-    gpu["NCCL_SOCKET_IFNAME"] = "lo"
-    return [*own, "hydra/launcher=ddpw_gpu", "platform.n_gpus_per_node=1"], {**environ, **gpu}
-
-
 @pytest.mark.subprocess
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("backend", ["nccl", "gloo"])
@@ -408,9 +413,7 @@ def test_two_nodes_of_gpu_ranks_span_one_job(tmp_path: Path, backend: str) -> No
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize("way", [
-    pytest.param(_explicit, id="cpu-gloo"),
-    pytest.param(_on_gpus, id="gpu-nccl",
-                 marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+    pytest.param(_explicit, id="cpu-gloo"), ON_GPUS])
 def test_a_hang_across_two_nodes_names_the_rank_outside_the_collective_from_the_flight_recorders(
         tmp_path: Path, way: Way) -> None:
     zero, one = _start_two(tmp_path, way, "behaviour=hold_up", "fail_rank=1", "platform.collective_timeout_min=0.1")
@@ -433,7 +436,8 @@ def _sweep_dirs(tmp_path: Path) -> list[Path]:
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("way", [pytest.param(_explicit, id="explicit"), pytest.param(_skypilot, id="skypilot")])
+@pytest.mark.parametrize("way", [pytest.param(_explicit, id="explicit"), pytest.param(_skypilot, id="skypilot"),
+                                 ON_GPUS])
 def test_a_multirun_spans_two_nodes_job_by_job_and_every_node_ends_with_the_sweep(tmp_path: Path, way: Way) -> None:
     """The same `-m` command on both nodes: node 0 runs the sweep (its output dirs, its `${now:}`), node 1 runs its
     ranks of each job in turn and ends when node 0's sweep has ended."""
