@@ -460,6 +460,30 @@ def test_ctrl_c_at_any_moment_of_the_start_ends_the_program_at_once_and_leaves_n
     assert not failed, "\n".join(failed)
 
 
+@pytest.mark.subprocess
+def test_ctrl_c_that_a_ranks_set_up_drops_still_stops_it_before_its_task(tmp_path: Path) -> None:
+    """A rank gets the job's Ctrl-C while its set-up imports the task's module, which drops the KeyboardInterrupt (as
+    an import that catches everything, or a callback from C++, may): the rank stops before its task. (It went on into
+    its task, deaf to the interrupt, and the job waited its whole `interrupt_grace_s`.)"""
+    driver = ("from ddpw_conf import Platform\n"
+              "from ddpw_runtime import Wrapper\n"
+              "import swallowed_ctrl_c\n"
+              "Wrapper(Platform(n_procs_per_node=1, spawn_method='spawn'), log_dir='logs',\n"
+              "        interrupt_grace_s=120).start(swallowed_ctrl_c.task)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+           "MARKS": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (tmp_path / "importing_0").exists(), timeout=60, what="the rank to import the task's module")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)  # (not within the grace: the rank would be waiting in its task)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    assert not (tmp_path / "task_ran_0").exists()
+
+
 def test_ctrl_c_before_any_rank_starts_exits_130_with_a_message(tmp_path: Path) -> None:
     proc = start_app(tmp_path, "-m", "behaviour=wait", "+slow=1,2,3", "hydra/sweeper=basic",
                      "hydra.sweeper.max_batch_size=3", "platform.spawn_method=spawn")

@@ -58,6 +58,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     faulthandler.register(DUMP_SIGNAL, file=open_log(plan.stacks_file(rank)), all_threads=True, chain=True)
     try:
         try:
+            signal.signal(signal.SIGINT, _interrupted_in_set_up)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held by the starter until now
             state = payload.state
             state.enter({**rank_environment(plan, rank, local_rank, state.env), **payload.job_environment()})
@@ -71,6 +72,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
             configure_logging(rank)
             task: TaskCall = pickle.loads(payload.task)
             before_task = len(sys.modules)
+            _task_may_start()
             payload.task_mark(rank).touch(0o600)
             value = task()
         finally:
@@ -98,6 +100,25 @@ _Handler = Callable[[int, FrameType | None], Any] | int | None
 """A signal's handler, as `signal.signal` takes and returns it."""
 _stops: list[int] = []
 """The SIGTERMs (the job's stop) that came while the rank's result was being written."""
+_interrupts: list[int] = []
+"""The Ctrl-Cs that came while the rank set up."""
+
+
+def _interrupted_in_set_up(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C while the rank sets up: KeyboardInterrupt, as Python's own handler raises it, and a note of it. Code that
+    set-up runs may drop the exception (an import that catches everything, a callback from torch's C++ code): the
+    rank would then go on into its task deaf to the job's interrupt, and the job would wait its whole grace.
+    `_task_may_start` raises it again."""
+    _interrupts.append(signum)
+    raise KeyboardInterrupt
+
+
+def _task_may_start() -> None:
+    """Python's own Ctrl-C handler from now on (the task's), and KeyboardInterrupt now if a Ctrl-C came while the rank
+    set up (see `_interrupted_in_set_up`)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _interrupts:
+        raise KeyboardInterrupt
 
 
 def _hold_stops() -> _Handler:
