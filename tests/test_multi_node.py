@@ -312,11 +312,14 @@ def test_ctrl_c_on_node_1_ends_the_job_on_both_and_node_0_says_which_node(tmp_pa
 def test_a_node_that_never_starts_is_named_by_node_0_within_the_join_timeout(tmp_path: Path) -> None:
     own, environ = _explicit(free_port(), 0)
     started = time.monotonic()
-    zero = _node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", "platform.join_timeout_min=0.05",
+    zero = _node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", "platform.join_timeout_min=0.1",
                             *own], environ)
     _, err = zero.communicate(timeout=60)
     assert zero.returncode == 1
-    assert "node(s) 1 of 2 never joined within platform.join_timeout_min=0.05" in err
+    # what it waits for, once it has waited 5 s (a node that joins a moment later is not waited for on the console)
+    assert f"[ddpw] node 0 is waiting at {HOST}:{own[2].split('=')[1]} for node(s) 1 to join (up to " \
+           "platform.join_timeout_min=0.1)" in err, err
+    assert "node(s) 1 of 2 never joined within platform.join_timeout_min=0.1" in err
     assert time.monotonic() - started < 30
 
 
@@ -328,6 +331,8 @@ def test_a_node_that_cannot_reach_node_0_names_the_address_and_port(tmp_path: Pa
                            *own], environ)
     _, err = one.communicate(timeout=60)
     assert one.returncode == 1
+    waiting = f"[ddpw] node 1 is waiting for node 0 at {HOST}:{port} (up to platform.join_timeout_min=0.05)"
+    assert err.count(waiting) == 1
     assert f"node 1 could not reach node 0 at {HOST}:{port} within platform.join_timeout_min=0.05" in err
     assert not job_dirs(tmp_path)  # it never ran a job of its own
 
@@ -389,7 +394,9 @@ def test_node_1_killed_while_node_0s_rank_waits_for_it_in_a_collective_ends_node
 def test_ctrl_c_on_a_node_waiting_for_node_0_ends_it_at_once(tmp_path: Path) -> None:
     own, environ = _explicit(free_port(), 1)
     one = _node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", *own], environ)
-    time.sleep(3)
+    assert one.stderr is not None
+    first = one.stderr.readline()  # it says it waits for node 0
+    assert first.startswith(f"[ddpw] node 1 is waiting for node 0 at {HOST}:"), first
     started = time.monotonic()
     one.send_signal(signal.SIGINT)
     _, err = one.communicate(timeout=30)

@@ -10,6 +10,7 @@ import contextlib
 import pickle
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,6 +33,9 @@ _CONNECT_SLICE_S = 1.0
 """How long each try to reach node 0 may last (Ctrl-C is seen between tries)."""
 _CONNECT_PAUSE_S = 0.25
 """The pause after a try to reach node 0 that failed."""
+_SAY_WAITING_S = 5.0
+"""How long node 0 waits for the other nodes before it says so on its console (a node that cannot reach node 0
+says so at its first try)."""
 SILENT_S = 5.0
 """How long node 0 hears no beat from another node (each beats every tenth of a second until it sent its end)
 before it counts that node as lost."""
@@ -107,12 +111,16 @@ class StoreSide:
 
         assert platform.master_addr is not None and platform.master_port is not None and platform.node_rank
         where = f"{platform.master_addr}:{platform.master_port}"
-        deadline = time.monotonic() + platform.join_timeout_min * 60.0
+        deadline, tries = time.monotonic() + platform.join_timeout_min * 60.0, 0
         while True:  # a plain socket first: torch's own client would log every failed try, and holds Ctrl-C
             try:
                 socket.create_connection((platform.master_addr, platform.master_port), _CONNECT_SLICE_S).close()
                 break
             except OSError as exc:
+                if not tries:
+                    sys.stderr.write(f"[ddpw] node {platform.node_rank} is waiting for node 0 at {where} (up to "
+                                     f"platform.join_timeout_min={platform.join_timeout_min:g})\n")
+                tries += 1
                 if time.monotonic() >= deadline:
                     raise NodeError(
                         f"node {platform.node_rank} could not reach node 0 at {where} within platform.join_timeout_min="
@@ -161,11 +169,17 @@ class NodeChannel(StoreSide):
 
     def missing(self, timeout_min: float) -> list[int]:
         """Node 0: the nodes that have not joined after at most `timeout_min` (none once all have), or as soon as
-        a node stopped the job (`stopped`)."""
-        deadline = time.monotonic() + timeout_min * 60.0
+        a node stopped the job (`stopped`); past `_SAY_WAITING_S`, the console says which it waits for."""
+        start = time.monotonic()
+        said = False
         while True:
             missing = [node for node in range(1, self.n_nodes) if not self.store.check([f"{_KEY}joined/{node}"])]
-            if not missing or time.monotonic() >= deadline or self.store.check([_KEY + "stop"]):
+            waited = time.monotonic() - start
+            if missing and not said and waited >= _SAY_WAITING_S:
+                sys.stderr.write(f"[ddpw] node 0 is waiting at {self.where} for node(s) {', '.join(map(str, missing))} "
+                                 f"to join (up to platform.join_timeout_min={timeout_min:g})\n")
+                said = True
+            if not missing or waited >= timeout_min * 60.0 or self.store.check([_KEY + "stop"]):
                 return missing
             time.sleep(_POLL_S)
 
