@@ -358,8 +358,8 @@ def test_ctrl_c_right_after_the_job_starts_exits_130(tmp_path: Path, flags: tupl
     assert not jobs or leftover(seen(jobs[0])) == []
 
 
-_SWEEP_RUNS = 30
-"""How many moments the Ctrl-C sweep tries (~15 ms apart on a machine where the ranks are in their tasks 0.4 s
+_SWEEP_RUNS = 20
+"""How many moments the Ctrl-C sweep tries (~20 ms apart on a machine where the ranks are in their tasks 0.4 s
 after the program's imports)."""
 
 
