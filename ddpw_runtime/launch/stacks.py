@@ -189,17 +189,19 @@ def from_dump(rank: int, text: str) -> RankPlace | None:
         if not all(not line.strip() or _DUMP_FRAME.match(line) for line in lines[start + 1:dump[0]]):
             break
         dump.insert(0, start)
-    chosen = next((i for i in dump if lines[i].startswith("Current thread")), dump[0])
-    return RankPlace(rank, _frames(itertools.takewhile(bool, map(_DUMP_FRAME.match, lines[chosen + 1:]))))
+    return _thread_place(rank, lines, next((i for i in dump if lines[i].startswith("Current thread")), dump[0]))
 
 
 def from_crash_report(rank: int, lines: list[str]) -> RankPlace | None:
     """Where `rank` was when it crashed, from the report faulthandler wrote (its `lines`): its main thread, the last
     one listed (faulthandler lists the newest thread first); None when the report shows no thread."""
     starts = [i for i, line in enumerate(lines) if _THREAD.match(line)]
-    if not starts:
-        return None
-    return RankPlace(rank, _frames(itertools.takewhile(bool, map(_DUMP_FRAME.match, lines[starts[-1] + 1:]))))
+    return _thread_place(rank, lines, starts[-1]) if starts else None
+
+
+def _thread_place(rank: int, lines: list[str], start: int) -> RankPlace:
+    """Where `rank` was, from the frames of the thread whose dump starts at `lines[start]`."""
+    return RankPlace(rank, _frames(itertools.takewhile(bool, map(_DUMP_FRAME.match, lines[start + 1:]))))
 
 
 def from_traceback(rank: int, text: str) -> RankPlace:

@@ -111,16 +111,16 @@ class StoreSide:
 
         assert platform.master_addr is not None and platform.master_port is not None and platform.node_rank
         where = f"{platform.master_addr}:{platform.master_port}"
-        deadline, tries = time.monotonic() + platform.join_timeout_min * 60.0, 0
+        deadline, said = time.monotonic() + platform.join_timeout_min * 60.0, False
         while True:  # a plain socket first: torch's own client would log every failed try, and holds Ctrl-C
             try:
                 socket.create_connection((platform.master_addr, platform.master_port), _CONNECT_SLICE_S).close()
                 break
             except OSError as exc:
-                if not tries:
+                if not said:
                     sys.stderr.write(f"[ddpw] node {platform.node_rank} is waiting for node 0 at {where} (up to "
                                      f"platform.join_timeout_min={platform.join_timeout_min:g})\n")
-                tries += 1
+                    said = True
                 if time.monotonic() >= deadline:
                     raise NodeError(
                         f"node {platform.node_rank} could not reach node 0 at {where} within platform.join_timeout_min="
