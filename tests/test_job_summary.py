@@ -5,6 +5,7 @@ error, printed once)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import signal
@@ -183,3 +184,14 @@ def test_a_value_whose_repr_fails_in_the_sweeps_process_is_shown_as_such_and_the
     ret.return_value, ret.status = _ReprOnlyInARank(), JobStatus.COMPLETED
     job = entry(0, ["+kind=local"], tmp_path, 0.1, ret)
     assert job.return_value == "<_ReprOnlyInARank: its repr() failed here: RuntimeError: not inside a rank>"
+
+
+@pytest.mark.subprocess
+def test_a_callback_that_exits_in_on_job_end_fails_its_job_in_the_summary_and_stops_the_sweep(tmp_path: Path) -> None:
+    proc = run_app(tmp_path, "-m", "+hydra.callbacks.exits._target_=job_events.ExitsAtJobEnd", "behaviour=ok,raise")
+    assert proc.returncode == 3, proc.stderr  # the callback's exit code, as Hydra's own launcher ends with it
+    (summary,) = tmp_path.rglob("sweep_summary.json")
+    jobs = json.loads(summary.read_text())["jobs"]
+    assert [(job["status"], job["error"]) for job in jobs] == [
+        ("FAILED", "outside its task: SystemExit: 3"), ("NOT STARTED", None)]
+    assert "1 FAILED, 1 NOT STARTED" in proc.stdout

@@ -179,6 +179,15 @@ def test_rank_0_whose_task_calls_sys_exit_in_the_job_is_named_with_its_own_exit_
     assert "signal" not in proc.stdout, proc.stdout
 
 
+@pytest.mark.parametrize("mode", [(), ("-m",)], ids=["plain", "multirun"])
+def test_a_task_that_ends_with_sys_exit_0_on_every_rank_completes(tmp_path: Path, mode: tuple[str, ...]) -> None:
+    """`sys.exit(0)` in the task is a task that is done, as without hydra-ddpw: in a plain run rank 0 is the program's
+    own process, which ends there, past Hydra's job (its status 0 is its task's return)."""
+    proc = run_app(tmp_path, *mode, "behaviour=sysexit_0_everywhere")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "job #0 COMPLETED" in proc.stdout and "RankLost" not in proc.stdout + proc.stderr
+
+
 def test_presets_of_hydra_ddpw_do_not_leak_into_other_apps(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "platform=gpu", app="own_platform_app.py")
     assert proc.returncode == 1 and "Could not find 'platform/gpu'" in proc.stderr

@@ -29,7 +29,7 @@ from ddpw_runtime.launch.engine import settle, with_restarts
 from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
-from ddpw_runtime.launch.records import portable_pickle
+from ddpw_runtime.launch.records import RankResult, portable_pickle
 from ddpw_runtime.launch.signals import blocked, handle, held, killed_line, send_to_group, signal_of, stopped_line
 from ddpw_runtime.launch.starter import close_starters
 from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
@@ -329,6 +329,10 @@ class RunSupervisor:
         self.rank_zero.inbox.put(RankExited(self.pid, self.exited))
         ranks = self.ranks
         if ranks is not None and not self.task_ended.is_set():
+            if self.exited == 0 and self.result_file is not None and ranks.local.payload.task_mark(0).exists():
+                # The program ended with status 0 in its task (`sys.exit()` there, past Hydra's job): its task
+                # returned, as a rank's `sys.exit(0)` does (a plain run's rank 0 hands no value back).
+                write_atomically(self.result_file, pickle.dumps(RankResult(0)))
             ranks.inbox.put(RankExited(self.pid, self.exited))
         self.events.put(None)
 

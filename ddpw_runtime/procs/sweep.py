@@ -29,6 +29,7 @@ from ddpw_conf.launcher import LocalLauncherConf
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import Interrupted, NodeError, NodeLost, Terminated
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob
+from ddpw_runtime.hydra_jobs.summary import one_line
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast_line
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
 from ddpw_runtime.launch import pickling, signals
@@ -185,6 +186,7 @@ class _Sweep:
             self._stop_all(signals.signal_of(stop))
         errors = [end.error for _, end in sorted(self.ended.items()) if end.error is not None]
         if errors:
+            self._record_not_started()
             raise errors[0]
         if self.failed is not None:
             self._record_not_started()
@@ -244,8 +246,11 @@ class _Sweep:
             shutil.rmtree(running.folder, ignore_errors=True)
         self.schedule.ended(running.share)
         self.ended[running.job.idx] = end
-        if end.error is None:  # an error outside the task is not a job's end
-            job, duration = running.job, time.monotonic() - running.started
+        job, duration = running.job, time.monotonic() - running.started
+        if end.error is not None:  # an error outside the task (a callback's): the job failed, and the sweep stops
+            failed = entry(job.idx, job.overrides, job.output_dir, duration, None, "FAILED")
+            self.summary.record(replace(failed, error=f"outside its task: {one_line(end.error)}"))
+        else:
             stopped = {int(signal.SIGINT): "INTERRUPTED", int(signal.SIGTERM): "TERMINATED"}.get(end.stopped_by or 0)
             if stopped and self.failed is not None:
                 stopped = "STOPPED"

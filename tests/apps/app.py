@@ -347,6 +347,8 @@ def main(cfg: DictConfig) -> object:
         signal.signal(signal.SIGUSR1, lambda *_: open(mark, "w").close())
         if seen["rank"] == cfg.fail_rank:
             misbehave("hang")
+    if cfg.behaviour == "sysexit_0_everywhere":  # every rank ends its task with sys.exit(0), as a script that is done
+        sys.exit(0)
     odd = None
     if ddpw_runtime.rank() == cfg.fail_rank and cfg.behaviour != "ok":
         odd = misbehave(cfg.behaviour)
