@@ -50,10 +50,12 @@ def _made(name: str) -> DictConfig:
     conf, platform, callback = LAUNCHERS[name.removesuffix(ending)]
     key = own_key if name.endswith(ending) else PLATFORM_KEY
     # The platform node is a plain mapping, not a `Platform`: docs/architecture.md ("Hydra") says why.
-    return OmegaConf.structured({
+    made = OmegaConf.structured({
         "hydra": {"launcher": conf(platform_key=key), "callbacks": {
             "ddpw_plain_run": {"_target_": callback},
             "ddpw_sweep_summary": {"_target_": "ddpw_runtime.hydra_jobs.sweep_summary.PrintSweepSummary"},
         }},
         key: dataclasses.asdict(platform),
     })
+    OmegaConf.set_struct(made[key], False)  # a key it lacks, typed without `+`, reaches the platform's own check
+    return made
