@@ -11,6 +11,7 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -33,6 +34,8 @@ _CONNECT_SLICE_S = 1.0
 """How long each try to reach node 0 may last (Ctrl-C is seen between tries)."""
 _CONNECT_PAUSE_S = 0.25
 """The pause after a try to reach node 0 that failed."""
+_ANSWER_S = 5.0
+"""How long node 0's store, once reached, may take to answer (a program that holds its port never does)."""
 _SAY_WAITING_S = 5.0
 """How long node 0 waits for the other nodes before it says so on its console (a node that cannot reach node 0
 says so at its first try)."""
@@ -109,12 +112,13 @@ class StoreSide:
         seen between tries); `NodeError` naming the address and port when it cannot."""
         from torch.distributed import TCPStore
 
-        assert platform.master_addr is not None and platform.master_port is not None and platform.node_rank
-        where = f"{platform.master_addr}:{platform.master_port}"
+        host, port = platform.master_addr, platform.master_port
+        assert host is not None and port is not None and platform.node_rank
+        where = f"{host}:{port}"
         deadline, said = time.monotonic() + platform.join_timeout_min * 60.0, False
         while True:  # a plain socket first: torch's own client would log every failed try, and holds Ctrl-C
             try:
-                socket.create_connection((platform.master_addr, platform.master_port), _CONNECT_SLICE_S).close()
+                socket.create_connection((host, port), _CONNECT_SLICE_S).close()
                 break
             except OSError as exc:
                 if not said:
@@ -128,9 +132,25 @@ class StoreSide:
                         "machine reaches it at that address (platform.master_addr) and port (platform.master_port)"
                     ) from None
                 time.sleep(_CONNECT_PAUSE_S)
-        store = TCPStore(platform.master_addr, platform.master_port, is_master=False, wait_for_workers=False,
-                         timeout=timedelta(minutes=platform.join_timeout_min))
-        return cls(store, platform.node_rank, platform.n_nodes, where)
+        made: list[Any] = []
+
+        def store_client() -> None:  # on a thread: torch's client waits past its timeout for a peer that never answers
+            try:
+                made.append(TCPStore(host, port, is_master=False, wait_for_workers=False,
+                                     timeout=timedelta(seconds=_ANSWER_S)))
+            except Exception as exc:  # noqa: BLE001 - handed to the waiting thread, which says what it means
+                made.append(exc)
+
+        client = threading.Thread(target=store_client, name="ddpw-node-0-store", daemon=True)
+        client.start()
+        client.join(_ANSWER_S)
+        if not made or isinstance(made[0], Exception):
+            why = f" ({str(made[0]).splitlines()[0]})" if made else ""
+            raise NodeError(f"node {platform.node_rank} reached {where}, but what listens there did not answer as node "
+                            f"0's store within {_ANSWER_S:g} s{why}: another program holds that port on node 0 "
+                            "(choose a free platform.master_port), or platform.master_addr is not node 0's address")
+        made[0].set_timeout(timedelta(minutes=platform.join_timeout_min))
+        return cls(made[0], platform.node_rank, platform.n_nodes, where)
 
 
 class NodeChannel(StoreSide):

@@ -1,12 +1,14 @@
 """A multirun across machines without SLURM (docs/multi-node.md): node 0's Hydra process runs the sweep and serves a
 TCPStore of the sweep's own on `master_addr:master_port` for as long as it runs; before each job it publishes there the
-port of that job's own store (where the job is published, `channel.py`), and when the sweep ends, that it ended. Every
-other node runs the same `-m` command and follows: job after job it takes the port, runs its ranks of that job, and
-ends when node 0 says the sweep ended (or ends with an error when node 0's store goes away first). A node interrupted
+port of that job's own store (where the job is published, `channel.py`), and when the sweep ends, that it ended (or,
+as its process ends, that it ended early: a failed job or a callback raised, or it was stopped). Every other node runs
+the same `-m` command and follows: job after job it takes the port, runs its ranks of that job, and ends when node 0
+says the sweep ended (with an error when it ended early, or when node 0's store goes away first). A node interrupted
 between jobs says so here, so node 0 starts no more jobs. Every wait is bounded."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import pickle
 import signal
@@ -22,8 +24,11 @@ _KEY = "ddpw/sweep/"
 _POLL_S = 0.05
 _ENDED = -1
 """What node 0 publishes in place of a job's port once its sweep ended."""
+_ENDED_EARLY = -2
+"""What node 0 publishes in place of a job's port when its process ends before its sweep ended (Hydra raised)."""
 _ACK_WAIT_S = 10.0
-"""How long node 0's Hydra process waits, as it ends, for the other nodes to have read that the sweep ended."""
+"""How long node 0's Hydra process waits, as it ends, for the nodes that still follow its sweep to have read that it
+ended."""
 
 
 def free_port(host: str) -> int:
@@ -51,12 +56,18 @@ class SweepChannel(StoreSide):
         """Node 0: the sweep's `idx`-th job across the nodes is published in its own store at `port`."""
         self.store.set(f"{_KEY}job/{idx}", str(port))
 
-    def publish_end(self) -> None:
-        """Node 0: the sweep ended; wait (at most `_ACK_WAIT_S`) for the other nodes to have read it."""
-        self.store.set(f"{_KEY}job/{self.store.add(_KEY + 'jobs', 0)}", str(_ENDED))
+    def publish_end(self, early: bool = False) -> None:
+        """Node 0: the sweep ended (`early`: before its end); wait (at most `_ACK_WAIT_S`) until no other node
+        follows it any more."""
+        self.store.set(f"{_KEY}job/{self.store.add(_KEY + 'jobs', 0)}", str(_ENDED_EARLY if early else _ENDED))
         deadline = time.monotonic() + _ACK_WAIT_S
-        while self.store.add(_KEY + "read_end", 0) < self.n_nodes - 1 and time.monotonic() < deadline:
+        while self.store.add(_KEY + "left", 0) < self.n_nodes - 1 and time.monotonic() < deadline:
             time.sleep(_POLL_S)
+
+    def leave(self) -> None:
+        """A node other than 0 no longer follows the sweep (nothing when node 0's store is gone)."""
+        with contextlib.suppress(RuntimeError):
+            self.store.add(_KEY + "left", 1)
 
     def started(self) -> int:
         """Node 0: count one more job across the nodes; its index in the sweep (0 for the first)."""
@@ -64,7 +75,7 @@ class SweepChannel(StoreSide):
 
     def next_port(self, idx: int, timeout_min: float) -> int | None:
         """A node other than 0: the port of the sweep's `idx`-th job, or None when the sweep ended; waited for at
-        most `timeout_min` (NodeError past it, or when node 0's store went away)."""
+        most `timeout_min` (NodeError past it, when the sweep ended early, or when node 0's store went away)."""
         key = f"{_KEY}job/{idx}"
         deadline = time.monotonic() + timeout_min * 60.0
         while not self._has(key):
@@ -76,10 +87,10 @@ class SweepChannel(StoreSide):
                                 f"platform.join_timeout_min={timeout_min:g} and did not end its sweep")
             time.sleep(_POLL_S)
         port = int(self.store.get(key))
-        if port == _ENDED:
-            self.store.add(_KEY + "read_end", 1)
-            return None
-        return port
+        if port == _ENDED_EARLY:
+            raise NodeError("node 0's sweep ended early: a job failed or a callback raised there, or it was stopped "
+                            "(node 0's console shows which)")
+        return None if port == _ENDED else port
 
     def _has(self, key: str) -> bool:
         """Whether node 0's sweep store holds `key`; NodeError once the store is gone with node 0's Hydra process."""
@@ -111,6 +122,8 @@ def hosted(platform: Platform) -> SweepChannel:
     global _hosted
     if _hosted is None:
         _hosted = SweepChannel.host(platform)
+        # Hydra ends a sweep that raised (a failed job, say) without `on_multirun_end`: the end is said as it exits.
+        atexit.register(end_hosted, early=True)
     return _hosted
 
 
@@ -119,9 +132,10 @@ def serves_sweep(platform: Platform) -> bool:
     return _hosted is not None and _hosted.where == f"{platform.master_addr}:{platform.master_port}"
 
 
-def end_hosted() -> None:
-    """Node 0's sweep ended: say so to the other nodes (nothing when no job ran across machines)."""
+def end_hosted(early: bool = False) -> None:
+    """Node 0's sweep ended (`early`: before its end): say so to the other nodes (nothing when no job ran across
+    machines, or once said)."""
     global _hosted
     if _hosted is not None:
-        _hosted.publish_end()
+        _hosted.publish_end(early)
         _hosted = None

@@ -25,7 +25,8 @@ from ddpw_runtime.nodes.sweep_channel import SweepChannel
 
 def follow_sweep(platform: Platform, options: LauncherOptions) -> int:
     """Node `platform.node_rank` (> 0) of a multirun across machines: follow node 0's sweep job by job (`follow`
-    each, at the port node 0 gives it) until node 0 says the sweep ended (0), or ended without saying so (`NodeError`).
+    each, at the port node 0 gives it) until node 0 says the sweep ended (0), or ended early or without saying so
+    (`NodeError`).
     After Ctrl-C or SIGTERM here, 130 or 143, and node 0 starts no more jobs."""
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
     with sigterm_raises():
@@ -33,22 +34,30 @@ def follow_sweep(platform: Platform, options: LauncherOptions) -> int:
             sweep = SweepChannel.connect(platform)
         except (KeyboardInterrupt, Terminated) as stop:  # while it waits for node 0: nothing runs here yet
             return 128 + signal_of(stop)
-        job = 0
-        while True:
-            try:
-                port = sweep.next_port(job, platform.join_timeout_min)
-            except (KeyboardInterrupt, Terminated) as stop:
-                sweep.stop(signal_of(stop))
-                return 128 + signal_of(stop)
-            if port is None:
-                return 0
-            code, stopped = _follow(replace(platform, master_port=port), options)
-            if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-                sweep.stop(code - 128)
-                return code
-            if stopped is not None and stopped.signal is not None:  # another node's Ctrl-C or SIGTERM ends the sweep
-                return code
-            job += 1
+        try:
+            return _follow_jobs(sweep, platform, options)
+        finally:
+            sweep.leave()
+
+
+def _follow_jobs(sweep: SweepChannel, platform: Platform, options: LauncherOptions) -> int:
+    """`follow_sweep`'s loop over node 0's jobs; the exit code."""
+    job = 0
+    while True:
+        try:
+            port = sweep.next_port(job, platform.join_timeout_min)
+        except (KeyboardInterrupt, Terminated) as stop:
+            sweep.stop(signal_of(stop))
+            return 128 + signal_of(stop)
+        if port is None:
+            return 0
+        code, stopped = _follow(replace(platform, master_port=port), options)
+        if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+            sweep.stop(code - 128)
+            return code
+        if stopped is not None and stopped.signal is not None:  # another node's Ctrl-C or SIGTERM ends the sweep
+            return code
+        job += 1
 
 
 def follow(platform: Platform, options: LauncherOptions) -> int:
