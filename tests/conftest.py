@@ -44,3 +44,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "slurm_env" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+            item.add_marker(pytest.mark.xdist_group("slurm"))  # one worker runs them all (pytest -n): one cluster
