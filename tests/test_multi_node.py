@@ -357,6 +357,23 @@ def test_a_node_that_reaches_another_program_on_node_0s_port_says_so_within_a_bo
 
 
 @pytest.mark.subprocess
+def test_a_second_process_started_as_the_same_node_is_refused_and_the_job_goes_on(tmp_path: Path) -> None:
+    zero, one, ranks = _two_running(tmp_path)
+    port = int(ranks[0]["env"]["MASTER_PORT"])
+    own, environ = _explicit(port, 1)
+    again = _node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", *own], environ)
+    _, err = again.communicate(timeout=60)
+    assert again.returncode == 1, err
+    assert f"node 1 already joined node 0's job at {HOST}:{port}: another process runs as node 1" in err
+    assert (zero.poll(), one.poll()) == (None, None)  # the job goes on, untouched
+    zero.send_signal(signal.SIGINT)
+    zero.communicate(timeout=60)
+    one.communicate(timeout=60)
+    assert (zero.returncode, one.returncode) == (130, 1)
+    wait_for(lambda: leftover(ranks) == [], timeout=10, what="every rank to end")
+
+
+@pytest.mark.subprocess
 def test_node_1_started_first_waits_for_node_0(tmp_path: Path) -> None:
     port = free_port()
     nodes = {}

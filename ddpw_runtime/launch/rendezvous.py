@@ -32,7 +32,8 @@ def listen(platform: Platform, master_addr: str | None, master_port: int | None)
     except OSError as exc:
         sock.close()
         across = platform.n_nodes > 1  # (there, null is what the platform says, else 29500 on every node)
-        free = ("; give every node the same one" if across else
+        free = ("; give every node the same one (a node 0 of this job that already runs there holds it too: give every "
+                "other node its own platform.node_rank)" if across else
                 " or leave master_port unset (null) to get a free one per job")
         if exc.errno == errno.EADDRINUSE:
             raise ConfigError("platform.master_port", port, "another program is listening on this port; choose a free "

@@ -184,8 +184,11 @@ class NodeChannel(StoreSide):
         return pickle.loads(self.store.get(SPEC_KEY))
 
     def join(self) -> None:
-        """This node has the job and starts its ranks."""
-        self.store.set(f"{_KEY}joined/{self.node}", b"1")
+        """This node has the job and starts its ranks; NodeError when another process joined as this node already."""
+        if self.store.add(f"{_KEY}joined/{self.node}", 1) > 1:
+            raise NodeError(f"node {self.node} already joined node 0's job at {self.where}: another process runs as "
+                            f"node {self.node}; give every machine its own platform.node_rank (or its platform's "
+                            "variables)")
 
     def missing(self, timeout_min: float) -> list[int]:
         """Node 0: the nodes that have not joined after at most `timeout_min` (none once all have), or as soon as

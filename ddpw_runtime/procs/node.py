@@ -77,6 +77,7 @@ def _follow(platform: Platform, options: LauncherOptions) -> tuple[int, NodeStop
     try:
         channel = NodeChannel.connect(platform)
         spec = channel.spec(platform.join_timeout_min)
+        channel.join()
     except (KeyboardInterrupt, Terminated) as stop:  # while it waits for node 0: nothing of the job runs here yet
         if channel is not None:  # node 0 does not wait for this node to join
             channel.stop(NodeStop(node, signal_of(stop)))
@@ -89,7 +90,6 @@ def _follow(platform: Platform, options: LauncherOptions) -> tuple[int, NodeStop
     nodes = Nodes(channel, grace)
     try:
         with local_job(spec.task, state, job) as local, local.console() as console:
-            channel.join()
             ranks = nodes.ranks(local, console)
             with nodes.watching(ranks):  # (it beats until node 0 has this node's end: node 0 waits for no lost node)
                 outcomes = supervise(ranks)
