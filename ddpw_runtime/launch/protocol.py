@@ -129,11 +129,13 @@ class RankExited(NamedTuple):
 
 class JobStarting(NamedTuple):
     """From rank 0's process: the job's task is about to run there. `task` is the task (a packed `TaskCall`)
-    the other ranks run, `state` rank 0's process state they take on, `log_dir` the job's output dir."""
+    the other ranks run, `state` rank 0's process state they take on, `log_dir` the job's output dir, `overrides`
+    the job's overrides as typed (a job across machines: every other node compares its own)."""
 
     task: bytes
     state: ProcessState
     log_dir: str
+    overrides: tuple[str, ...] = ()
 
 
 class RankZero(NamedTuple):

@@ -27,8 +27,8 @@ _KEY = "ddpw/nodes/"
 SPEC_KEY = _KEY + "spec"
 """Where node 0 publishes its job (`JobSpec`)."""
 MULTIRUN_KEY = "ddpw/sweep/multirun"
-"""Set in the store node 0 serves when it runs a multirun (`sweep_channel.py`), so a node that runs a plain run
-says so at once instead of waiting for a job that never comes."""
+"""Set in the store node 0 serves when it runs a multirun (`sweep_channel.py`), to the sweep's overrides as typed
+there, so a node that runs a plain run says so at once instead of waiting for a job that never comes."""
 _POLL_S = 0.05
 _CONNECT_SLICE_S = 1.0
 """How long each try to reach node 0 may last (Ctrl-C is seen between tries)."""
@@ -50,8 +50,8 @@ class JobSpec:
     """The job as node 0 decided it, for every other node: its platform (node 0's, with the rendezvous), the task
     (`TaskCall.pack`, with node 0's config, output dir and `${now:}`), node 0's Hydra state (every rank's; see
     `ProcessState.hydra_state`), what the job set in node 0's environment (`hydra.job.env_set`; the rest of node 0's
-    environment stays there) and the working dir it entered (`hydra.job.chdir`, else None), the output dir and the
-    run id."""
+    environment stays there) and the working dir it entered (`hydra.job.chdir`, else None), the output dir, the
+    run id, and its overrides as typed on node 0."""
 
     platform: Platform
     task: bytes
@@ -60,6 +60,7 @@ class JobSpec:
     job_cwd: str | None
     output_dir: str
     run_id: str
+    overrides: tuple[str, ...]
 
     def state_here(self, environ: dict[str, str], cwd: str, sys_path: list[str]) -> ProcessState:
         """The state this node's ranks take on: this node's environment with what the job set on node 0, the

@@ -94,7 +94,7 @@ class Nodes:
         env_set = {k: v for k, v in state.env.items() if os.environ.get(k) != v}  # what the job set in rank 0's
         job_cwd = state.cwd if state.cwd != os.getcwd() else None
         channel.publish(JobSpec(platform, starting.task, state.hydra_state, env_set, job_cwd, starting.log_dir,
-                                plan.run_id))
+                                plan.run_id, starting.overrides))
         missing = channel.missing(platform.join_timeout_min)
         stopped = channel.stopped()
         if stopped is not None:  # a node got Ctrl-C or SIGTERM before it joined

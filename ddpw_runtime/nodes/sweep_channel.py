@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import pickle
 import signal
 import socket
@@ -42,15 +43,19 @@ class SweepChannel(StoreSide):
     """Node `node`'s side of the sweep's store (`connect`: a node other than 0 reaches it)."""
 
     @staticmethod
-    def host(platform: Platform) -> SweepChannel:
-        """Node 0: serve the sweep's store on `platform.master_addr:master_port`."""
+    def host(platform: Platform, overrides: tuple[str, ...]) -> SweepChannel:
+        """Node 0: serve the sweep's store on `platform.master_addr:master_port`, saying the sweep's `overrides`."""
         from torch.distributed import TCPStore
 
         assert platform.master_addr is not None and platform.master_port is not None
         store = TCPStore(platform.master_addr, platform.master_port, is_master=True, wait_for_workers=False,
                          timeout=timedelta(minutes=platform.join_timeout_min))
-        store.set(MULTIRUN_KEY, "1")
+        store.set(MULTIRUN_KEY, json.dumps(overrides))
         return SweepChannel(store, 0, platform.n_nodes, f"{platform.master_addr}:{platform.master_port}")
+
+    def overrides(self) -> tuple[str, ...]:
+        """A node other than 0: the sweep's overrides as typed on node 0."""
+        return tuple(json.loads(self.store.get(MULTIRUN_KEY)))
 
     def publish_job(self, idx: int, port: int) -> None:
         """Node 0: the sweep's `idx`-th job across the nodes is published in its own store at `port`."""
@@ -117,11 +122,12 @@ class SweepChannel(StoreSide):
 _hosted: SweepChannel | None = None
 
 
-def hosted(platform: Platform) -> SweepChannel:
-    """Node 0's sweep store, served from its first job across machines on, for as long as this process runs."""
+def hosted(platform: Platform, overrides: tuple[str, ...]) -> SweepChannel:
+    """Node 0's sweep store, served from its first job across machines on, for as long as this process runs; the
+    sweep's `overrides` (as typed) for the other nodes."""
     global _hosted
     if _hosted is None:
-        _hosted = SweepChannel.host(platform)
+        _hosted = SweepChannel.host(platform, overrides)
         # Hydra ends a sweep that raised (a failed job, say) without `on_multirun_end`: the end is said as it exits.
         atexit.register(end_hosted, early=True)
     return _hosted

@@ -23,11 +23,11 @@ from ddpw_runtime.nodes.controller import Nodes, failed_by_itself
 from ddpw_runtime.nodes.sweep_channel import SweepChannel
 
 
-def follow_sweep(platform: Platform, options: LauncherOptions) -> int:
-    """Node `platform.node_rank` (> 0) of a multirun across machines: follow node 0's sweep job by job (`follow`
-    each, at the port node 0 gives it) until node 0 says the sweep ended (0), or ended early or without saying so
-    (`NodeError`).
-    After Ctrl-C or SIGTERM here, 130 or 143, and node 0 starts no more jobs."""
+def follow_sweep(platform: Platform, options: LauncherOptions, overrides: tuple[str, ...]) -> int:
+    """Node `platform.node_rank` (> 0) of a multirun across machines, its sweep's `overrides` as typed here (those
+    that differ from node 0's are named: node 0's sweep is the one that runs): follow node 0's sweep job by job
+    (`follow` each, at the port node 0 gives it) until node 0 says the sweep ended (0), or ended early or without
+    saying so (`NodeError`). After Ctrl-C or SIGTERM here, 130 or 143, and node 0 starts no more jobs."""
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
     with sigterm_raises():
         try:
@@ -35,12 +35,12 @@ def follow_sweep(platform: Platform, options: LauncherOptions) -> int:
         except (KeyboardInterrupt, Terminated) as stop:  # while it waits for node 0: nothing runs here yet
             return 128 + signal_of(stop)
         try:
-            return _follow_jobs(sweep, platform, options)
+            return _follow_jobs(sweep, platform, options, overrides)
         finally:
             sweep.leave()
 
 
-def _follow_jobs(sweep: SweepChannel, platform: Platform, options: LauncherOptions) -> int:
+def _follow_jobs(sweep: SweepChannel, platform: Platform, options: LauncherOptions, overrides: tuple[str, ...]) -> int:
     """`follow_sweep`'s loop over node 0's jobs; the exit code."""
     job = 0
     while True:
@@ -51,6 +51,8 @@ def _follow_jobs(sweep: SweepChannel, platform: Platform, options: LauncherOptio
             return 128 + signal_of(stop)
         if port is None:
             return 0
+        if job == 0:  # (node 0 said its sweep's overrides as it started serving its store, before its first job)
+            _say_differences(overrides, sweep.overrides(), sweep.node, options.platform_key)
         code, stopped = _follow(replace(platform, master_port=port), options)
         if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
             sweep.stop(code - 128)
@@ -60,16 +62,32 @@ def _follow_jobs(sweep: SweepChannel, platform: Platform, options: LauncherOptio
         job += 1
 
 
-def follow(platform: Platform, options: LauncherOptions) -> int:
-    """Node `platform.node_rank` (> 0, placed by `place_node`) of a job across machines: reach node 0, take the job
+def follow(platform: Platform, options: LauncherOptions, overrides: tuple[str, ...]) -> int:
+    """Node `platform.node_rank` (> 0, placed by `place_node`) of a job across machines, its `overrides` as typed here
+    (those that differ from node 0's are named: node 0's config is the one that runs): reach node 0, take the job
     it publishes, run this node's ranks of it until they end or another node stops the job; the exit code (0, 1
     when the job failed or was stopped elsewhere, 130 or 143 after Ctrl-C or SIGTERM here). Node 0's console shows
     the job's report; this node's says what ended it here."""
-    return _follow(platform, options)[0]
+    return _follow(platform, options, overrides)[0]
 
 
-def _follow(platform: Platform, options: LauncherOptions) -> tuple[int, NodeStop | None]:
-    """`follow`'s exit code, and the stop of another node that ended the job (None: none did)."""
+def _say_differences(here: tuple[str, ...], on_node_0: tuple[str, ...], node: int, platform_key: str) -> None:
+    """Name the overrides of this node (`here`) and node 0 that differ (but those that say where a node stands)."""
+    placing = {f"{platform_key}.{name}" for name in ("node_rank", "master_addr", "master_port")}
+
+    def kept(overrides: tuple[str, ...]) -> set[str]:
+        return {o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in placing}
+
+    only_here, only_there = sorted(kept(here) - kept(on_node_0)), sorted(kept(on_node_0) - kept(here))
+    if only_here or only_there:
+        sys.stderr.write(f"[ddpw] node {node} runs node 0's config, whose overrides differ from this node's: here "
+                         f"{' '.join(only_here) or '(none)'}, on node 0 {' '.join(only_there) or '(none)'}\n")
+
+
+def _follow(platform: Platform, options: LauncherOptions,
+            overrides: tuple[str, ...] | None = None) -> tuple[int, NodeStop | None]:
+    """`follow`'s exit code, and the stop of another node that ended the job (None: none did); `overrides`: this
+    node's, compared with the job's (None: not compared, a job of a sweep)."""
     node = platform.node_rank
     assert node
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
@@ -78,6 +96,8 @@ def _follow(platform: Platform, options: LauncherOptions) -> tuple[int, NodeStop
         channel = NodeChannel.connect(platform)
         spec = channel.spec(platform.join_timeout_min)
         channel.join()
+        if overrides is not None:
+            _say_differences(overrides, spec.overrides, node, options.platform_key)
     except (KeyboardInterrupt, Terminated) as stop:  # while it waits for node 0: nothing of the job runs here yet
         if channel is not None:  # node 0 does not wait for this node to join
             channel.stop(NodeStop(node, signal_of(stop)))

@@ -166,7 +166,7 @@ class _Sweep:
         """Across machines: which job lost a node (or never had it join), after which no more jobs start."""
         if jobs[0].platform.n_nodes > 1:
             starter_for(jobs[0].platform)  # first: a starter forked later would hold the sweep's store open
-            self.across = hosted(jobs[0].platform)
+            self.across = hosted(jobs[0].platform, tuple(summary.sweep.overrides))
         devices = side_by_side_devices(jobs, options) if self.across is None else None
         if devices is not None:
             _note_shared_ports(jobs)
