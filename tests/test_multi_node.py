@@ -276,6 +276,7 @@ def test_a_plain_run_spans_two_nodes_in_node_0s_output_dir(tmp_path: Path, way: 
     assert ranks[0]["cwd"] == ranks[1]["cwd"] == str(job)  # the dir node 0's job entered
     assert ranks[0]["run_id"] == ranks[1]["run_id"]
     assert "COMPLETED" in out0 and "COMPLETED" not in out1  # the job's report is on node 0's console
+    assert "[ddpw] every rank of this node (node 1) returned; node 0 shows the job's report" in err1
     assert leftover(ranks) == []
 
 
@@ -333,6 +334,9 @@ def test_a_node_that_cannot_reach_node_0_names_the_address_and_port(tmp_path: Pa
     assert one.returncode == 1
     waiting = f"[ddpw] node 1 is waiting for node 0 at {HOST}:{port} (up to platform.join_timeout_min=0.05)"
     assert err.count(waiting) == 1
+    # (this test's nodes share one machine; on two, a loopback address is the mistake that keeps them apart)
+    assert f"{waiting}; {HOST} is a loopback address, which only a node on node 0's own machine reaches: give " \
+           "platform.master_addr node 0's address on the network\n" in err, err
     assert f"node 1 could not reach node 0 at {HOST}:{port} within platform.join_timeout_min=0.05" in err
     assert not job_dirs(tmp_path)  # it never ran a job of its own
 
@@ -547,6 +551,9 @@ def test_ctrl_c_on_either_node_in_a_multirun_ends_the_sweep_on_both_and_the_othe
     _, err_other = other.communicate(timeout=60)
     assert got.returncode == 130, err_got
     assert other.returncode == 1, err_other
+    if pressed == 1:  # (node 0 shows the job's report)
+        assert "[ddpw] node 1 got Ctrl-C (SIGINT), which ends the job on every node; this node's ranks were stopped" \
+               in err_got, err_got
     assert err_other.count(f"node {pressed} got Ctrl-C (SIGINT)") == 1, err_other
     assert "could no longer be reached" not in err_other and "ended without saying so" not in err_other, err_other
     assert len(_sweep_dirs(tmp_path)) == 1  # no second job started

@@ -7,6 +7,7 @@ only by `StoreSide.connect`, where a node's controller has it loaded anyway."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import pickle
 import signal
 import socket
@@ -84,7 +85,8 @@ class NodeStop:
         if self.signal is not None:
             what = "Ctrl-C (SIGINT)" if self.signal == signal.SIGINT else signal.Signals(self.signal).name
             return f"node {self.node} got {what}, which ends the job on every node"
-        return f"the job was stopped on node {self.node} (a rank failed there, or its time limit passed)"
+        return (f"the job was stopped on node {self.node}, where a rank failed or the time limit passed (node 0 shows "
+                "the root cause, which may be a rank of any node)")
 
 
 @dataclass
@@ -96,6 +98,16 @@ class NodeEnd:
     ranks: list[RankOutcome] = field(default_factory=list)
     interrupted: int | None = None
     error: BaseException | None = None
+
+
+def _on_loopback(host: str) -> str:
+    """What a waiting node adds when node 0's address `host` is a loopback one, which no other machine reaches."""
+    try:
+        loopback = all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+    except (OSError, ValueError):
+        return ""
+    return (f"; {host} is a loopback address, which only a node on node 0's own machine reaches: give "
+            "platform.master_addr node 0's address on the network") if loopback else ""
 
 
 class StoreSide:
@@ -124,7 +136,7 @@ class StoreSide:
             except OSError as exc:
                 if not said:
                     sys.stderr.write(f"[ddpw] node {platform.node_rank} is waiting for node 0 at {where} (up to "
-                                     f"platform.join_timeout_min={platform.join_timeout_min:g})\n")
+                                     f"platform.join_timeout_min={platform.join_timeout_min:g}){_on_loopback(host)}\n")
                     said = True
                 if time.monotonic() >= deadline:
                     raise NodeError(
@@ -201,7 +213,8 @@ class NodeChannel(StoreSide):
             waited = time.monotonic() - start
             if missing and not said and waited >= _SAY_WAITING_S:
                 sys.stderr.write(f"[ddpw] node 0 is waiting at {self.where} for node(s) {', '.join(map(str, missing))} "
-                                 f"to join (up to platform.join_timeout_min={timeout_min:g})\n")
+                                 f"to join (up to platform.join_timeout_min={timeout_min:g})"
+                                 f"{_on_loopback(self.where.rsplit(':', 1)[0])}\n")
                 said = True
             if not missing or waited >= timeout_min * 60.0 or self.store.check([_KEY + "stop"]):
                 return missing

@@ -117,6 +117,7 @@ def _follow(platform: Platform, options: LauncherOptions,
                 channel.end(NodeEnd(node, outcomes))
     except (KeyboardInterrupt, Terminated) as stop:
         channel.end(NodeEnd(node, interrupted=signal_of(stop)))
+        sys.stderr.write(f"[ddpw] {NodeStop(node, signal_of(stop)).text()}; this node's ranks were stopped\n")
         return 128 + signal_of(stop), None
     except Exception as error:
         channel.end(NodeEnd(node, error=portable(error, NodeError)))
@@ -130,4 +131,6 @@ def _follow(platform: Platform, options: LauncherOptions,
     if stopped is not None:
         sys.stderr.write(f"[ddpw] {stopped.text()}; this node's ranks were stopped\n")
         return 1, stopped
+    if cause is None:
+        sys.stderr.write(f"[ddpw] every rank of this node (node {node}) returned; node 0 shows the job's report\n")
     return (1 if cause is not None else 0), None
