@@ -223,7 +223,7 @@ inner_start() {
 
     local db_port; db_port=$(cat "$D/run/db_port")
     # mariadbd does not daemonize: detach it (setsid, no inherited stdio).
-    setsid mariadbd --no-defaults --user=root --datadir="$D/db" \
+    setsid mariadbd --no-defaults --user=root --datadir="$D/db" --tmpdir="$D/tmp" \
         --socket="$D/run/mariadb.sock" --port="$db_port" --bind-address=127.0.0.1 \
         --skip-name-resolve --pid-file="$D/run/mariadbd.pid" --log-error="$D/log/mariadb.log" \
         --innodb-buffer-pool-size=32M --innodb-log-file-size=16M \
@@ -274,7 +274,7 @@ cmd_start() {
     if [[ -s $D/run/mntns && -n $(ns_pids "$(cat "$D/run/mntns")") ]]; then
         die "a cluster is already running in $D (cluster.sh stop $D first)"
     fi
-    mkdir -p "$D"/{etc,munge,db,state/ctld,run,log}
+    mkdir -p "$D"/{etc,munge,db,tmp,state/ctld,run,log}
     chmod 0755 "$D/munge"   # munged: the socket folder must be reachable by all
     write_configs
     export SLURM_CONF=$D/etc/slurm.conf
@@ -284,7 +284,8 @@ cmd_start() {
         chmod 0400 "$D/munge/munge.key"
     fi
     if [[ ! -d $D/db/mysql ]]; then
-        mariadb-install-db --no-defaults --user=root --datadir="$D/db" --skip-test-db \
+        # Its temporary tables in a folder of its own, not /tmp, where other programs come and go.
+        mariadb-install-db --no-defaults --user=root --datadir="$D/db" --tmpdir="$D/tmp" --skip-test-db \
             --auth-root-authentication-method=socket >"$D/log/mariadb-install.log" 2>&1 \
             || { tail -n 20 "$D/log/mariadb-install.log" >&2; die "mariadb-install-db failed"; }
     fi
