@@ -41,8 +41,10 @@ class RankFailure(CompactError, RuntimeError):
 
     @property
     def cause(self) -> str:
-        """`Type: message` of the root cause."""
-        return f"{self.error_type}: {self.error_message}" if self.error_message else self.error_type
+        """`Type: message` of the root cause, in one line: the message's first line (its traceback, or the error
+        itself when there is none, has the rest: a DataLoader worker's error holds the worker's whole traceback)."""
+        first = next((line for line in self.error_message.splitlines() if line.strip()), "")
+        return f"{self.error_type}: {first}" if first else self.error_type
 
     @property
     def results(self) -> list[RankResult | None]:
@@ -60,9 +62,12 @@ class RankFailure(CompactError, RuntimeError):
             parts.append(self.hang.text())
         if self.waiting_error:
             parts.append(f"what a waiting rank raised (secondary): {self.waiting_error}")
+        rest = self.error_message.strip().partition("\n")[2]
         if self.traceback_text:
             parts.append(f"--- traceback of rank {self.rank} ---\n{self.traceback_text.rstrip()}")
-        elif self.log_tail:
+        elif rest:
+            parts.append(rest)
+        if not self.traceback_text and self.log_tail:
             parts.append(f"--- end of rank {self.rank}'s log ---\n{self.log_tail.rstrip()}")
         if self.log_file:
             parts.append(f"(full output of rank {self.rank}: {self.log_file})")

@@ -106,6 +106,20 @@ def test_a_failing_rank_fails_the_job_with_its_cause(tmp_path: Path, behaviour: 
     assert leftover(seen(job)) == []
 
 
+@pytest.mark.parametrize("mode", [(), ("-m",)], ids=["plain", "multirun"])
+def test_an_error_with_a_message_of_many_lines_is_named_in_one_line_and_shown_once(tmp_path: Path,
+                                                                                   mode: tuple[str, ...]) -> None:
+    """A DataLoader worker's error: torch raises it again with the worker's whole traceback in its message."""
+    proc = run_app(tmp_path, *mode, "behaviour=worker_raise")
+    assert proc.returncode == 1
+    console = proc.stdout + proc.stderr
+    head = "rank 1 failed: ValueError: Caught ValueError in DataLoader worker process 0.\n  rank 0: "  # one line
+    assert "[ddpw] job #0 FAILED after" in console and head in console, console
+    assert "rank 1 (node 0) failed: ValueError: Caught ValueError in DataLoader worker process 0.\n--- traceback" \
+        in console, console
+    assert console.count("Original Traceback") == 1 and console.count('raise ValueError("item 3 cannot') == 1, console
+
+
 def test_rank_0_failing_is_reported_as_rank_0(tmp_path: Path) -> None:
     # A plain run's rank 0 is the user's own process: Hydra reports its error as in any plain run.
     proc = run_app(tmp_path, "behaviour=raise", "fail_rank=0")

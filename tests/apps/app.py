@@ -149,6 +149,8 @@ def misbehave(behaviour: str) -> object:
     if behaviour == "spawn_lock_kill":  # a semaphore in /dev/shm (spawn context), then death by SIGKILL
         multiprocessing.get_context("spawn").Lock()
         os.kill(os.getpid(), signal.SIGKILL)
+    if behaviour == "worker_raise":  # torch re-raises it with the worker's traceback in its message, many lines
+        return sum(int(batch.sum()) for batch in torch.utils.data.DataLoader(FailsAtThree(), num_workers=1))
     if behaviour == "local_exception":
 
         class DefinedInTheTask(Exception):
@@ -176,6 +178,18 @@ def load_batch() -> None:
     """A data loader that never returns (stuck on a file system, or on a worker that died)."""
     while True:
         time.sleep(1)
+
+
+class FailsAtThree(torch.utils.data.Dataset):
+    """A dataset whose item 3 raises in the DataLoader worker that loads it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 3:
+            raise ValueError("item 3 cannot be read")
+        return torch.tensor(index)
 
 
 class SlowToLetGo:
