@@ -93,10 +93,11 @@ def plan_launch(summary: SweepSummary, job_overrides: Sequence[Sequence[str]], i
         if (before := summary.entries.get(idx)) is None:
             launch.to_run.append(JobToRun(idx, list(overrides)))
             continue
-        if before.overrides != list(overrides):
+        if _by_key(before.overrides) != _by_key(overrides):  # (the same overrides typed in another order match)
             raise ConfigError("hydra.launcher.resume", True, (
                 f"job #{idx} of this sweep is '{' '.join(overrides)}', the earlier run's job #{idx} was "
-                f"'{' '.join(before.overrides)}' (the config files give another sweep); " + _AGAIN))
+                f"'{' '.join(before.overrides)}' (swept keys typed in another order, or other config files, give the "
+                "jobs in another order); " + _AGAIN))
         ret = summary.kept_return(idx) if before.status == JobStatus.COMPLETED.name else None
         if ret is None:
             if before.status == JobStatus.COMPLETED.name:
