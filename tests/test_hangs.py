@@ -301,3 +301,10 @@ def test_the_collective_awaited_is_the_first_the_culprit_missed_when_the_waiting
     report = HangReport("asked", (waiting, stuck), recorded=recorded)
     assert report.awaited == Collective("all_reduce", 3, "0")
     assert report.lines()[0].endswith("; collectives: last entered all_reduce #2, not all_reduce #3")
+
+
+def test_the_launcher_plugin_that_forks_a_multiruns_ranks_is_not_named_as_the_users_code() -> None:
+    import hydra_plugins.hydra_ddpw_launcher.local_launcher as plugin
+
+    place = RankPlace(1, (Frame("/repo/train.py", 57, "train"), Frame(plugin.__file__, 36, "setup")))
+    assert place.where() == "train (/repo/train.py:57)", place.where()

@@ -27,9 +27,12 @@ _BACKWARD = ("/torch/autograd/graph.py", "_engine_run_backward")
 from hooks that leave no Python frame: a rank held there while a collective times out waits in that all-reduce."""
 _WRAPPER = "/torch/distributed/c10d_logger.py"
 """Where torch wraps its collectives (a frame `wrapper` outside the one the task called)."""
-_NOT_THE_USERS = (str(Path(__file__).resolve().parents[1]), sysconfig.get_paths()["stdlib"],
-                  sysconfig.get_paths()["platstdlib"], "/site-packages/", "/dist-packages/", "<frozen ")
-"""Code that is not the user's: hydra-ddpw itself, Python's standard library and installed packages."""
+_HERE = Path(__file__).resolve().parents[2]
+_NOT_THE_USERS = (*(str(_HERE / part) for part in ("ddpw_runtime", "ddpw_conf", "hydra_plugins/hydra_ddpw_launcher")),
+                  sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], "/site-packages/",
+                  "/dist-packages/", "<frozen ")
+"""Code that is not the user's: hydra-ddpw itself (its launcher plugin too: a multirun's ranks are forked inside its
+`setup`), Python's standard library and installed packages."""
 
 
 @dataclass(frozen=True)
