@@ -76,6 +76,7 @@ def test_ctrl_c_passes_to_the_ranks_then_exits_130(tmp_path: Path) -> None:
     assert "Interrupted: every rank of job #0 was stopped." in stderr
     job = job_dirs(tmp_path)[0]
     assert all("KeyboardInterrupt" in (job / f"rank_{r}.log").read_text() for r in (0, 1))
+    assert "--- rank 1 was stopped: KeyboardInterrupt" in (job / "rank_1.log").read_text()  # not "failed"
     assert leftover(ranks) == []
 
 

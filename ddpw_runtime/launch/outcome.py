@@ -110,4 +110,5 @@ def note_failures(outcomes: Iterable[RankOutcome]) -> None:
         if outcome.error is None or outcome.log_file is None:
             continue
         with suppress(OSError), open(outcome.log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
-            log.write(f"--- rank {outcome.rank} failed: {outcome.error.headline}\n{outcome.error.traceback}")
+            ended = "was stopped" if outcome.stopped else "failed"  # (Ctrl-C, or another rank's failure)
+            log.write(f"--- rank {outcome.rank} {ended}: {outcome.error.headline}\n{outcome.error.traceback}")
