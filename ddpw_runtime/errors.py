@@ -85,8 +85,9 @@ class JobTimedOut(CompactError, RuntimeError):
         self.where = where
         self.report = report
         self.stalled = stalled
-        head = ("the job made no progress and was stopped (platform.stop_on_stall=true)" if stalled else
-                f"the job ran past its time limit (platform.timeout_min={timeout_min}) and was stopped")
+        self.head = head = ("the job made no progress and was stopped (platform.stop_on_stall=true)" if stalled else
+                            f"the job ran past its time limit (platform.timeout_min={timeout_min}) and was stopped")
+        """What happened, in one clause (the message goes on with where each rank was)."""
         if report is not None:
             lines = [f"{head}; {report.text()}"]
         else:

@@ -162,7 +162,8 @@ def test_summary_of_a_rank_that_exited_without_a_traceback_and_the_end_of_its_lo
 def test_summary_of_another_error_shows_its_message() -> None:
     timed_out = JobTimedOut(5, {0: "step (t.py:3)", 1: "load (t.py:9)"})
     lines = failed_summary(2, timed_out, 300.0, "o").splitlines()
-    assert lines[0].startswith("[ddpw] job #2 FAILED after 300.0 s: JobTimedOut: the job ran past its")
+    assert lines[0] == ("[ddpw] job #2 FAILED after 300.0 s: JobTimedOut: the job ran past its time limit "
+                        "(platform.timeout_min=5) and was stopped")  # one clause, not a line left hanging at "...:"
     assert lines[-1] == "  logs: o/rank_<k>.log"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ddpw_conf import Platform
-from ddpw_runtime.errors import RankFailure
+from ddpw_runtime.errors import JobTimedOut, RankFailure
 from ddpw_runtime.launch.outcome import signal_name
 from ddpw_runtime.launch.stacks import rank_ranges
 
@@ -105,6 +105,8 @@ def one_line(error: BaseException) -> str:
     """Why a job failed, in one line: the root cause of a `RankFailure`, else `Type: first line`."""
     if isinstance(error, RankFailure):
         return f"rank {error.rank} failed: {error.cause}"
+    if isinstance(error, JobTimedOut):
+        return f"JobTimedOut: {error.head}"
     message = str(error).splitlines()
     return type(error).__name__ + (f": {message[0]}" if message and message[0] else "")
 
