@@ -43,6 +43,18 @@ def test_a_torchrun_script_runs_unchanged_in_a_plain_run(tmp_path: Path, groups:
 
 
 @pytest.mark.subprocess
+def test_the_local_rank_override_read_from_the_environment_works_in_a_sweep_too(tmp_path: Path) -> None:
+    """Only a rank can resolve it: the sweep's record keeps it as typed."""
+    proc = torchrun_repo(tmp_path, LOCAL_RANK_FROM_ENV, flags=("-m",))
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    assert {rank: (data["local_rank"], data["env_local_rank"]) for rank, data in seen(job).items()} == {
+        0: (0, 0), 1: (1, 1)}
+    record = json.loads((job.parent / "sweep_summary.json").read_text())["sweep"]
+    assert any("${oc.env:LOCAL_RANK}" in override for override in record["overrides"]), record
+
+
+@pytest.mark.subprocess
 def test_a_torchrun_script_runs_unchanged_in_a_sweep_with_each_way_to_make_its_group(tmp_path: Path) -> None:
     proc = torchrun_repo(tmp_path, "init=plain,backend,env", "platform.ipc_groups=[],null", flags=("-m",))
     assert proc.returncode == 0, proc.stderr

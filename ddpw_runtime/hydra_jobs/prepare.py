@@ -143,6 +143,14 @@ def task_config(config: DictConfig) -> DictConfig:
     return task_cfg
 
 
+def as_typed(overrides: Any) -> tuple[str, ...]:
+    """Hydra's `overrides` (a list in its config, `hydra.overrides.task`) as typed: an interpolation in one
+    (`${oc.env:LOCAL_RANK}`, which only a rank can resolve) is kept, not resolved."""
+    typed = OmegaConf.to_container(overrides, resolve=False)
+    assert isinstance(typed, list)
+    return tuple(typed)
+
+
 def pin_now(config: DictConfig) -> None:
     """Resolve every value of the task's config that uses `${now:...}` once, here: Hydra's `now`
     resolver caches its result in the config, and the cache travels with it, so every rank (and the

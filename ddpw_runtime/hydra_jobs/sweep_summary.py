@@ -31,6 +31,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from ddpw_runtime import _compat
+from ddpw_runtime.hydra_jobs.prepare import as_typed
 from ddpw_runtime.hydra_jobs.summary import PREFIX, one_line, shown_path
 from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.payload import write_atomically
@@ -80,7 +81,8 @@ class SweepRecord:
     def of(config: DictConfig) -> SweepRecord:
         """The record of the sweep whose (master) config is `config`."""
         params = OmegaConf.select(config, "hydra.sweeper.params")
-        return SweepRecord(list(config.hydra.overrides.task), str(OmegaConf.select(config, "hydra.sweeper._target_")),
+        return SweepRecord(list(as_typed(config.hydra.overrides.task)),
+                           str(OmegaConf.select(config, "hydra.sweeper._target_")),
                            OmegaConf.to_container(params) if OmegaConf.is_config(params) else params)
 
 

@@ -24,13 +24,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LauncherOptions, selected_options
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankStopped
-from ddpw_runtime.hydra_jobs.prepare import hydra_config_of, job_check, pin_now, task_config
+from ddpw_runtime.hydra_jobs.prepare import as_typed, hydra_config_of, job_check, pin_now, task_config
 from ddpw_runtime.launch.engine import describe
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.plan import DUMP_SIGNAL
@@ -100,7 +100,7 @@ def _follow_sweep(config: DictConfig) -> None:
     if platform.node_rank:
         from ddpw_runtime.procs.node import follow_sweep
 
-        sys.exit(follow_sweep(platform, options, _as_typed(config.hydra.overrides.task)))
+        sys.exit(follow_sweep(platform, options, as_typed(config.hydra.overrides.task)))
 
 
 def _start_run(config: DictConfig) -> RankZeroSide | None:
@@ -118,23 +118,15 @@ def _start_run(config: DictConfig) -> RankZeroSide | None:
         if platform.node_rank and not options.dry_run:  # another node of a job across machines: it follows node 0's
             from ddpw_runtime.procs.node import follow
 
-            sys.exit(follow(platform, options, _as_typed(config.hydra.overrides.task)))
+            sys.exit(follow(platform, options, as_typed(config.hydra.overrides.task)))
         pin_now(config)
         if options.dry_run:
             output_dir = Path(str(config.hydra.run.dir)).absolute()
-            overrides = list(_as_typed(config.hydra.overrides.task))
+            overrides = list(as_typed(config.hydra.overrides.task))
             print(f"--- job #0: {' '.join(filter_overrides(overrides)) or '(no overrides)'} (dry run, nothing "
                   f"started)\n{describe(platform, output_dir)}")
             sys.exit(0)
     return RankZeroSide.fork(platform, options)
-
-
-def _as_typed(overrides: Any) -> tuple[str, ...]:
-    """Hydra's `overrides` (a list in its config) as typed: an interpolation in one (`${oc.env:LOCAL_RANK}`) is not
-    resolved."""
-    typed = OmegaConf.to_container(overrides, resolve=False)
-    assert isinstance(typed, list)
-    return tuple(typed)
 
 
 def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
@@ -215,7 +207,7 @@ class RankZeroSide:
         output_dir = str(HydraConfig.get().runtime.output_dir)
         _stoppable.add(_code_of(task_function))
         _stoppable.add(RankInThisProcess.enter.__code__)
-        overrides = _as_typed(HydraConfig.get().overrides.task)
+        overrides = as_typed(HydraConfig.get().overrides.task)
         self.channel.send(JobStarting(self.task.pack(), ProcessState.capture(), output_dir, overrides))
         self._join()
 

@@ -56,8 +56,8 @@ def report(cfg: DictConfig) -> dict:
     return seen
 
 
-def wait_for_signals(rank: int, output_dir: str) -> None:
-    """Wait until a signal comes; on SIGTERM, save (write a file) and exit, as a real task would."""
+def save_on_sigterm(rank: int, output_dir: str) -> None:
+    """On SIGTERM, save (write a file) and exit, as a real task would: set before the rank says it started."""
 
     def save_and_exit(signum: int, frame: object) -> None:
         with open(os.path.join(output_dir, f"saved_rank_{rank}.txt"), "w") as out:
@@ -65,6 +65,10 @@ def wait_for_signals(rank: int, output_dir: str) -> None:
         sys.exit(143)
 
     signal.signal(signal.SIGTERM, save_and_exit)
+
+
+def wait_for_signals() -> None:
+    """Wait until a signal comes (SIGTERM: see `save_on_sigterm`)."""
     while True:
         signal.pause()
 
@@ -320,6 +324,8 @@ def freeze(freezer: str) -> None:
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> object:
+    if cfg.behaviour in ("wait", "children_wait", "fork_wait"):  # (a test may send SIGTERM once it has the report)
+        save_on_sigterm(ddpw_runtime.rank(), HydraConfig.get().runtime.output_dir)
     seen = report(cfg)
     print(f"hello from rank {seen['rank']}", flush=True)
     os.write(1, f"raw fd write from rank {seen['rank']}\n".encode())
@@ -329,7 +335,7 @@ def main(cfg: DictConfig) -> object:
         data = torch.utils.data.TensorDataset(torch.arange(64))
         assert sum(len(b[0]) for b in torch.utils.data.DataLoader(data, batch_size=8, num_workers=2)) == 64
     if cfg.behaviour in ("wait", "children_wait"):
-        wait_for_signals(seen["rank"], seen["output_dir"])
+        wait_for_signals()
     if cfg.behaviour in ("ignore_sigint", "ignore_sigterm"):
         ignore_then_wait(signal.SIGINT if cfg.behaviour == "ignore_sigint" else signal.SIGTERM)
     if cfg.behaviour == "gil":  # a C call that never returns, the GIL held throughout (a hung extension)
@@ -355,7 +361,8 @@ def main(cfg: DictConfig) -> object:
         freeze(cfg.freezer)
     if cfg.behaviour == "fork_wait":  # a fork without exec (a worker, an environment), then wait for a signal
         fork_a_sleeper(seen["output_dir"], seen["rank"])
-        wait_for_signals(seen["rank"], seen["output_dir"])
+        save_on_sigterm(seen["rank"], seen["output_dir"])
+        wait_for_signals()
     if cfg.behaviour == "own_sigusr1_hang":  # the task's own SIGUSR1 handler (a checkpoint on signal), then a hang
         mark = os.path.join(seen["output_dir"], f"sigusr1_rank_{seen['rank']}")
         signal.signal(signal.SIGUSR1, lambda *_: open(mark, "w").close())
