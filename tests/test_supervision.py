@@ -21,12 +21,29 @@ SHORT_GRACE = "hydra.launcher.interrupt_grace_s=1"
 FREEZER = Path("/sys/fs/cgroup/freezer")
 
 
-def _start(cwd: Path, *overrides: str) -> subprocess.Popen:
-    """The test app in a session of its own (so a signal to its group reaches it alone), output as text."""
-    return subprocess.Popen(
-        [sys.executable, str(APPS / "app.py"), *overrides], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, stdin=subprocess.DEVNULL, start_new_session=True,
-    )
+def _start(cwd: Path, *overrides: str, cgroup_v2: bool = True) -> subprocess.Popen:
+    """The test app in a session of its own (so a signal to its group reaches it alone), output as text; without
+    `cgroup_v2`, on a machine without one (a mount namespace of its own, where no cgroup v2 is mounted)."""
+    command = [sys.executable, str(APPS / "app.py"), *overrides]
+    if not cgroup_v2:
+        unmount = "".join(f"umount {point} && " for point in _cgroup_v2_mounts())
+        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{unmount}exec "$@"', "sh", *command]
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _cgroup_v2_mounts() -> list[str]:
+    """Where cgroup v2 is mounted here."""
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [fields[4] for fields in map(str.split, lines) if fields[fields.index("-") + 1] == "cgroup2"]
+
+
+def _can_leave_cgroup_v2() -> bool:
+    """Whether a process can be started here in a mount namespace of its own (root, `unshare`)."""
+    try:
+        return subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
+    except OSError:
+        return False
 
 
 def _started(tmp_path: Path, proc: subprocess.Popen, ranks: int = 2) -> dict:
@@ -186,10 +203,16 @@ def test_a_multirun_held_by_a_callback_with_signals_blocked_ends_after_sigterm(t
     assert [job["status"] for job in summary["jobs"]] == ["TERMINATED"]
 
 
-def test_rank_0_killed_while_its_forks_live_ends_the_job_naming_it_and_its_forks_go_too(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cgroup_v2", [True, False], ids=["cgroup v2 where there is one", "no cgroup v2"])
+def test_rank_0_killed_while_its_forks_live_ends_the_job_naming_it_and_its_forks_go_too(
+    tmp_path: Path, cgroup_v2: bool
+) -> None:
     """Rank 0 of a plain run (the user's process) dies of SIGKILL, as the OOM killer does, while processes it
-    forked without exec are alive: the supervisor learns it from rank 0's own end, not when those forks end."""
-    proc = _start(tmp_path, "behaviour=fork_wait")
+    forked without exec are alive: the supervisor learns it from rank 0's own end, not when those forks end; the forks
+    end with the job also where it has no cgroup (they are the supervisor's children once rank 0 is gone)."""
+    if not cgroup_v2 and not _can_leave_cgroup_v2():
+        pytest.skip("needs a mount namespace of the test's own (root)")
+    proc = _start(tmp_path, "behaviour=fork_wait", cgroup_v2=cgroup_v2)
     wait_for(lambda: bool(job_dirs(tmp_path)) and len(list(job_dirs(tmp_path)[0].glob("forked_rank_*.json"))) == 2
              or proc.poll() is not None, what="every rank to fork")
     assert proc.poll() is None, proc.communicate()

@@ -6,9 +6,9 @@ tracker can clean /dev/shm), then SIGKILL; every wait is bounded (docs/faults.md
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,11 +18,11 @@ from ddpw_runtime.launch.payload import JOB_ENV
 from ddpw_runtime.launch.signals import send_to_group
 
 _POLL_S = 0.01
-_numbers = itertools.count()
 
 
 def _make_cgroup() -> Path | None:
-    """A new cgroup below this process's own (cgroup v2), or None where none can be made."""
+    """A new cgroup below this process's own (cgroup v2), or None where none can be made. The empty ones left there by
+    a rank starter that was killed (its pid gone: nothing removed them) are removed first."""
     try:
         line = next(line for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
         mounts = Path("/proc/self/mountinfo").read_text().splitlines()
@@ -31,13 +31,26 @@ def _make_cgroup() -> Path | None:
     for mount in mounts:
         fields = mount.split()
         if fields[fields.index("-") + 1] == "cgroup2":
-            path = Path(fields[4]) / line[3:].lstrip("/") / f"ddpw-{os.getpid()}-{next(_numbers)}"
-            try:
-                path.mkdir()
+            parent = Path(fields[4]) / line[3:].lstrip("/")
+            for stale in parent.glob("ddpw-*-*"):
+                if not _alive(int(stale.name.split("-")[1])):
+                    with contextlib.suppress(OSError):  # (one that is not empty stays)
+                        stale.rmdir()
+            try:  # a name no other cgroup has (a pid is reused; a cgroup of a killed starter may be left)
+                return Path(tempfile.mkdtemp(prefix=f"ddpw-{os.getpid()}-", dir=parent))
             except OSError:
                 return None
-            return path
     return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
 
 
 def processes(matches: Callable[[Path], bool]) -> set[int]:
@@ -49,6 +62,17 @@ def processes(matches: Callable[[Path], bool]) -> set[int]:
             if entry.name.isdigit() and matches(entry):
                 found.add(int(entry.name))
     return found
+
+
+def children_of_this_process() -> set[int]:
+    """The pids of this process's children: from `/proc/self/task/*/children`, else (a kernel without
+    CONFIG_PROC_CHILDREN) by reading the parent of every process in /proc."""
+    try:
+        tasks = Path("/proc/self/task").iterdir()
+        return {int(pid) for task in tasks for pid in (task / "children").read_text().split()}
+    except OSError:
+        me = os.getpid()
+        return processes(lambda entry: int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me)
 
 
 class JobProcesses:

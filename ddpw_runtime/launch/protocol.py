@@ -1,6 +1,6 @@
 """The typed messages processes of a job exchange over a Unix socket pair (`Channel`): a controller and its rank
-starter (`StartRank`/`StartJob` answered by `RankStarted`, `EndJob` by `JobEnded`, then `RankExited`; `Preload` and
-`Adopt` unanswered), and a plain run's supervisor and rank 0 (`JobStarting` answered by `RankZero`, `TaskEnded` by
+starter (`StartRank`/`StartJob`/`Adopt` answered by `RankStarted`, `EndJob` by `JobEnded`, then `RankExited`;
+`Preload` unanswered), and a plain run's supervisor and rank 0 (`JobStarting` answered by `RankZero`, `TaskEnded` by
 `JobSettled`, `RunEnded` last). The starter knows a job (`job`) by its private folder, where its payload and results
 are; `request` numbers a request, for its answer. Data only (no torch)."""
 
@@ -84,8 +84,10 @@ class StartJob(NamedTuple):
 
 class Adopt(NamedTuple):
     """Count process `pid` (started elsewhere: a plain run's rank 0, the user's own process) as one of
-    `job`'s, so what it starts is found and stopped with the job's processes; no answer."""
+    `job`'s, so what it starts is found and stopped with the job's processes; answered once it counts (it is in the
+    job's cgroup), before that process is told to go on: what it forks from then on is the job's."""
 
+    request: int
     job: str
     pid: int
 
@@ -114,7 +116,7 @@ class JobEnded(NamedTuple):
 
 
 class RankStarted(NamedTuple):
-    """Answer to `StartRank` or `StartJob` number `request`: the process's pid."""
+    """Answer to `StartRank`, `StartJob` or `Adopt` number `request`: the process's pid."""
 
     request: int
     pid: int

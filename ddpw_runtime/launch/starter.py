@@ -108,7 +108,7 @@ class RankStarter:
             for inbox in {*self._inbox_of_request.values(), *self._inbox_of_pid.values()}:
                 inbox.put(self._gone)
 
-    def _ask(self, request: StartRank | StartJob | EndJob, fds: Sequence[int], what: str, answer_type: type[_A],
+    def _ask(self, request: StartRank | StartJob | Adopt | EndJob, fds: Sequence[int], what: str, answer_type: type[_A],
              inbox: Inbox | None = None) -> _A:
         """Send `request` and wait for its answer, at most `ANSWER_WAIT_S`; the exit of the process it
         starts goes to `inbox`."""
@@ -164,8 +164,8 @@ class RankStarter:
         return self._ask(request, (), "start a job process", RankStarted, inbox).pid
 
     def adopt(self, job: str, pid: int) -> None:
-        """Count `pid`, a process started elsewhere, as one of `job`'s (see `Adopt`)."""
-        self._send(Adopt(job, pid))
+        """Count `pid`, a process started elsewhere, as one of `job`'s (see `Adopt`); it does once this returns."""
+        self._ask(Adopt(next(self._requests), job, pid), (), "count a process as the job's", RankStarted)
 
     def preload_modules(self, modules: Sequence[str]) -> None:
         """Have the starter import `modules` (for the ranks it starts from now on)."""

@@ -79,10 +79,6 @@ class NodeRanks(Children):
     def start(self) -> None:
         """Start every rank."""
         first = self.local.plan.global_ranks[0]
-        if self.outside is not None:
-            self._started(0, self.outside.pid)
-            self.adopt_process(self.outside.pid)
-            self.outside.join()
         for rank in self.ranks:
             if self.outside is not None and rank == 0:
                 continue
@@ -92,6 +88,10 @@ class NodeRanks(Children):
                                                listen_fd, self.console.terminal_of(rank))
                 self.console.handed_over(rank)
                 self._started(rank, pid)
+        if self.outside is not None:  # last: its move into the job's cgroup (`adopt_process`) overlaps their start
+            self._started(0, self.outside.pid)
+            self.adopt_process(self.outside.pid)
+            self.outside.join()
 
     def adopt_process(self, pid: int) -> None:
         """Count process `pid`, which this node did not start (rank 0 in the user's or the caller's process), as

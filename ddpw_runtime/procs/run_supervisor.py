@@ -23,10 +23,11 @@ from typing import NoReturn
 from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.errors import RankFailure, Terminated
-from ddpw_runtime.launch.bounds import WAIT_SLICE_S
+from ddpw_runtime.launch.bounds import KILL_WAIT_S, TERM_WAIT_S, WAIT_SLICE_S
 from ddpw_runtime.launch.children import Children, wait_for_exit
 from ddpw_runtime.launch.engine import settle, with_restarts
 from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
+from ddpw_runtime.launch.job_processes import children_of_this_process
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult, portable_pickle
@@ -34,7 +35,7 @@ from ddpw_runtime.launch.signals import blocked, handle, held, killed_line, send
 from ddpw_runtime.launch.starter import close_starters
 from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
 from ddpw_runtime.nodes.controller import Nodes
-from ddpw_runtime.procs.starter import die_with_parent
+from ddpw_runtime.procs.starter import adopt_orphans, die_with_parent
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -71,6 +72,7 @@ def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
                 os._exit(1)
             return Channel(theirs)
         theirs.close()
+        adopt_orphans()  # what rank 0 forked and left running as it ended (`RunSupervisor.stop_what_rank_0_left`)
         code = 1
         try:
             code = RunSupervisor(Channel(ours), pid, platform, options, before).run()
@@ -117,6 +119,8 @@ class RunSupervisor:
         self.received: list[int] = []
         """The signals this process got (Ctrl-C, SIGTERM): a second one ends everything at once."""
         self.sees_ctrl_c = _in_foreground()
+        self.own_children = children_of_this_process()
+        """Rank 0's process, and what the program started before the run (not rank 0's: never stopped here)."""
 
     # ------------------------------------------------------------------ the whole run
     def run(self) -> int:
@@ -139,6 +143,7 @@ class RunSupervisor:
             return 128 + signal.SIGHUP
         finally:
             close_starters()
+            self._stop_what_rank_zero_left()
 
     def _job(self, starting: JobStarting) -> BaseException | None:
         """Run the job whose rank 0 is starting; its failure, or None when every rank returned. Raises
@@ -268,6 +273,21 @@ class RunSupervisor:
             with suppress(KeyboardInterrupt, Terminated):  # asked again meanwhile: it has had its SIGKILL
                 self.rank_zero.kill(group=False)
 
+    def _stop_what_rank_zero_left(self) -> None:
+        """Stop what rank 0's process left running as it ended: what it forked (DataLoader workers, environments) is
+        this process's child from then on (`adopt_orphans`), so it is found also where the job had no cgroup, and
+        stopped as the job's other processes are (SIGTERM, `TERM_WAIT_S`, SIGKILL, bounded); what that leaves comes
+        here too, in the next round, until the bound is spent. Only those in the program's process group, as rank 0
+        is: what the ranks left (each leads a group of its own) was stopped, or named as left behind, already."""
+        seen, end = set(self.own_children), time.monotonic() + TERM_WAIT_S + KILL_WAIT_S
+        with suppress(KeyboardInterrupt, Terminated, _Hangup):  # asked again: they have had their SIGKILL
+            while (left := _in_this_group(children_of_this_process() - seen)) and time.monotonic() < end:
+                seen |= left
+                orphans = Children()
+                for pid in left:
+                    orphans.adopt(pid, "a process rank 0 started")
+                orphans.stop(signal.SIGTERM, TERM_WAIT_S, group=False)
+
     def _exited_within(self, seconds: float, stopped: int | None = None) -> bool:
         """Whether rank 0's process ended within `seconds`; rank 0 hears `stopped` whenever it waits for an answer."""
         self._watching()
@@ -335,6 +355,16 @@ class RunSupervisor:
                 write_atomically(self.result_file, pickle.dumps(RankResult(0)))
             ranks.inbox.put(RankExited(self.pid, self.exited))
         self.events.put(None)
+
+
+def _in_this_group(pids: set[int]) -> set[int]:
+    """Those of `pids` in this process's process group."""
+    group = set()
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            if os.getpgid(pid) == os.getpgrp():
+                group.add(pid)
+    return group
 
 
 def _pickled(error: BaseException) -> bytes:

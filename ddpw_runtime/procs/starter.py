@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ddpw_runtime.launch import protocol
-from ddpw_runtime.launch.job_processes import JobProcesses, processes
+from ddpw_runtime.launch.job_processes import JobProcesses, children_of_this_process
 from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.protocol import Channel
 from ddpw_runtime.launch.signals import blocked, handle, send_to_group
@@ -48,6 +48,12 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     _prctl(_PR_SET_PDEATHSIG, sig)
 
 
+def adopt_orphans() -> None:
+    """Make what this process's descendants leave behind (their parent gone) its children, not init's: it stays on
+    this side, to be stopped and reaped here (Linux only; not inherited by a fork)."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
 def serve(channel: Channel, preload: bool, controller: int, signal_mask: Iterable[int] | None = None) -> None:
     """Serve `channel` until the controller (pid `controller`) closes it or dies. The starter leads a
     session of its own, so a signal to the controller's process group (a terminal's, or `kill -9 -PGID`)
@@ -56,9 +62,7 @@ def serve(channel: Channel, preload: bool, controller: int, signal_mask: Iterabl
     if os.getsid(0) != os.getpid():
         os.setsid()
     die_with_parent(signal.SIGHUP)
-    # What a rank started and left behind (its parent gone) becomes the starter's child, not init's: it
-    # stays on this side until its job ends, and the starter reaps it.
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    adopt_orphans()  # what a rank left behind stays here until its job ends; the starter reaps it
     if os.getppid() != controller:  # it died before that took effect
         os._exit(0)
     server = _Server(channel, preload)
@@ -125,6 +129,7 @@ class _Server:
                     importlib.import_module(name)
         elif isinstance(request, protocol.Adopt):
             self._job(request.job, channel).adopt(request.pid)
+            channel.send(protocol.RankStarted(request.request, request.pid))
         elif isinstance(request, protocol.StartJob):
             pid = self._start_job(request)
             self.ranks[pid] = (None, channel)
@@ -263,22 +268,11 @@ class _Server:
         """The controller is gone (see the module docstring); also the handler of SIGHUP and SIGTERM."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self._stop()
-        for pid in _children():  # left behind by ranks, and not found as any job's (see `serve`)
+        for pid in children_of_this_process():  # left behind by ranks, and not found as any job's (see `serve`)
             send_to_group(pid, signal.SIGKILL, group=False)
         for folder in self.job_folders.values():
             shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
-
-
-def _children() -> set[int]:
-    """The pids of this process's children: from `/proc/self/task/*/children`, else (a kernel without
-    CONFIG_PROC_CHILDREN) by reading the parent of every process in /proc."""
-    try:
-        tasks = Path("/proc/self/task").iterdir()
-        return {int(pid) for task in tasks for pid in (task / "children").read_text().split()}
-    except OSError:
-        me = os.getpid()
-        return processes(lambda entry: int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me)
 
 
 if __name__ == "__main__":
