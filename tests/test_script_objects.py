@@ -100,9 +100,9 @@ def test_a_wrapper_script_s_ranks_use_its_own_objects_and_its_tracebacks_name_it
     done = subprocess.run([sys.executable, str(script), method], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
-    values, *failure = done.stdout.splitlines()
-    assert values == "[(True, 14.0, True), (True, 14.0, True)]"  # the caller's own class comes back
-    assert frame(script, "task", 'raise ValueError("failed in the script")') in "\n".join(failure) + "\n"
+    # (a rank's helper may add a line of its own, such as the resource tracker's after a rank was stopped)
+    assert "[(True, 14.0, True), (True, 14.0, True)]\n" in done.stdout  # the caller's own class comes back
+    assert frame(script, "task", 'raise ValueError("failed in the script")') in done.stdout
 
 
 NO_GUARD = """

@@ -27,6 +27,8 @@ from ddpw_runtime.launch.rank_outcome import RankOutcome
 _KEY = "ddpw/nodes/"
 SPEC_KEY = _KEY + "spec"
 """Where node 0 publishes its job (`JobSpec`)."""
+_STOP_KEY = _KEY + "stop"
+"""Where the first node that stops the job says why (`NodeStop`)."""
 MULTIRUN_KEY = "ddpw/sweep/multirun"
 """Set in the store node 0 serves when it runs a multirun (`sweep_channel.py`), to the sweep's overrides as typed
 there, so a node that runs a plain run says so at once instead of waiting for a job that never comes."""
@@ -77,9 +79,13 @@ class NodeStop:
     node: int
     signal: int | None = None
     lost: bool = False
+    why: str | None = None
+    """Any other reason, in words (node `node` runs another command than node 0)."""
 
     def text(self) -> str:
         """Why the job was stopped, in the words every node prints."""
+        if self.why is not None:
+            return self.why
         if self.lost:
             return f"node {self.node} could no longer be reached (it ended, or the network between the nodes failed)"
         if self.signal is not None:
@@ -98,6 +104,10 @@ class NodeEnd:
     ranks: list[RankOutcome] = field(default_factory=list)
     interrupted: int | None = None
     error: BaseException | None = None
+
+
+class OtherCommand(NodeError):
+    """Node 0 runs a multirun (-m) and this node a plain run, or the other way round."""
 
 
 def _on_loopback(host: str) -> str:
@@ -165,6 +175,10 @@ class StoreSide:
         made[0].set_timeout(timedelta(minutes=platform.join_timeout_min))
         return cls(made[0], platform.node_rank, platform.n_nodes, where)
 
+    def stop_job(self, stop: NodeStop) -> None:
+        """Stop the job of this store on every node, unless another node stopped it first."""
+        self.store.compare_set(_STOP_KEY, "", pickling.dumps(stop))  # set only where not set yet
+
 
 class NodeChannel(StoreSide):
     """Node `node`'s side of the job's store."""
@@ -188,8 +202,8 @@ class NodeChannel(StoreSide):
         deadline = time.monotonic() + timeout_min * 60.0
         while not self.store.check([SPEC_KEY]):
             if self.store.check([MULTIRUN_KEY]):
-                raise NodeError(f"node 0 (at {self.where}) runs a multirun (-m) and node {self.node} a plain run: run "
-                                "the same command on every node")
+                raise OtherCommand(f"node 0 (at {self.where}) runs a multirun (-m) and node {self.node} a plain run: "
+                                   "run the same command on every node")
             if time.monotonic() >= deadline:
                 raise NodeError(f"node {self.node} reached node 0 at {self.where}, which did not start the job "
                                 f"within platform.join_timeout_min={timeout_min:g}")
@@ -216,22 +230,18 @@ class NodeChannel(StoreSide):
                                  f"to join (up to platform.join_timeout_min={timeout_min:g})"
                                  f"{_on_loopback(self.where.rsplit(':', 1)[0])}\n")
                 said = True
-            if not missing or waited >= timeout_min * 60.0 or self.store.check([_KEY + "stop"]):
+            if not missing or waited >= timeout_min * 60.0 or self.store.check([_STOP_KEY]):
                 return missing
             time.sleep(_POLL_S)
-
-    def stop(self, stop: NodeStop) -> None:
-        """Stop the job on every node, unless another node stopped it first."""
-        self.store.compare_set(_KEY + "stop", "", pickling.dumps(stop))  # set only where not set yet
 
     def stopped(self) -> NodeStop | None:
         """Who stopped the job, once one has (a node that lost node 0 finds `lost`)."""
         if self.lost:
             return NodeStop(0, lost=True)
         try:
-            if not self.store.check([_KEY + "stop"]):
+            if not self.store.check([_STOP_KEY]):
                 return None
-            return pickle.loads(self.store.get(_KEY + "stop"))
+            return pickle.loads(self.store.get(_STOP_KEY))
         except RuntimeError:  # the store is gone with node 0
             self.lost = True
             return NodeStop(0, lost=True)

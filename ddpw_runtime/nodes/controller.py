@@ -97,10 +97,10 @@ class Nodes:
                                 plan.run_id, starting.overrides))
         missing = channel.missing(platform.join_timeout_min)
         stopped = channel.stopped()
-        if stopped is not None:  # a node got Ctrl-C or SIGTERM before it joined
-            raise NodeError(stopped.text())
+        if stopped is not None:  # a node got Ctrl-C or SIGTERM before it joined, or runs another command (never joins)
+            raise (NodeLost if stopped.why is not None else NodeError)(stopped.text())
         if missing:
-            channel.stop(NodeStop(0))
+            channel.stop_job(NodeStop(0))
             raise NodeLost(
                 f"node(s) {', '.join(map(str, missing))} of {platform.n_nodes} never joined within "
                 f"platform.join_timeout_min={platform.join_timeout_min:g} (node 0 waited at {channel.where}): start "
@@ -125,7 +125,7 @@ class Nodes:
     def stop(self, stop: NodeStop) -> None:
         """Publish `stop` (unless this node stops only because another did)."""
         if self.channel is not None and self.seen is None:
-            self.channel.stop(stop)
+            self.channel.stop_job(stop)
 
     @contextmanager
     def watching(self, ranks: NodeRanks) -> Iterator[None]:
@@ -149,7 +149,7 @@ class Nodes:
                     news = channel.stopped()
                     if news is None and (silent := channel.silent()):
                         news = NodeStop(silent[0], lost=True)
-                        channel.stop(news)
+                        channel.stop_job(news)
                     if news is not None:
                         done.set()
                 if news is not None and stop is None:

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 from ddpw_conf import Platform
 from ddpw_runtime.errors import NodeError
-from ddpw_runtime.nodes.channel import MULTIRUN_KEY, SPEC_KEY, StoreSide
+from ddpw_runtime.nodes.channel import MULTIRUN_KEY, SPEC_KEY, NodeStop, StoreSide
 
 _KEY = "ddpw/sweep/"
 _POLL_S = 0.05
@@ -84,9 +84,12 @@ class SweepChannel(StoreSide):
         key = f"{_KEY}job/{idx}"
         deadline = time.monotonic() + timeout_min * 60.0
         while not self._has(key):
-            if self._has(SPEC_KEY):
-                raise NodeError(f"node 0 (at {self.where}) runs a plain run and node {self.node} a multirun (-m): "
-                                "run the same command on every node")
+            if self._has(SPEC_KEY):  # the store of node 0's job, which waits for this node: it ends at once too
+                why = (f"node 0 (at {self.where}) runs a plain run and node {self.node} a multirun (-m): run the same "
+                       "command on every node")
+                with contextlib.suppress(RuntimeError):
+                    self.stop_job(NodeStop(self.node, why=why))
+                raise NodeError(why)
             if time.monotonic() >= deadline:
                 raise NodeError(f"node 0 (at {self.where}) started no job #{idx} within "
                                 f"platform.join_timeout_min={timeout_min:g} and did not end its sweep")
@@ -117,6 +120,27 @@ class SweepChannel(StoreSide):
         node, sig = pickle.loads(self.store.get(_KEY + "stop"))
         what = "Ctrl-C (SIGINT)" if sig == signal.SIGINT else signal.Signals(sig).name
         return f"node {node} got {what}, which ends the sweep on every node"
+
+
+def stop_waiting_job(side: StoreSide, stop: NodeStop) -> None:
+    """A node that reached node 0's sweep store (`side`) but runs a plain run: stop the sweep's job that waits for it
+    to join (the latest published, waited for at most `_ACK_WAIT_S`), so node 0 ends it at once (nothing when node 0
+    is gone, or its job is)."""
+    from torch.distributed import TCPStore
+
+    host = side.where.rsplit(":", 1)[0]
+    deadline = time.monotonic() + _ACK_WAIT_S
+    with contextlib.suppress(RuntimeError, ValueError):
+        while time.monotonic() < deadline:
+            jobs = int(side.store.add(_KEY + "jobs", 0))
+            if jobs and side.store.check([key := f"{_KEY}job/{jobs - 1}"]):
+                port = int(side.store.get(key))
+                if port > 0:
+                    job = TCPStore(host, port, is_master=False, wait_for_workers=False,
+                                   timeout=timedelta(seconds=_ACK_WAIT_S))
+                    StoreSide(job, side.node, side.n_nodes, f"{host}:{port}").stop_job(stop)
+                return
+            time.sleep(_POLL_S)
 
 
 _hosted: SweepChannel | None = None

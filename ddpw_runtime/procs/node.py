@@ -18,9 +18,9 @@ from ddpw_runtime.launch.outcome import root_cause
 from ddpw_runtime.launch.records import portable
 from ddpw_runtime.launch.signals import signal_of, sigterm_raises
 from ddpw_runtime.launch.supervisor import supervise
-from ddpw_runtime.nodes.channel import NodeChannel, NodeEnd, NodeStop
+from ddpw_runtime.nodes.channel import NodeChannel, NodeEnd, NodeStop, OtherCommand
 from ddpw_runtime.nodes.controller import Nodes, failed_by_itself
-from ddpw_runtime.nodes.sweep_channel import SweepChannel
+from ddpw_runtime.nodes.sweep_channel import SweepChannel, stop_waiting_job
 
 
 def follow_sweep(platform: Platform, options: LauncherOptions, overrides: tuple[str, ...]) -> int:
@@ -100,8 +100,12 @@ def _follow(platform: Platform, options: LauncherOptions,
             _say_differences(overrides, spec.overrides, node, options.platform_key)
     except (KeyboardInterrupt, Terminated) as stop:  # while it waits for node 0: nothing of the job runs here yet
         if channel is not None:  # node 0 does not wait for this node to join
-            channel.stop(NodeStop(node, signal_of(stop)))
+            channel.stop_job(NodeStop(node, signal_of(stop)))
         return 128 + signal_of(stop), None
+    except OtherCommand as error:  # node 0 runs a multirun: its job does not wait for this node to join
+        assert channel is not None
+        stop_waiting_job(channel, NodeStop(node, why=str(error)))
+        raise
     grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
     job_platform = replace(spec.platform, node_rank=node)
     Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
