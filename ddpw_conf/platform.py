@@ -180,6 +180,13 @@ class Platform:
         the number of CUDA GPUs on this node, when known. Returns self."""
         self._validate_names()
         kind = self.device_kind
+        if kind is Device.GPU and gpus_available == 0:  # first: no count of GPUs can make it run here
+            # Blame the key the user set: an explicit backend=nccl, else device=gpu itself.
+            if self.backend == "nccl":
+                raise ConfigError("platform.backend", "nccl", "CUDA is not available on this machine (no GPU found) "
+                                  "and nccl needs CUDA GPUs; use platform.device=cpu with backend=gloo (or unset)")
+            raise ConfigError("platform.device", self.device, "CUDA is not available on this machine (no GPU found); "
+                              "use platform.device=cpu")
         self._validate_counts(kind)
         self._validate_choices()
         self._validate_groups()
@@ -193,13 +200,6 @@ class Platform:
         if self.resolved_backend == "nccl" and not self.uses_gpus:
             raise ConfigError("platform.backend", "nccl", "nccl needs CUDA GPUs; use backend=gloo (or leave it "
                               "unset) on cpu/mps, or device=gpu with n_gpus_per_node >= 1")
-        if kind is Device.GPU and gpus_available == 0:
-            # Blame the key the user set: an explicit backend=nccl, else device=gpu itself.
-            if self.backend == "nccl":
-                raise ConfigError("platform.backend", "nccl", "CUDA is not available on this machine (no GPU found) "
-                                  "and nccl needs CUDA GPUs; use platform.device=cpu with backend=gloo (or unset)")
-            raise ConfigError("platform.device", self.device, "CUDA is not available on this machine (no GPU found); "
-                              "use platform.device=cpu")
         if kind is Device.GPU and gpus_available is not None and self.n_gpus_per_node > gpus_available:
             raise ConfigError("platform.n_gpus_per_node", self.n_gpus_per_node, f"this machine has {gpus_available} "
                               "CUDA GPU(s); ask for at most that many, or use platform.device=cpu")

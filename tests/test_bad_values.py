@@ -49,6 +49,12 @@ def mps_here() -> bool:
     return bool(torch.backends.mps.is_available())
 
 
+def gpus_here() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def mpi_here() -> bool:
     import torch.distributed as dist
 
@@ -87,6 +93,8 @@ TYPED = [
                  id="ddpw_mps-not-here"),
     pytest.param(["platform.backend=mpi"], "platform.backend", "mpi", "built without mpi; use backend=gloo",
                  id="mpi-not-built"),
+    pytest.param(["platform.device=gpu"], "platform.device", "gpu", "CUDA is not available on this machine (no GPU "
+                 "found); use platform.device=cpu", id="gpu-not-here"),  # (first: not n_gpus_per_node=0's fix)
     pytest.param(["platform.collective_timeout_min=1e13"], "platform.collective_timeout_min", 1e13,
                  "at most 52560000 minutes", id="collective-timeout-too-long"),
     pytest.param(["platform.collective_timeout_min=1e-9"], "platform.collective_timeout_min", 1e-9,
@@ -121,6 +129,8 @@ def test_a_bad_value_typed_by_a_user_is_refused_before_any_rank_starts(
         pytest.skip("this machine has an MPS device")
     if "mpi" in " ".join(overrides) and mpi_here():
         pytest.skip("this torch has MPI")
+    if "device=gpu" in " ".join(overrides) and gpus_here():
+        pytest.skip("this machine has a CUDA GPU")
     proc = run_app(tmp_path, "platform.n_procs_per_node=2", *overrides)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     refused(proc.stdout + proc.stderr, key, value, fix)

@@ -132,12 +132,12 @@ def _start_run(config: DictConfig) -> RankZeroSide | None:
 def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
     """The platform of a plain run's job config (`config`, with or without its `hydra` node), after
     every check a plain run must pass."""
-    from ddpw_runtime.launch.checks import check_caller_rank
+    from ddpw_runtime.launch.checks import check_caller_rank, gpus_available
     from ddpw_runtime.nodes.environment import place_node
 
     platform = options.platform_of(config)
-    with options.naming_platform_keys():
-        platform = place_node(platform.validate())
+    with options.naming_platform_keys():  # (this machine's GPUs first: device=gpu on a machine without one says so)
+        platform = place_node(platform.validate(gpus_available(platform)))
     job_check(options, platform)
     check_caller_rank(platform)
     return platform
