@@ -228,6 +228,26 @@ def test_rank_0_killed_while_its_forks_live_ends_the_job_naming_it_and_its_forks
              what="the forks and the ranks to end with the job")
 
 
+def test_what_rank_0_leaves_running_in_the_background_is_reaped_while_the_run_goes_on(tmp_path: Path) -> None:
+    """Rank 0's task starts short commands in the background (`sleep 0.1 &`, through a shell that ends at once): each
+    is the supervisor's once its shell is gone, and is reaped when it ends, while the run goes on (no zombies piling
+    up in a long run)."""
+    proc = _start(tmp_path, "behaviour=background_wait")
+    wait_for(lambda: bool(job_dirs(tmp_path)) and (job_dirs(tmp_path)[0] / "background_rank_0.json").exists()
+             or proc.poll() is not None, what="rank 0 to start its commands")
+    assert proc.poll() is None, proc.communicate()
+    job = job_dirs(tmp_path)[0]
+    ranks = seen(job)
+    commands = json.loads((job / "background_rank_0.json").read_text())
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in commands), timeout=15,
+             what="the commands to end and be reaped (not left as zombies)")
+    assert proc.poll() is None  # (the run goes on)
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    wait_for(lambda: leftover(ranks) == [], timeout=10, what="the ranks to end")
+
+
 @pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain run", "multirun"])
 def test_the_rank_starter_killed_leaves_no_process_of_the_job(tmp_path: Path, flags: tuple) -> None:
     """The rank starter dies of SIGKILL (the OOM killer may pick it): its ranks die with it, and what they started,

@@ -288,6 +288,13 @@ class RunSupervisor:
                     orphans.adopt(pid, "a process rank 0 started")
                 orphans.stop(signal.SIGTERM, TERM_WAIT_S, group=False)
 
+    def _reap_orphans(self) -> None:
+        """Reap what rank 0's task left (this process's children since, `adopt_orphans`) that has ended meanwhile: a
+        long run whose task starts commands in the background (`cmd &`) leaves no zombies piling up."""
+        for pid in _in_this_group(children_of_this_process() - self.own_children):
+            with suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
     def _exited_within(self, seconds: float, stopped: int | None = None) -> bool:
         """Whether rank 0's process ended within `seconds`; rank 0 hears `stopped` whenever it waits for an answer."""
         self._watching()
@@ -324,7 +331,10 @@ class RunSupervisor:
         forked may hold the channel open after rank 0 ended."""
         pidfd = os.pidfd_open(self.pid)
         while True:
-            ready = select.select([self.channel.fileno(), pidfd], [], [])[0]
+            ready = select.select([self.channel.fileno(), pidfd], [], [], WAIT_SLICE_S)[0]
+            if not ready:
+                self._reap_orphans()
+                continue
             if self.channel.fileno() not in ready:
                 break  # it ended, and what it said before has been read
             if pidfd in ready:  # it ended: a message it did not finish sending is not waited for

@@ -289,6 +289,17 @@ def fork_a_sleeper(output_dir: str, rank: int) -> None:
     os.replace(path + ".tmp", path)
 
 
+def start_in_background(output_dir: str, rank: int) -> None:
+    """Start three short commands in the background through a shell, which ends at once (`sleep 0.1 &`: each is
+    left to whoever adopts orphans), and write their pids to `background_rank_<k>.json`."""
+    pids = [int(subprocess.run("sleep 0.1 & echo $!", shell=True, capture_output=True, text=True).stdout)
+            for _ in range(3)]
+    path = os.path.join(output_dir, f"background_rank_{rank}.json")
+    with open(path + ".tmp", "w") as out:
+        json.dump(pids, out)
+    os.replace(path + ".tmp", path)
+
+
 def report_forked_handlers(output_dir: str) -> None:
     """Fork a process (as DataLoader workers and vectorised environments are) that writes which signal
     handlers it has, and what Ctrl-C raises in it."""
@@ -324,7 +335,8 @@ def freeze(freezer: str) -> None:
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> object:
-    if cfg.behaviour in ("wait", "children_wait", "fork_wait"):  # (a test may send SIGTERM once it has the report)
+    if cfg.behaviour in ("wait", "children_wait", "fork_wait", "background_wait"):  # (a test may send SIGTERM once
+        # it has the report)
         save_on_sigterm(ddpw_runtime.rank(), HydraConfig.get().runtime.output_dir)
     seen = report(cfg)
     print(f"hello from rank {seen['rank']}", flush=True)
@@ -362,6 +374,9 @@ def main(cfg: DictConfig) -> object:
     if cfg.behaviour == "fork_wait":  # a fork without exec (a worker, an environment), then wait for a signal
         fork_a_sleeper(seen["output_dir"], seen["rank"])
         save_on_sigterm(seen["rank"], seen["output_dir"])
+        wait_for_signals()
+    if cfg.behaviour == "background_wait":  # commands started in the background (`cmd &`) that end, then a wait
+        start_in_background(seen["output_dir"], seen["rank"])
         wait_for_signals()
     if cfg.behaviour == "own_sigusr1_hang":  # the task's own SIGUSR1 handler (a checkpoint on signal), then a hang
         mark = os.path.join(seen["output_dir"], f"sigusr1_rank_{seen['rank']}")
