@@ -91,6 +91,8 @@ def test_cpu_threads_are_split_across_ranks(tmp_path: Path) -> None:
     [
         ("raise", ["rank 1 (node 0) failed: ValueError: rank asked to fail", 'raise ValueError("rank asked to fail")']),
         ("exit", ["rank 1 (node 0) failed: RankExited: exited with code 3"]),
+        # (the other rank, its task over, waited for it in hydra-ddpw's own end of the job: the job hung)
+        ("exit_0", ["rank 1 (node 0) failed: RankLost: exited with code 0 but sent no result"]),
         ("sysexit", ["rank 1 (node 0) failed: SystemExit: 4"]),
         ("kill", ["rank 1 (node 0) failed: RankKilled: killed by SIGKILL"]),
         ("segfault", ["rank 1 (node 0) failed: RankKilled: killed by SIGSEGV", "Fatal Python error"]),

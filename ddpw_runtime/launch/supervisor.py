@@ -148,7 +148,9 @@ class NodeRanks(Children):
         timed_out = reported = False
         while self.running():
             ended = self.next_exit(max(0.0, min(grace_end, limit_end, self.watch.due) - time.monotonic()))
-            failed = ended is not None and ended.exit_code != 0
+            # A rank that exited without its result (`os._exit(0)` in its task) failed too: its peers would wait for it.
+            failed = ended is not None and (ended.exit_code != 0 or
+                                            not self.local.payload.result_file(self.rank_of[ended.pid]).exists())
             if (self._take_requests() or failed) and not self.stopping:
                 grace_end = self._begin_stop()
             if time.monotonic() >= grace_end:  # an outside rank still running gets `REPORT_S` more (once)

@@ -124,6 +124,8 @@ def misbehave(behaviour: str) -> object:
         raise ValueError("rank asked to fail")
     if behaviour == "exit":
         os._exit(3)
+    if behaviour == "exit_0":  # status 0, with no result sent: the other ranks return (no collective) and wait for it
+        os._exit(0)
     if behaviour == "sysexit":
         sys.exit(4)
     if behaviour == "kill":
@@ -388,7 +390,8 @@ def main(cfg: DictConfig) -> object:
     odd = None
     if ddpw_runtime.rank() == cfg.fail_rank and cfg.behaviour != "ok":
         odd = misbehave(cfg.behaviour)
-    dist.barrier()
+    if cfg.behaviour != "exit_0":
+        dist.barrier()
     return odd if odd is not None else {"rank": seen["rank"], "world_size": seen["world_size"]}
 
 
