@@ -56,6 +56,15 @@ def test_start_returns_every_rank_value_indexed_by_rank(tmp_path: Path) -> None:
     assert "rank 1 says 7" in (tmp_path / "rank_1.log").read_text()
 
 
+def test_an_argument_that_cannot_be_sent_to_the_ranks_is_named_before_any_starts(tmp_path: Path) -> None:
+    runner = Wrapper(Platform(n_procs_per_node=2), log_dir=tmp_path / "logs")
+    with pytest.raises(TypeError, match=r"the task's kwargs\['y'\] \(<unlocked _thread.lock object at .*\) cannot be "
+                                        r"sent to the ranks \(TypeError: cannot pickle '_thread.lock' object\): make "
+                                        "it inside the task"):
+        runner.start(who, 1, y=threading.Lock())
+    assert not list((tmp_path / "logs").glob("rank_*.log"))  # no rank started
+
+
 def test_default_log_dir_is_a_new_folder_per_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     runner = Wrapper(Platform())

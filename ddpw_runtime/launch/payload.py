@@ -24,12 +24,30 @@ class TaskCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def pack(self) -> bytes:
-        """Serialised for every rank (`pickling`: the script's functions by reference, a notebook's by value)."""
-        return pickling.dumps(self)
+        """Serialised for every rank (`pickling`: the script's functions by reference, a notebook's by value); a
+        TypeError naming the part that cannot be (the target, or which argument) when one cannot."""
+        try:
+            return pickling.dumps(self)
+        except Exception as error:
+            parts = [("target", self.target), *((f"args[{i}]", value) for i, value in enumerate(self.args)),
+                     *((f"kwargs[{name!r}]", value) for name, value in self.kwargs.items())]
+            for name, value in parts:
+                try:
+                    pickling.dumps(value)
+                except Exception as cause:  # noqa: BLE001 - whatever pickling raised, it is named with its part
+                    raise TypeError(f"the task's {name} ({_short_repr(value)}) cannot be sent to the ranks "
+                                    f"({type(cause).__name__}: {cause}): make it inside the task, or pass what it is "
+                                    "made from") from error
+            raise
 
     def __call__(self) -> Any:
         """Call the target."""
         return self.target(*self.args, **self.kwargs)
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def from_task(exc: BaseException) -> BaseException:
