@@ -8,11 +8,12 @@ from __future__ import annotations
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from ddpw_runtime.errors import RankFailure
-from ddpw_runtime.launch.outcome import failure, root_cause
+from ddpw_runtime.launch.outcome import failure, note_failures, root_cause
 from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RaisedError, RankResult
 
@@ -102,3 +103,15 @@ def test_the_failure_of_a_killed_rank_names_the_signal() -> None:
     made = failure([died(0, -signal.SIGTERM, 2.0, stopped=True, signals=SENT), died(1, -signal.SIGKILL, 1.0)])
     assert isinstance(made, RankFailure)
     assert (made.error_type, made.error_message) == ("RankKilled", "killed by SIGKILL (exit code -9)")
+
+
+@pytest.mark.parametrize(("error", "said"), [("KeyboardInterrupt", "was stopped"), ("NameError", "failed")])
+def test_a_stopped_rank_s_log_says_it_was_stopped_only_when_it_raised_what_the_stop_raises(
+    tmp_path: Path, error: str, said: str
+) -> None:
+    """A rank the stop reached after it had raised an error of its own (both ranks hit the same bug) failed; one
+    whose task raised what the stop raises (Ctrl-C's KeyboardInterrupt) was stopped."""
+    log = tmp_path / "rank_1.log"
+    result = RankResult(1, error=RaisedError(error, "", f"Traceback...\n{error}\n"))
+    note_failures([RankOutcome(1, 0, result, 1, True, SENT, log_file=str(log))])
+    assert log.read_text().startswith(f"--- rank 1 {said}: {error}\n")

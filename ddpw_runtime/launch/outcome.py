@@ -102,6 +102,11 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+_RAISED_BY_A_STOP = ("KeyboardInterrupt", "SystemExit", "ddpw_runtime.errors.RankStopped")
+"""What a rank's task raises when the job stops it (Ctrl-C; a task's own SIGTERM handler that exits; rank 0 in the
+user's process)."""
+
+
 def note_failures(outcomes: Iterable[RankOutcome]) -> None:
     """Write what each failed rank raised at the end of its log (ranks do not print it themselves, so
     the console, which echoes some logs while the job runs, never shows the errors that only follow
@@ -110,5 +115,7 @@ def note_failures(outcomes: Iterable[RankOutcome]) -> None:
         if outcome.error is None or outcome.log_file is None:
             continue
         with suppress(OSError), open(outcome.log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
-            ended = "was stopped" if outcome.stopped else "failed"  # (Ctrl-C, or another rank's failure)
+            # Stopped (Ctrl-C, or another rank's failure) when what it raised is the stop's; a rank the stop reached
+            # after it had raised an error of its own failed.
+            ended = "was stopped" if outcome.stopped and outcome.error.type_name in _RAISED_BY_A_STOP else "failed"
             log.write(f"--- rank {outcome.rank} {ended}: {outcome.error.headline}\n{outcome.error.traceback}")
