@@ -72,7 +72,7 @@ def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
                 os._exit(1)
             return Channel(theirs)
         theirs.close()
-        adopt_orphans()  # what rank 0 forked and left running as it ended (`RunSupervisor.stop_what_rank_0_left`)
+        adopt_orphans()  # what rank 0 forks and leaves running comes here (`RunSupervisor._stop_what_rank_zero_left`)
         code = 1
         try:
             code = RunSupervisor(Channel(ours), pid, platform, options, before).run()
@@ -328,7 +328,8 @@ class RunSupervisor:
     def _watch(self) -> None:
         """The thread that reads rank 0's channel: each message goes to `events` (its task's end to the job's
         inbox too); when its process ends, its exit code. The process is watched by its pidfd: a process its task
-        forked may hold the channel open after rank 0 ended."""
+        forked may hold the channel open after rank 0 ended. While rank 0 says nothing, what it left that ended is
+        reaped (`_reap_orphans`)."""
         pidfd = os.pidfd_open(self.pid)
         while True:
             ready = select.select([self.channel.fileno(), pidfd], [], [], WAIT_SLICE_S)[0]
