@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -73,6 +74,11 @@ class Wrapper:
         if not callable(target):
             raise ConfigError("Wrapper.start(target)", target, "give the function every rank calls, then its "
                               "arguments: Wrapper(platform).start(train, cfg)")
+        context = sys.modules.get("ddpw_runtime.rank.context")  # (loaded in a rank: not imported here, with torch)
+        if context is not None and context.in_rank():
+            raise ConfigError("Wrapper.start(target)", getattr(target, "__qualname__", target), "called inside a "
+                              "rank of a running job, which starts no job of its own: call the function itself here "
+                              "(this process is one rank of the job already), or start it from the caller")
         log_dir = self.log_dir or LOG_ROOT / datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")  # a new folder per call
         self.last_log_dir = log_dir.resolve()
         task = target if self.task_context is None else functools.partial(_in_context, self.task_context, target)

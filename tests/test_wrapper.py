@@ -65,6 +65,18 @@ def test_an_argument_that_cannot_be_sent_to_the_ranks_is_named_before_any_starts
     assert not list((tmp_path / "logs").glob("rank_*.log"))  # no rank started
 
 
+def start_a_job_inside() -> None:
+    """A task that starts a job of its own (a `@wrapper` function called inside a rank)."""
+    Wrapper(TWO).start(who, 1)
+
+
+def test_a_job_started_inside_a_rank_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(RankFailure) as failure:
+        Wrapper(TWO, log_dir=tmp_path).start(start_a_job_inside)
+    assert "ConfigError: Wrapper.start(target)='who': called inside a rank of a running job, which starts no job " \
+           "of its own: call the function itself here" in str(failure.value)
+
+
 def test_default_log_dir_is_a_new_folder_per_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     runner = Wrapper(Platform())

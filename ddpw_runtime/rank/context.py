@@ -46,6 +46,11 @@ def leave() -> None:
     _state = None
 
 
+def in_rank() -> bool:
+    """Whether this process is a rank of a running job now (its task runs)."""
+    return _state is not None
+
+
 def _current() -> _RankState:
     if _state is None:
         raise RuntimeError("not inside a rank started by hydra-ddpw; call this from the task function "

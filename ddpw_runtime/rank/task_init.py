@@ -116,7 +116,7 @@ def _other_request(group: JobGroup, asked: dict[str, Any]) -> str | None:
     if init_method not in (None, "env://", f"tcp://{group.plan.master_addr}:{group.plan.master_port}"):
         return f"another rendezvous ({init_method})"
     if asked.get("store") is not None:
-        return "a store of its own"
+        return "another store"
     if asked.get("world_size", -1) not in (-1, group.plan.world_size):
         return f"another world size ({asked['world_size']})"
     if asked.get("rank", -1) not in (-1, group.rank):
