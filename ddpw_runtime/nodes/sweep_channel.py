@@ -124,13 +124,15 @@ class SweepChannel(StoreSide):
 
 def stop_waiting_job(side: StoreSide, stop: NodeStop) -> None:
     """A node that reached node 0's sweep store (`side`) but runs a plain run: stop the sweep's job that waits for it
-    to join (the latest published, waited for at most `_ACK_WAIT_S`), so node 0 ends it at once (nothing when node 0
-    is gone, or its job is)."""
+    to join (the latest published, waited for at most `_ACK_WAIT_S`), so node 0 ends it at once, and count this node
+    as one that follows the sweep no more, so node 0 does not wait for it as the sweep ends (nothing when node 0 is
+    gone, or its job is)."""
     from torch.distributed import TCPStore
 
     host = side.where.rsplit(":", 1)[0]
     deadline = time.monotonic() + _ACK_WAIT_S
     with contextlib.suppress(RuntimeError, ValueError):
+        side.store.add(_KEY + "left", 1)
         while time.monotonic() < deadline:
             jobs = int(side.store.add(_KEY + "jobs", 0))
             if jobs and side.store.check([key := f"{_KEY}job/{jobs - 1}"]):
