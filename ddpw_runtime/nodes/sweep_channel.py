@@ -70,7 +70,8 @@ class SweepChannel(StoreSide):
             time.sleep(_POLL_S)
 
     def leave(self) -> None:
-        """A node other than 0 no longer follows the sweep (nothing when node 0's store is gone)."""
+        """A node other than 0 no longer follows the sweep: said by that node, or by node 0 for one a job lost (it
+        will read no end); nothing when node 0's store is gone."""
         with contextlib.suppress(RuntimeError):
             self.store.add(_KEY + "left", 1)
 
