@@ -281,7 +281,7 @@ class RunSupervisor:
         is: what the ranks left (each leads a group of its own) was stopped, or named as left behind, already."""
         seen, end = set(self.own_children), time.monotonic() + TERM_WAIT_S + KILL_WAIT_S
         with suppress(KeyboardInterrupt, Terminated, _Hangup):  # asked again: they have had their SIGKILL
-            while (left := _in_this_group(children_of_this_process() - seen)) and time.monotonic() < end:
+            while (left := self._orphans(seen)) and time.monotonic() < end:
                 seen |= left
                 orphans = Children()
                 for pid in left:
@@ -291,9 +291,20 @@ class RunSupervisor:
     def _reap_orphans(self) -> None:
         """Reap what rank 0's task left (this process's children since, `adopt_orphans`) that has ended meanwhile: a
         long run whose task starts commands in the background (`cmd &`) leaves no zombies piling up."""
-        for pid in _in_this_group(children_of_this_process() - self.own_children):
+        for pid in self._orphans(self.own_children):
             with suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
+
+    @staticmethod
+    def _orphans(known: set[int]) -> set[int]:
+        """This process's children, but `known`, in the program's process group, as rank 0 is: what rank 0 left (what
+        the ranks left leads groups of its own)."""
+        group = set()
+        for pid in children_of_this_process() - known:
+            with suppress(ProcessLookupError):
+                if os.getpgid(pid) == os.getpgrp():
+                    group.add(pid)
+        return group
 
     def _exited_within(self, seconds: float, stopped: int | None = None) -> bool:
         """Whether rank 0's process ended within `seconds`; rank 0 hears `stopped` whenever it waits for an answer."""
@@ -366,16 +377,6 @@ class RunSupervisor:
                 write_atomically(self.result_file, pickle.dumps(RankResult(0)))
             ranks.inbox.put(RankExited(self.pid, self.exited))
         self.events.put(None)
-
-
-def _in_this_group(pids: set[int]) -> set[int]:
-    """Those of `pids` in this process's process group."""
-    group = set()
-    for pid in pids:
-        with suppress(ProcessLookupError):
-            if os.getpgid(pid) == os.getpgrp():
-                group.add(pid)
-    return group
 
 
 def _pickled(error: BaseException) -> bytes:
