@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.errors import check_bool
+from ddpw_runtime.errors import JobTimedOut, RankFailure
 
 _R = TypeVar("_R")
 
@@ -85,7 +86,11 @@ class Wrapper:
         job = NodeJob(self.platform, log_dir, Grace(self.stop_grace_s, self.interrupt_grace_s),
                       max_restarts=self.max_restarts)
         run = run_with_caller_rank if self.caller_rank else run_ranks
-        return run(TaskCall(task, args, kwargs), job)
+        try:
+            return run(TaskCall(task, args, kwargs), job)
+        except (RankFailure, JobTimedOut) as error:
+            # The same error and cause (the rank's), its traceback starting here: the engine's frames tell nothing.
+            raise error.with_traceback(None) from error.__cause__
 
 
 def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]], Callable[..., list[_R]]]:

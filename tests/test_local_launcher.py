@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import job_dirs, leftover, run_app, seen
+from tests.helpers import APPS, job_dirs, leftover, run_app, seen
 
 pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
@@ -93,7 +93,8 @@ def test_cpu_threads_are_split_across_ranks(tmp_path: Path) -> None:
         ("exit", ["rank 1 (node 0) failed: RankExited: exited with code 3"]),
         # (the other rank, its task over, waited for it in hydra-ddpw's own end of the job: the job hung)
         ("exit_0", ["rank 1 (node 0) failed: RankLost: exited with code 0 but sent no result"]),
-        ("sysexit", ["rank 1 (node 0) failed: SystemExit: 4"]),
+        # (the rank's traceback starts at the task's own frame, as for any other exception)
+        ("sysexit", ["rank 1 (node 0) failed: SystemExit: 4", f'Traceback (most recent call last):\n  File "{APPS}/app.py"']),
         ("kill", ["rank 1 (node 0) failed: RankKilled: killed by SIGKILL"]),
         ("segfault", ["rank 1 (node 0) failed: RankKilled: killed by SIGSEGV", "Fatal Python error"]),
     ],

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -110,6 +111,8 @@ def test_failure_raises_rank_failure_naming_the_root_cause(tmp_path: Path) -> No
     assert failure.rank == 1 and failure.error_type == "KeyError"
     assert isinstance(failure.__cause__, KeyError) and failure.__cause__.args == ("missing thing",)
     assert "in write_pid_then_fail_on" in str(failure) and 'raise KeyError("missing thing")' in str(failure)
+    # Its traceback in the caller goes no deeper than `start`: the engine's frames would tell a user nothing.
+    assert [frame.name for frame in traceback.extract_tb(info.tb)][-1:] == ["start"]
     pids = [int((tmp_path / f"pid_{rank}").read_text()) for rank in (0, 1)]
     assert not any(alive(pid) for pid in pids)
 
