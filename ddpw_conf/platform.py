@@ -116,6 +116,12 @@ class Platform:
     layout: Layout = field(default_factory=Layout)
     """Data / tensor / pipeline parallel sizes; the default is every rank data-parallel."""
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Platform:
+        """A `ConfigError` naming the nearest field for a keyword `Platform` does not have (not the plain `TypeError`
+        of a dataclass)."""
+        check_known("platform.", kwargs, {f.name for f in fields(cls)}, "Platform")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         """Accept `layout` as a mapping too (`Platform(layout={"tensor": 2})`)."""
         if not isinstance(self.layout, Layout):
@@ -206,11 +212,11 @@ class Platform:
         return self
 
     def validate_local(self) -> None:
-        """Raise `ConfigError` unless every rank can run on this machine (one node)."""
+        """Raise `ConfigError` unless every rank can run on this machine (one node), as a `Wrapper` runs them."""
         if self.n_nodes > 1:
-            raise ConfigError("platform.n_nodes", self.n_nodes, "ranks started here run on this machine only; use "
-                              "n_nodes=1, or a plain run (no -m) of hydra/launcher=ddpw_cpu or ddpw_gpu on every "
-                              "machine (docs/multi-node.md), or hydra/launcher=ddpw_slurm for several nodes")
+            raise ConfigError("platform.n_nodes", self.n_nodes, "a Wrapper runs every rank on this machine; use "
+                              "n_nodes=1 (a job across machines runs from a Hydra app: hydra/launcher=ddpw_cpu or "
+                              "ddpw_gpu on every machine, docs/multi-node.md, or hydra/launcher=ddpw_slurm)")
 
     def _validate_names(self) -> None:
         check_match("platform.name", self.name, _NAME, "use 1-128 letters, digits, '_', '.', '+' or '-', "

@@ -95,7 +95,8 @@ class Wrapper:
 
 def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]], Callable[..., list[_R]]]:
     """Decorator: calling the decorated function runs it on every rank of `platform` (with `Wrapper`'s
-    `options`) and returns every rank's value, by global rank."""
+    `options`) and returns every rank's value, by global rank. Its `Wrapper` is the function's `wrapper` attribute
+    (`train.wrapper.last_log_dir`)."""
 
     def decorate(fn: Callable[..., _R]) -> Callable[..., list[_R]]:
         runner = Wrapper(platform, **options)
@@ -104,6 +105,7 @@ def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]],
         def run(*args: Any, **kwargs: Any) -> list[_R]:
             return runner.start(fn, *args, **kwargs)
 
+        run.wrapper = runner  # type: ignore[attr-defined]
         return run
 
     return decorate

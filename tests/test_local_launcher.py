@@ -94,7 +94,8 @@ def test_cpu_threads_are_split_across_ranks(tmp_path: Path) -> None:
         # (the other rank, its task over, waited for it in hydra-ddpw's own end of the job: the job hung)
         ("exit_0", ["rank 1 (node 0) failed: RankLost: exited with code 0 but sent no result"]),
         # (the rank's traceback starts at the task's own frame, as for any other exception)
-        ("sysexit", ["rank 1 (node 0) failed: SystemExit: 4", f'Traceback (most recent call last):\n  File "{APPS}/app.py"']),
+        ("sysexit", ["rank 1 (node 0) failed: SystemExit: 4",
+                     f'Traceback (most recent call last):\n  File "{APPS}/app.py"']),
         ("kill", ["rank 1 (node 0) failed: RankKilled: killed by SIGKILL"]),
         ("segfault", ["rank 1 (node 0) failed: RankKilled: killed by SIGSEGV", "Fatal Python error"]),
     ],

@@ -97,6 +97,7 @@ def test_decorator_returns_every_rank_value(tmp_path: Path) -> None:
 
     assert plus_rank(10) == [10, 11]
     assert plus_rank.__name__ == "plus_rank"
+    assert plus_rank.wrapper.last_log_dir == tmp_path.resolve()  # type: ignore[attr-defined]
 
 
 def test_decorated_module_function_runs_once_per_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,6 +279,13 @@ def test_bad_platform_fails_when_the_wrapper_is_made() -> None:
         Wrapper(Platform(n_procs_per_node=2, layout=Layout(tensor=3)))
     with pytest.raises(ConfigError, match=r"platform\.ipc_protocol='file'.*caller_rank"):
         Wrapper(Platform(n_procs_per_node=2, ipc_protocol="file"), caller_rank=True)
+    with pytest.raises(ConfigError, match=r"platform\.n_nodes=2: a Wrapper runs every rank on this machine; use "
+                       r"n_nodes=1 \(a job across machines runs from a Hydra app"):
+        Wrapper(Platform(n_nodes=2))
+    # A misspelt field is named with the nearest one (not a dataclass's bare TypeError).
+    with pytest.raises(ConfigError, match=r"platform\.n_proc_per_node=2: Platform has no such field; did you mean "
+                       "n_procs_per_node?"):
+        Platform(n_proc_per_node=2)  # type: ignore[call-arg]
 
 
 PYTHON_C = """
