@@ -109,7 +109,12 @@ class NodeError(CompactError, RuntimeError):
 
 class NodeLost(NodeError):
     """A node of a job across machines never joined it, or could no longer be reached (its controller ended, or the
-    network to it failed): in a multirun, node 0 starts no more jobs, since each would wait for that node."""
+    network to it failed): in a multirun, node 0 starts no more jobs, since each would wait for that node. `nodes`:
+    the nodes lost (none known when a node stopped the job as it ran another command)."""
+
+    def __init__(self, message: str, nodes: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.nodes = tuple(nodes)
 
 
 class RankStopped(Exception):

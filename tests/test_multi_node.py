@@ -324,6 +324,20 @@ def test_a_node_that_never_starts_is_named_by_node_0_within_the_join_timeout(tmp
     assert time.monotonic() - started < 30
 
 
+
+@pytest.mark.subprocess
+def test_a_multirun_whose_nodes_never_start_ends_without_waiting_for_them_to_read_its_end(tmp_path: Path) -> None:
+    """Node 0's sweep ends waiting (up to 10 s) only for the nodes still following it: not for every node the job lost
+    (it counted one per job: with two lost, it waited the whole 10 s for the second)."""
+    own, environ = _explicit(free_port(), 0)
+    started = time.monotonic()
+    zero = _node(tmp_path, ["-m", "platform.n_nodes=3", "platform.n_procs_per_node=1",
+                            "platform.join_timeout_min=0.05", "fail_rank=0,1", *own], environ)
+    _, err = zero.communicate(timeout=60)
+    assert zero.returncode == 1
+    assert "node(s) 1, 2 of 3 never joined within platform.join_timeout_min=0.05" in err, err
+    assert time.monotonic() - started < 3 + 10  # the join timeout, and less than the 10 s it waited for node 2
+
 @pytest.mark.subprocess
 def test_a_node_that_cannot_reach_node_0_names_the_address_and_port(tmp_path: Path) -> None:
     port = free_port()

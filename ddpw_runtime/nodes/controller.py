@@ -105,7 +105,7 @@ class Nodes:
                 f"node(s) {', '.join(map(str, missing))} of {platform.n_nodes} never joined within "
                 f"platform.join_timeout_min={platform.join_timeout_min:g} (node 0 waited at {channel.where}): start "
                 "the same command on each machine (its platform.node_rank, or its platform's variables, saying "
-                "which node it is), and check that it reaches this address and port"
+                "which node it is), and check that it reaches this address and port", missing
             )
         return Nodes(channel, local.job.grace)
 
@@ -186,7 +186,7 @@ class Nodes:
             if end.interrupted is not None:
                 raise NodeError(NodeStop(end.node, end.interrupted).text())
         if self.seen is not None and self.seen.lost:  # this node's ranks were stopped for it: how they ended is not it
-            raise NodeLost(self.seen.text())
+            raise NodeLost(self.seen.text(), sorted({self.seen.node, *lost}))
         every = sorted([*outcomes, *(o for end in ends.values() for o in end.ranks)], key=lambda o: o.rank)
         if failed_by_itself(every):  # a rank's own failure, on any node
             return every
@@ -194,7 +194,7 @@ class Nodes:
         if errors:
             raise errors[0]
         if lost:  # (once this node's ranks had ended)
-            raise NodeLost(NodeStop(lost[0], lost=True).text())
+            raise NodeLost(NodeStop(lost[0], lost=True).text(), lost)
         missing = [node for node in range(1, self.channel.n_nodes) if node not in ends]
         if missing:
             raise NodeError(f"node(s) {', '.join(map(str, missing))} sent no end of their ranks (their controller "

@@ -258,8 +258,9 @@ class _Sweep:
                                 end.job_return)
             if end.job_return is not None and isinstance(lost := _compat.job_error(end.job_return), NodeLost):
                 self.lost = f"no more jobs start, since each would wait for a node that job #{job.idx} lost: {lost}"
-                if self.across is not None:  # the sweep's end does not wait for that node to read it
-                    self.across.leave()
+                if self.across is not None:  # the sweep's end waits for none of those nodes to read it
+                    for _ in lost.nodes:
+                        self.across.leave()
             if self.options.fail_fast and self.failed is None and end.job_return is not None and \
                     end.job_return.status is JobStatus.FAILED:
                 self._fail_fast(job, end.job_return)
