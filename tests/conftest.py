@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -14,6 +15,28 @@ from tests.slurm.cluster import local_cluster, skip_reason
 # was itself started ignoring SIGINT (a script's background command) would pass that on to every program.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_TEST_MARK = "DDPW_TEST"
+"""The variable that marks, in their environment, the processes a test started (and theirs)."""
+
+
+@pytest.fixture(autouse=True)
+def _processes_a_test_started_end_with_it(request: pytest.FixtureRequest,
+                                          monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """After each test, SIGKILL what it started that still runs: a test that failed before it ended its programs
+    would leave them running, loading the machine for the tests after it. (Tests that check that nothing of a job is
+    left do so themselves, before this.)"""
+    value = f"{os.getpid()}:{request.node.nodeid}"
+    monkeypatch.setenv(_TEST_MARK, value)
+    mark = f"\0{_TEST_MARK}={value}\0".encode()
+    yield
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry.name}/environ", "rb") as environ:
+                    if mark in b"\0" + environ.read():
+                        os.kill(int(entry.name), signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")
