@@ -19,7 +19,6 @@ import atexit
 import json
 import logging
 import math
-import pickle
 import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
@@ -34,7 +33,7 @@ from ddpw_runtime import _compat
 from ddpw_runtime.hydra_jobs.prepare import as_typed
 from ddpw_runtime.hydra_jobs.summary import PREFIX, one_line, shown_path
 from ddpw_runtime.launch import pickling
-from ddpw_runtime.launch.payload import write_atomically
+from ddpw_runtime.launch.payload import read_pickled, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +161,7 @@ class SweepSummary:
 
     def kept_return(self, job: int) -> JobReturn | None:
         """The JobReturn kept when job `job` COMPLETED, or None where there is none that can be read."""
-        try:
-            ret = pickle.loads((self.path.parent / RETURNS / f"{job}.pkl").read_bytes())
-        except Exception:  # noqa: BLE001 - missing, cut short, or made by code that is gone: run the job again
-            return None
-        return ret if isinstance(ret, JobReturn) else None
+        return read_pickled(self.path.parent / RETURNS / f"{job}.pkl", JobReturn)
 
 
 def read_summary(sweep_dir: Path) -> tuple[SweepRecord, list[JobEntry]] | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ddpw_runtime.launch.console import file_size
-from ddpw_runtime.launch.payload import write_atomically
+from ddpw_runtime.launch.payload import read_pickled, write_atomically
 from ddpw_runtime.launch.plan import DUMP_SIGNAL, LaunchPlan, recorder_file, stacks_file
 from ddpw_runtime.launch.recorded import recorded_in
 from ddpw_runtime.launch.signals import send_to_group
@@ -189,12 +189,3 @@ class Watch:
 
     def _log_sizes(self) -> list[int]:
         return [file_size(self.plan.log_file(rank)) for rank in self.plan.global_ranks]
-
-
-def read_pickled(path: Path, kind: type[_T]) -> _T | None:
-    """The `kind` pickled at `path` (None: missing, unreadable or something else)."""
-    try:
-        found = pickle.loads(path.read_bytes())
-    except (OSError, EOFError, pickle.UnpicklingError):
-        return None
-    return found if isinstance(found, kind) else None

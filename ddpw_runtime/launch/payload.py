@@ -8,7 +8,7 @@ import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.plan import LaunchPlan
@@ -61,6 +61,8 @@ def from_task(exc: BaseException) -> BaseException:
     return exc
 
 
+_T = TypeVar("_T")
+
 JOB_ENV = "DDPW_JOB"
 """The variable that names a rank's job (its private folder) in its environment and its descendants'."""
 
@@ -100,6 +102,15 @@ def write_private(path: Path, obj: object) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as out:
         pickle.dump(obj, out, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def read_pickled(path: Path, kind: type[_T]) -> _T | None:
+    """The `kind` pickled at `path` (None: missing, cut short, made by code that is gone, or something else)."""
+    try:
+        found = pickle.loads(path.read_bytes())
+    except Exception:  # noqa: BLE001 - whatever unpickling raised, there is no such record to read
+        return None
+    return found if isinstance(found, kind) else None
 
 
 def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:

@@ -105,6 +105,13 @@ class LaunchPlan:
         ])
 
 
+def free_port(host: str) -> int:
+    """A port free on `host` (all addresses: "") right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def plan_local(platform: Platform, log_dir: Path, rendezvous_dir: Path, run_id: str, node_rank: int = 0,
                master_addr: str | None = None, master_port: int | None = None, max_restarts: int = 0,
                restart_count: int = 0, share: Share | None = None) -> LaunchPlan:
@@ -112,11 +119,7 @@ def plan_local(platform: Platform, log_dir: Path, rendezvous_dir: Path, run_id: 
     `master_addr`, else loopback; port `platform.master_port`, else `master_port`, else a free one; a `file`
     rendezvous in `rendezvous_dir`; with `share`, only its GPUs and cores."""
     addr = platform.master_addr or master_addr or LOOPBACK
-    port = platform.master_port or master_port
-    if port is None:  # one that is free right now
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((addr if platform.n_nodes == 1 else "", 0))
-            port = int(sock.getsockname()[1])
+    port = platform.master_port or master_port or free_port(addr if platform.n_nodes == 1 else "")
     init_method = f"file://{rendezvous_dir / 'rendezvous'}" if platform.ipc_protocol == "file" else f"tcp://{addr}:{port}"
     cpus = (share.n_cpus if share is not None else None) or platform.n_cpus_per_node or os.cpu_count() or 1
     return LaunchPlan(

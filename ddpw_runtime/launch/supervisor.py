@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import pickle
 import signal
 import sys
 import threading
@@ -12,7 +11,6 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from pathlib import Path
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S, REPORT_S, STARTING_GRACE_S
@@ -22,6 +20,7 @@ from ddpw_runtime.launch.hangs import Watch, drop_empty_stacks, report_of, take_
 from ddpw_runtime.launch.job import LocalJob
 from ddpw_runtime.launch.job_processes import JobProcesses
 from ddpw_runtime.launch.outcome import note_failures
+from ddpw_runtime.launch.payload import read_pickled
 from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import held, killed_line, send_to_group, signal_of, sigterm_raises
@@ -206,7 +205,7 @@ class NodeRanks(Children):
         for rank in self.ranks:
             child = of_rank.get(rank)  # None: it never started
             outcomes.append(RankOutcome(
-                rank=rank, node=plan.node_rank, result=_read_result(self.local.payload.result_file(rank)),
+                rank=rank, node=plan.node_rank, result=read_pickled(self.local.payload.result_file(rank), RankResult),
                 exit_code=child.exit_code if child else None, stopped=child is not None and child.stopped,
                 signals_sent=frozenset(self.signals_sent), log_file=str(plan.log_file(rank)),
                 ended_at=(child.ended_at if child else None) or time.time(), place=self.places.get(rank)))
@@ -265,11 +264,3 @@ def supervise(ranks: NodeRanks) -> list[RankOutcome]:
     outcomes = ranks.outcomes()
     ranks.local.starter.preload_modules(sorted({name for o in outcomes if o.result for name in o.result.imported}))
     return outcomes
-
-
-def _read_result(path: Path) -> RankResult | None:
-    try:
-        with open(path, "rb") as src:
-            return pickle.load(src)
-    except (FileNotFoundError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
-        return None

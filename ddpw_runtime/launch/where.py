@@ -16,8 +16,8 @@ import time
 import uuid
 from pathlib import Path
 
-from ddpw_runtime.launch.hangs import CHECK_S, REQUEST, WhereAnswer, WhereRequest, answer_file, read_pickled
-from ddpw_runtime.launch.payload import write_atomically
+from ddpw_runtime.launch.hangs import CHECK_S, REQUEST, WhereAnswer, WhereRequest, answer_file
+from ddpw_runtime.launch.payload import read_pickled, write_atomically
 
 _ANSWER_WAIT_S = 10 * CHECK_S
 

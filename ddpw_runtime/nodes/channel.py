@@ -252,7 +252,6 @@ class NodeChannel(StoreSide):
             self.store.add(f"{_KEY}beat/{self.node}", 1)
         except RuntimeError:  # the store is gone with node 0
             self.lost = True
-            return NodeStop(0, lost=True)
         return self.stopped()
 
     def silent(self) -> list[int]:

@@ -13,7 +13,6 @@ import contextlib
 import json
 import pickle
 import signal
-import socket
 import time
 from datetime import timedelta
 
@@ -30,13 +29,6 @@ _ENDED_EARLY = -2
 _ACK_WAIT_S = 10.0
 """How long node 0's Hydra process waits, as it ends, for the nodes that still follow its sweep to have read that it
 ended."""
-
-
-def free_port(host: str) -> int:
-    """A port free on `host` now (the next job's store and rendezvous, on node 0)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class SweepChannel(StoreSide):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import pickle
 import shutil
 import signal
 import sys
@@ -38,10 +37,11 @@ from ddpw_runtime.launch.children import Child, Children
 from ddpw_runtime.launch.devices import Devices, Need, Share, cpu_cores, visible_gpus
 from ddpw_runtime.launch.engine import describe, gpus_available
 from ddpw_runtime.launch.job import Grace, NodeJob, starter_for
-from ddpw_runtime.launch.payload import write_private
+from ddpw_runtime.launch.payload import read_pickled, write_private
+from ddpw_runtime.launch.plan import free_port
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.nodes.environment import place_node
-from ddpw_runtime.nodes.sweep_channel import SweepChannel, free_port, hosted
+from ddpw_runtime.nodes.sweep_channel import SweepChannel, hosted
 from ddpw_runtime.procs.job import RESULT, JobEnd, JobPayload, run_job_process
 
 log = logging.getLogger(__name__)
@@ -237,12 +237,9 @@ class _Sweep:
         """Job process `child` ended: note how its job ended (with `fail_fast`, a failure stops the others)."""
         with signals.held():  # its private folder is either known here or gone
             running = self.running.pop(child.pid)
-            try:
-                with open(running.folder / RESULT, "rb") as src:
-                    end: JobEnd = pickle.load(src)
-            except (OSError, EOFError, pickle.UnpicklingError):
-                end = JobEnd(stopped_by=self.stopped_by) if self.stopped_by else JobEnd(error=RuntimeError(
-                    f"the process of job #{running.job.idx} ended without a result (exit code {child.exit_code})"))
+            end = read_pickled(running.folder / RESULT, JobEnd) or (
+                JobEnd(stopped_by=self.stopped_by) if self.stopped_by else JobEnd(error=RuntimeError(
+                    f"the process of job #{running.job.idx} ended without a result (exit code {child.exit_code})")))
             shutil.rmtree(running.folder, ignore_errors=True)
         self.schedule.ended(running.share)
         self.ended[running.job.idx] = end
