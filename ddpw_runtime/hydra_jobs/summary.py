@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
@@ -122,21 +125,23 @@ class JobConsole:
         self.out = sys.stdout
         self.colour = use_colour(self.out)
 
-    def started(self) -> None:
-        """Print the start line."""
+    @contextmanager
+    def shown(self) -> Iterator[None]:
+        """Print the job's start line, and as the block ends its summary: completed (every rank returned), or failed
+        with the error the block raises (raised on)."""
         ranks = f"{self.world_size} rank" + ("s" if self.world_size != 1 else "")
         self._print(f"{_head(self.colour, self.job, 'started')}: {ranks} on {self.device}, output dir "
                     f"{self.output_dir}")
-
-    def completed(self, duration_s: float) -> None:
-        """Print the summary of a job whose every rank returned (each exited 0)."""
+        started = time.monotonic()
+        try:
+            yield
+        except Exception as error:
+            self._print(failed_summary(self.job, error, time.monotonic() - started, self.output_dir, self.colour))
+            raise
         ranks = ("ranks " if self.world_size > 1 else "rank ") + rank_ranges(list(range(self.world_size)))
-        self._print(f"{_head(self.colour, self.job, 'COMPLETED', 'green', 'bold')} in {duration_s:.1f} s: {ranks} "
-                    f"{_style(self.colour, 'ok', 'green')}; logs {self.output_dir}/rank_<k>.log")
-
-    def failed(self, error: BaseException, duration_s: float) -> None:
-        """Print the summary of a failed job."""
-        self._print(failed_summary(self.job, error, duration_s, self.output_dir, self.colour))
+        self._print(f"{_head(self.colour, self.job, 'COMPLETED', 'green', 'bold')} in "
+                    f"{time.monotonic() - started:.1f} s: {ranks} {_style(self.colour, 'ok', 'green')}; logs "
+                    f"{self.output_dir}/rank_<k>.log")
 
     def _print(self, text: str) -> None:
         print(text, file=self.out, flush=True)

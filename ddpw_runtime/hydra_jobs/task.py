@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields, replace
@@ -76,17 +75,8 @@ class JobTask:
         runtime = HydraConfig.get().runtime
         job = replace(self.job, log_dir=Path(runtime.output_dir))
         console = JobConsole(self.idx, job.platform, job.log_dir, Path(runtime.cwd)) if self.announce else None
-        started = time.monotonic()
-        if console is not None:
-            console.started()
-        append_to_job_files()
-        try:
+        with console.shown() if console is not None else nullcontext():
+            append_to_job_files()
             with self.around_ranks():
                 self.values = run_ranks(TaskCall(self.task_function, (cfg,)), job)
-        except Exception as error:
-            if console is not None:
-                console.failed(error, time.monotonic() - started)
-            raise
-        if console is not None:
-            console.completed(time.monotonic() - started)
         return self.values[0]

@@ -153,15 +153,12 @@ class RunSupervisor:
         log_dir = Path(starting.log_dir)
         console = JobConsole(0, self.platform, log_dir, Path.cwd())
         job = NodeJob(self.platform, log_dir, self.grace, max_restarts=self.options.max_restarts)
-        console.started()
-        self.job_started = True
-        started = time.monotonic()
         try:
-            with_restarts(job, lambda attempt: self._attempt(starting, attempt))
+            with console.shown():
+                self.job_started = True
+                with_restarts(job, lambda attempt: self._attempt(starting, attempt))
         except Exception as failure:  # noqa: BLE001 - any failure is the job's, shown where it can be
-            console.failed(failure, time.monotonic() - started)
             return failure
-        console.completed(time.monotonic() - started)
         return None
 
     def _attempt(self, starting: JobStarting, job: NodeJob) -> None:
