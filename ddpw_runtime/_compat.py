@@ -94,6 +94,33 @@ def forget_failed_process_group() -> None:
         world.group_count = 0
 
 
+def forget_exit_handlers() -> None:
+    """Drop the `atexit` handlers this process inherited from the process it is a fork of (the rank starter, a fork of a
+    controller: those handlers are the controller's, such as stopping its starters, and must not run in its ranks).
+    Private: `atexit._clear`. Fallback: nothing (a rank runs no exit handlers: see `run_exit_handlers`)."""
+    import atexit
+
+    getattr(atexit, "_clear", lambda: None)()
+
+
+def run_exit_handlers() -> None:
+    """Run this process's `atexit` handlers now, as Python does as it exits (a rank ends with `os._exit`). Private:
+    `atexit._run_exitfuncs`; with `forget_exit_handlers`, only where that works too. Fallback: nothing."""
+    import atexit
+
+    if hasattr(atexit, "_clear"):
+        getattr(atexit, "_run_exitfuncs", lambda: None)()
+
+
+def open_files(objects: list[Any]) -> list[Any]:
+    """The file objects (of any `io` class) among `objects`. Private: `_io._IOBase`, the C base that `io.IOBase` (an
+    ABC, 7 times slower to test against over a heap) registers. Fallback: `io.IOBase`."""
+    import io
+
+    base = getattr(sys.modules.get("_io"), "_IOBase", io.IOBase)
+    return [obj for obj in objects if isinstance(obj, base)]
+
+
 def sbatch_script(command: str, folder: Path, map_count: int | None, **params: Any) -> str:
     """The sbatch script submitit would submit for `params` (the dry run prints it). Private:
     `submitit.slurm.slurm._make_sbatch_string`, the function `SlurmExecutor` itself calls."""

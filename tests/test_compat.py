@@ -121,6 +121,26 @@ def test_private_members_of_other_libraries_are_reached_in_compat_only() -> None
     assert exempt == {"ddpw_runtime/_compat.py", "tests/**"}
 
 
+_EXIT_SCRIPT = """
+import atexit, gzip, io, sys
+from ddpw_runtime import _compat
+
+atexit.register(print, "inherited")
+_compat.forget_exit_handlers()
+atexit.register(print, "own")
+_compat.run_exit_handlers()  # "own" only, and once: Python runs none as it exits
+text = open(sys.argv[1], "w")
+print(len(_compat.open_files([text, text.buffer, gzip.open(sys.argv[1] + ".gz", "wt"), io.BytesIO(), 3, "x"])))
+"""
+
+
+def test_the_exit_handlers_of_a_fork_are_dropped_and_its_own_run_and_its_open_files_are_found(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, str(tmp_path / "file")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "own\n4\n"
+
+
 _RECORDER_SCRIPT = """
 import sys
 from pathlib import Path

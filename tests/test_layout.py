@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ROOT / "ddpw_runtime"
 
 DATA_MODULES = {
+    "ddpw_runtime.launch.bounds",
     "ddpw_runtime.launch.plan",
     "ddpw_runtime.launch.payload",
     "ddpw_runtime.launch.pickling",

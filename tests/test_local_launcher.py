@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,19 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
     assert "world size      : 3 (1 node(s) x 3 rank(s))" in proc.stdout
     assert "backend         : gloo" in proc.stdout
     assert not any(tmp_path.rglob("rank_*.log"))
+
+
+@pytest.mark.parametrize("mode", [(), ("-m",), ("platform.spawn_method=spawn",)], ids=["plain", "multirun", "spawn"])
+def test_every_rank_ends_as_python_does_its_exit_handlers_run_and_the_files_it_left_open_keep_what_it_wrote(
+        tmp_path: Path, mode: tuple[str, ...]) -> None:
+    """As under torchrun, where each rank is a process that Python ends: its `atexit` handlers run, and what a file it
+    left open holds back is written (a gzip file's end too). Ranks ended with `os._exit`, and a plain run's rank 0
+    (its heap frozen at the fork) freed nothing as Python ended: every such file was empty."""
+    proc = run_app(tmp_path, *mode, "behaviour=leave_open")
+    assert proc.returncode == 0, proc.stderr
+    job = job_dirs(tmp_path)[0]
+    for rank in (0, 1):
+        assert (job / f"open_rank_{rank}.txt").read_text() == "kept\n"
+        with gzip.open(job / f"open_rank_{rank}.gz", "rt") as zipped:
+            assert zipped.read() == "kept\n"
+        assert (job / f"atexit_rank_{rank}.txt").read_text() == "ran\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
+import gc
 import os
 import pickle
 import signal
@@ -170,6 +171,7 @@ def _as_it_ends() -> None:
     faulthandler.unregister(DUMP_SIGNAL)
     for sig in (DUMP_SIGNAL, STOP_SIGNAL):
         signal.signal(sig, signal.SIG_IGN)
+    gc.unfreeze()  # frozen at the fork (`fork_supervisor`): Python frees what it holds as it ends only when unfrozen
 
 
 class RankZeroSide:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import gc
 import io
 import itertools
 import os
@@ -23,6 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, cast
 
+from ddpw_runtime import _compat
+from ddpw_runtime.launch.bounds import AT_EXIT_S
 from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_atomically
 from ddpw_runtime.launch.pickling import dumps
 from ddpw_runtime.launch.plan import DUMP_SIGNAL
@@ -74,6 +77,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
             before_task = len(sys.modules)
             _task_may_start()
             payload.task_mark(rank).touch(0o600)
+            gc.freeze()  # what the task makes from now on is what `_end_as_python_does` looks through
             value = task()
         finally:
             held = _hold_stops()  # the task is over: its result is written whole before the job's stop takes it
@@ -92,8 +96,30 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     # Destroying it first only adds gloo's wait for its I/O threads (~20 ms with 2 ranks) to every job.
     if result.ok:
         leave_store(plan.world_size, hosts=listen_fd is not None)
+    _end_as_python_does()
     flush_output()
     return 0 if result.ok else 1
+
+
+def _end_as_python_does() -> None:
+    """What Python does as it exits, which the rank's `os._exit` skips: the `atexit` handlers registered in the rank
+    (the starter dropped those of the process it is a fork of), logging's flush, and closing the files the task left
+    open, so what it wrote to them is kept. Bounded by `AT_EXIT_S` (then the threads' stacks go to its log and the rank
+    ends with code 1). Threads the task left running are not waited for, as before."""
+    faulthandler.dump_traceback_later(AT_EXIT_S, exit=True)
+    _compat.run_exit_handlers()
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()
+    # Each file the task made and left open is closed from the outside in (a text file before the buffer it writes
+    # through, which it closes itself): what it holds back reaches the disk. The rank's own output is not closed.
+    files = _compat.open_files(gc.get_objects())  # (what was there before the task is frozen: not among them)
+    inner = {id(held) for file in [*files, sys.stdout, sys.stderr] for referent in gc.get_referents(file)
+             for held in (referent.values() if isinstance(referent, dict) else (referent,))}
+    for file in files:
+        if id(file) not in inner and file not in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                file.close()
+    faulthandler.cancel_dump_traceback_later()
 
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None

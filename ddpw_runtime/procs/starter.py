@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ddpw_runtime import _compat
 from ddpw_runtime.launch import protocol
 from ddpw_runtime.launch.job_processes import JobProcesses, children_of_this_process
 from ddpw_runtime.launch.plan import DUMP_SIGNAL
@@ -89,6 +90,7 @@ class _Server:
             from ddpw_runtime.rank.setup import warm_up  # imports torch and torch.distributed once
 
             warm_up()
+        _compat.forget_exit_handlers()  # the controller's: they would run in its ranks as they end (`procs/rank.py`)
         # The ranks it forks share what the controller holds (torch, once loaded): their garbage collector
         # does not walk it, so they do not copy every page of it (see `gc.freeze`).
         gc.freeze()

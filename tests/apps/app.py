@@ -1,6 +1,8 @@
 """A Hydra app for the tests: every rank reports what it sees; one rank can be told to misbehave."""
 
+import atexit
 import ctypes
+import gzip
 import json
 import multiprocessing
 import os
@@ -109,6 +111,20 @@ class Unprintable(Exception):
 
     def __str__(self) -> str:
         raise RuntimeError("__str__ refuses")
+
+
+LEFT_OPEN: list = []
+"""The files a `leave_open` task leaves open, held as a module's global holds a metrics writer."""
+
+
+def leave_open(output_dir: str, rank: int) -> None:
+    """Write to files the task leaves open (a text file, a gzip file: its end is written only as it is closed), and
+    register an exit handler: as the rank ends, what the files hold back is written and the handler runs."""
+    LEFT_OPEN.append(open(os.path.join(output_dir, f"open_rank_{rank}.txt"), "w"))
+    LEFT_OPEN.append(gzip.open(os.path.join(output_dir, f"open_rank_{rank}.gz"), "wt"))
+    for file in LEFT_OPEN:
+        file.write("kept\n")
+    atexit.register(lambda: open(os.path.join(output_dir, f"atexit_rank_{rank}.txt"), "w").write("ran\n"))
 
 
 def misbehave(behaviour: str) -> object:
@@ -385,6 +401,8 @@ def main(cfg: DictConfig) -> object:
         signal.signal(signal.SIGUSR1, lambda *_: open(mark, "w").close())
         if seen["rank"] == cfg.fail_rank:
             misbehave("hang")
+    if cfg.behaviour == "leave_open":
+        leave_open(seen["output_dir"], seen["rank"])
     if cfg.behaviour == "sysexit_0_everywhere":  # every rank ends its task with sys.exit(0), as a script that is done
         sys.exit(0)
     odd = None
