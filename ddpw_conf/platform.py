@@ -346,15 +346,48 @@ def platform_from_config(node: Any, not_ours: str = "") -> Platform:
     """A `Platform` from a config node (a `platform` node, a mapping, or None for the defaults); unknown
     keys, at any level, raise `ConfigError`, and `not_ours` is added to the error when the node is not a
     mapping or has a key `Platform` does not have (it may be an app's own node of that name)."""
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig
 
     if node is None:
         return Platform()
     if isinstance(node, Platform):
         return node
     if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=True)
+        node = _resolved(node)
     if not isinstance(node, dict):
         raise ConfigError("platform", node, "platform must be a mapping of Platform fields" + not_ours)
     check_known("platform.", node, {f.name for f in fields(Platform)}, "Platform", not_ours=not_ours)
     return Platform(**node)
+
+
+def _resolved(node: Any) -> Any:
+    """`node` as plain data, its interpolations resolved; `ConfigError` naming the key whose value is missing (`???`) or
+    cannot be resolved (an environment variable that is not set, a key that is not there), with the value as written."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as error:
+        key = str(getattr(error, "full_key", "") or "platform")
+        if isinstance(error, MissingMandatoryValue):
+            raise ConfigError(key, "???", f"the value is missing: give one, such as {key}=... on the command line "
+                              "or in the config") from None
+        cause = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise ConfigError(key, _as_written(OmegaConf.to_container(node, resolve=False), key), f"cannot be resolved "
+                          f"({cause}): set what it refers to, or give the value itself") from None
+
+
+def _as_written(data: Any, key: str) -> Any:
+    """The value at the end of the full key `key` (`a.b[0].c`) in `data` (a node's unresolved container, whose own key
+    is somewhere at the start of `key`); None when it cannot be found."""
+    parts = [part for part in re.split(r"[.\[\]]", key) if part]
+    for start in range(len(parts)):
+        found = data
+        try:
+            for part in parts[start:]:
+                found = found[int(part)] if isinstance(found, list) else found[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            continue
+        return found
+    return None

@@ -114,6 +114,12 @@ TYPED = [
                  "cannot resolve it", id="master_addr-unresolvable"),
     pytest.param(["hydra.launcher.resume=true"], "hydra.launcher.resume", True,
                  "a plain run is one job, not a sweep to go on with: resume a sweep with -m", id="resume-a-plain-run"),
+    pytest.param(["platform.timeout_min=${oc.env:DDPW_TEST_NOT_SET}"], "platform.timeout_min",
+                 "${oc.env:DDPW_TEST_NOT_SET}", "cannot be resolved (KeyError raised while resolving interpolation: "
+                 "\"Environment variable 'DDPW_TEST_NOT_SET' not found\"): set what it refers to, or give the value "
+                 "itself", id="interpolation-that-fails"),  # (it was a traceback of 95 lines through hydra-ddpw)
+    pytest.param(["platform.n_procs_per_node=???"], "platform.n_procs_per_node", "???", "the value is missing: give "
+                 "one, such as platform.n_procs_per_node=... on the command line", id="missing-value"),
     pytest.param(["platform.upon_finish=raises_on_import:done"], "platform.upon_finish", "raises_on_import:done",
                  "importing raises_on_import raised RuntimeError: this module fails as it is imported",
                  id="upon_finish-module-raises"),

@@ -99,6 +99,10 @@ def test_cpu_threads_are_split_across_ranks(tmp_path: Path) -> None:
                      f'Traceback (most recent call last):\n  File "{APPS}/app.py"']),
         ("kill", ["rank 1 (node 0) failed: RankKilled: killed by SIGKILL"]),
         ("segfault", ["rank 1 (node 0) failed: RankKilled: killed by SIGSEGV", "Fatal Python error"]),
+        # (what it said just before, which the end of its log shown started after)
+        ("abort_after_saying", ["rank 1 (node 0) failed: RankKilled: killed by SIGABRT",
+                                "shard 17 is corrupted\nFatal Python error: Aborted",
+                                f' in misbehave\n  File "{APPS}/app.py", line ', " in main\n(full output of rank 1"]),
     ],
 )
 def test_a_failing_rank_fails_the_job_with_its_cause(tmp_path: Path, behaviour: str, expected: list) -> None:
@@ -173,3 +177,27 @@ def test_every_rank_ends_as_python_does_its_exit_handlers_run_and_the_files_it_l
         with gzip.open(job / f"open_rank_{rank}.gz", "rt") as zipped:
             assert zipped.read() == "kept\n"
         assert (job / f"atexit_rank_{rank}.txt").read_text() == "ran\n"
+
+
+@pytest.mark.parametrize("mode", [(), ("-m",)], ids=["plain", "multirun"])
+def test_a_rank_whose_task_returns_while_the_others_wait_for_it_is_named_as_the_cause(
+        tmp_path: Path, mode: tuple[str, ...]) -> None:
+    """Uneven data across ranks: rank 1 returns while rank 0 waits for it in a collective, which then fails on the
+    closed connection. Rank 0 was named, with only gloo's "Connection closed by peer"."""
+    proc = run_app(tmp_path, *mode, "behaviour=ended_early")
+    assert proc.returncode == 1
+    console = proc.stdout + proc.stderr
+    assert "rank 1 (node 0) failed: EndedEarly: its task returned while rank 0 still waited for it in a collective " \
+           "at main (" in console, console
+    assert "every rank must enter the same collectives" in console
+    assert "what a waiting rank raised (secondary): rank 0: " in console
+    assert "  rank 1: ENDED EARLY (exit 0)" in console
+
+
+def test_multiprocessings_temporary_folder_in_rank_0_of_a_plain_run_is_removed_as_the_program_ends(
+        tmp_path: Path) -> None:
+    """Rank 0 of a plain run, the program's own process, keeps the program's TMPDIR: multiprocessing removes its folder
+    as the program ends, after the job. In the job's private TMPDIR, removed with the job, that ended in a traceback."""
+    proc = run_app(tmp_path, "behaviour=mp_temp_dir")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "FileNotFoundError" not in proc.stderr, proc.stderr

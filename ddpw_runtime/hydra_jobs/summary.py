@@ -54,7 +54,8 @@ def shown_path(path: Path, base: Path) -> str:
 
 def rank_statuses(failure: RankFailure) -> dict[int, str]:
     """Each rank's status in a failed job, with its exit code: `FAILED` (the root cause; when a collective timed
-    out, `NOT IN THE COLLECTIVE` for the ranks that held it up and `waited in the collective`), `ok`,
+    out, `NOT IN THE COLLECTIVE` for the ranks that held it up and `waited in the collective`; `ENDED EARLY` for a rank
+    whose task returned while its peers waited for it), `ok`,
     `failed too` (a failure after the root cause, such as a lost connection), `stopped` (by the
     launcher), `killed` (by a signal it did not send) or `exited`."""
     statuses = {}
@@ -66,7 +67,7 @@ def rank_statuses(failure: RankFailure) -> dict[int, str]:
         elif hang is not None and outcome.rank in hang.waiting:
             status = "waited in the collective"
         elif outcome.rank == failure.rank:
-            status = "FAILED"
+            status = "ENDED EARLY" if failure.error_type == "EndedEarly" else "FAILED"
         elif result is not None and result.ok and code in (0, None):
             status = "ok"
         elif result is not None and result.error is not None:

@@ -18,7 +18,7 @@ KILL_WAIT_S = 10.0
 vanish after SIGKILL before it is named as stuck (in the kernel, as in a hung GPU call) and left behind."""
 AT_EXIT_S = 60.0
 """How long a rank, its result sent, may take to do what Python does as it exits (its `atexit` handlers: a tracker's
-upload, say) before it is ended with its threads' stacks in its log (exit code 1: the job fails, naming it)."""
+upload, say) before it is ended by SIGALRM, its threads' stacks in its log (the job fails, naming it)."""
 ANSWER_WAIT_S = 30.0
 """The longest wait for the rank starter's answer (stopping a job's processes takes it `TERM_WAIT_S` +
 `KILL_WAIT_S` at most)."""

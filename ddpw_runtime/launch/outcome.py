@@ -33,7 +33,7 @@ def failure(outcomes: Sequence[RankOutcome]) -> RankFailure | None:
     if cause is None:
         return None
     error = cause.error
-    made = _held_up(outcomes, cause)
+    made = _held_up(outcomes, cause) or _ended_early(outcomes, cause)
     if made is None:
         if error is not None:
             error_type, message, text, tail = error.type_name, error.message, error.traceback, ""
@@ -81,6 +81,28 @@ def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure
         waiting_error=f"rank {cause.rank}: "
                       f"{cause.error.headline if cause.error is not None else timeout_line(cause.log_file)}",
     )
+
+
+def _ended_early(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure | None:
+    """When `cause` failed only because a peer went away, and peers had returned from their tasks by then: the first of
+    them, as the rank that failed the job (`EndedEarly`). Its task ended while `cause` still waited for it in a
+    collective: the ranks did not enter the same collectives (uneven data: more batches on one rank, an early
+    return). None otherwise."""
+    if not cause.is_secondary or cause.result is None or cause.error is None:
+        return None
+    failed_at = cause.result.finished_at
+    early = sorted((o for o in outcomes if not o.failed and o.result is not None and o.result.finished_at <= failed_at),
+                   key=lambda o: o.result.finished_at if o.result is not None else 0.0)
+    if not early:
+        return None
+    first, place = early[0], cause.where()
+    at = f" at {place.where()}" if place is not None else ""
+    return RankFailure(
+        rank=first.rank, node=first.node, exit_code=first.exit_code, error_type="EndedEarly",
+        error_message=f"its task returned while rank {cause.rank} still waited for it in a collective{at}: every rank "
+                      "must enter the same collectives (as many batches on every rank, no early return on one)",
+        log_file=first.log_file, outcomes=sorted(outcomes, key=lambda o: o.rank),
+        waiting_error=f"rank {cause.rank}: {cause.error.headline}")
 
 
 def describe_exit(code: int | None) -> tuple[str, str]:

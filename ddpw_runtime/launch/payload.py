@@ -85,10 +85,12 @@ class RankPayload:
         """The file global rank `rank` makes just before it calls its task: until then it is still starting."""
         return Path(self.result_dir) / f"rank_{rank}.in_task"
 
-    def job_environment(self) -> dict[str, str]:
+    def job_environment(self, own_process: bool = False) -> dict[str, str]:
         """The job's variables for every rank: its name (`JOB_ENV`), and its private folder as TMPDIR, so what a
-        killed rank leaves there goes with the folder (the folder itself: Unix socket paths must stay short)."""
-        return {JOB_ENV: self.result_dir, "TMPDIR": self.result_dir}
+        killed rank leaves there goes with the folder (the folder itself: Unix socket paths must stay short). A rank in
+        the user's `own_process` keeps the program's TMPDIR: what it makes there is that process's after the job too
+        (`multiprocessing`'s temporary folder, which it removes as it exits)."""
+        return {JOB_ENV: self.result_dir, **({} if own_process else {"TMPDIR": self.result_dir})}
 
     @staticmethod
     def read(path: Path) -> RankPayload:

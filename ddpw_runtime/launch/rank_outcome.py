@@ -3,6 +3,7 @@ that names a failed job's root cause among them is `outcome.py`'s."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -12,6 +13,11 @@ from ddpw_runtime.launch.stacks import RankPlace, from_crash_report, from_traceb
 _LOG_TAIL_LINES = 20
 _CRASH_REPORT = "Fatal Python error"
 """How faulthandler starts the report it writes into a rank's log when the rank crashes."""
+_BEFORE_CRASH_LINES = 5
+_OWN_FRAME = f"{os.sep}ddpw_runtime{os.sep}"
+"""In a crash report's frame: hydra-ddpw's code, which says nothing of the crash."""
+_MODULES_LINE = "Extension modules:"
+"""faulthandler's list of the extension modules loaded, a line of hundreds of names."""
 _LOG_END_BYTES = 1 << 16
 """How much of the end of a dead rank's log is read for why it died (NCCL's watchdog writes its timeout there, then
 its C++ stack traces, before it aborts the process)."""
@@ -101,10 +107,22 @@ def _log_end(log_file: str | None) -> str:
 
 
 def log_tail(log_file: str | None) -> str:
-    """What a rank that died without a traceback left at the end of its log: the crash report
-    faulthandler wrote (a segfault's Python stack), else its last lines."""
-    crash = _crash_report(log_file)
-    return "\n".join(crash[:_LOG_TAIL_LINES] if crash else _log_end(log_file).splitlines()[-_LOG_TAIL_LINES:])
+    """What a rank that died without a traceback left at the end of its log: the lines it wrote just before it crashed
+    (what C++ code says as it aborts, the task's own last words) and the crash report faulthandler wrote (a segfault's
+    Python stack, down to the frame that called the task: below it are hydra-ddpw and what started it), else its
+    last lines."""
+    lines = _log_end(log_file).splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(_CRASH_REPORT)]
+    if not starts:
+        return "\n".join(lines[-_LOG_TAIL_LINES:])
+    before = [line for line in lines[max(0, starts[-1] - _BEFORE_CRASH_LINES):starts[-1]] if line.strip()]
+    crash, below_the_task = [], False
+    for line in lines[starts[-1]:]:
+        frame = line.startswith("  File ")
+        below_the_task = frame and (below_the_task or _OWN_FRAME in line)  # (each thread's stack anew)
+        if not below_the_task and not line.startswith(_MODULES_LINE):
+            crash.append(line)
+    return "\n".join([*before, *crash[:_LOG_TAIL_LINES]])
 
 
 def _crash_report(log_file: str | None) -> list[str]:

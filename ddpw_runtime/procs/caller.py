@@ -58,7 +58,8 @@ class CallerRank:
 
         self.local = local
         self.plan = local.plan
-        env = {**rank_environment(self.plan, 0, 0, local.payload.state.env), **local.payload.job_environment()}
+        env = {**rank_environment(self.plan, 0, 0, local.payload.state.env),
+               **local.payload.job_environment(own_process=True)}
         self.rank = RankInThisProcess(self.plan, env)
         self._store: Any = None
         """The job's store, served here while the job runs (see `LocalJob.host_store`)."""

@@ -13,6 +13,7 @@ import faulthandler
 import gc
 import io
 import itertools
+import math
 import os
 import pickle
 import signal
@@ -104,9 +105,13 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
 def _end_as_python_does() -> None:
     """What Python does as it exits, which the rank's `os._exit` skips: the `atexit` handlers registered in the rank
     (the starter dropped those of the process it is a fork of), logging's flush, and closing the files the task left
-    open, so what it wrote to them is kept. Bounded by `AT_EXIT_S` (then the threads' stacks go to its log and the rank
-    ends with code 1). Threads the task left running are not waited for, as before."""
-    faulthandler.dump_traceback_later(AT_EXIT_S, exit=True)
+    open, so what it wrote to them is kept. Bounded by `AT_EXIT_S`: then the kernel's alarm ends the rank (SIGALRM), its
+    threads' stacks in its log. (Not faulthandler's `dump_traceback_later`: a fork of a process that had armed it, as a
+    script may, waits for ever for that process's watchdog thread.) Threads the task left running are not waited for,
+    as before."""
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    faulthandler.register(signal.SIGALRM, file=sys.stderr, all_threads=True, chain=True)
+    signal.alarm(math.ceil(AT_EXIT_S))
     _compat.run_exit_handlers()
     if "logging" in sys.modules:
         sys.modules["logging"].shutdown()
@@ -119,7 +124,7 @@ def _end_as_python_does() -> None:
         if id(file) not in inner and file not in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 file.close()
-    faulthandler.cancel_dump_traceback_later()
+    signal.alarm(0)
 
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None

@@ -172,7 +172,8 @@ class RunSupervisor:
 
         with local_job(starting.task, starting.state, job) as local, local.console() as console:
             self.result_file = local.payload.result_file(0)
-            env = {**rank_environment(local.plan, 0, 0, local.payload.state.env), **local.payload.job_environment()}
+            env = {**rank_environment(local.plan, 0, 0, local.payload.state.env),
+                   **local.payload.job_environment(own_process=True)}
             terminal = console.terminal_of(0)
             stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
             nodes = Nodes.lead(stores[0], local, starting)  # a job across machines: the other nodes join

@@ -146,6 +146,9 @@ def misbehave(behaviour: str) -> object:
         sys.exit(4)
     if behaviour == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if behaviour == "abort_after_saying":  # what C++ code says as it aborts, then the abort
+        print("shard 17 is corrupted", flush=True)
+        os.abort()
     if behaviour == "segfault":
         ctypes.string_at(0)
     if behaviour == "unpicklable":
@@ -401,6 +404,10 @@ def main(cfg: DictConfig) -> object:
         signal.signal(signal.SIGUSR1, lambda *_: open(mark, "w").close())
         if seen["rank"] == cfg.fail_rank:
             misbehave("hang")
+    if cfg.behaviour == "ended_early" and seen["rank"] == cfg.fail_rank:  # it returns; the others enter a barrier
+        return {"rank": seen["rank"]}
+    if cfg.behaviour == "mp_temp_dir":  # multiprocessing's temporary folder, which it removes as the process ends
+        multiprocessing.util.get_temp_dir()
     if cfg.behaviour == "leave_open":
         leave_open(seen["output_dir"], seen["rank"])
     if cfg.behaviour == "sysexit_0_everywhere":  # every rank ends its task with sys.exit(0), as a script that is done
