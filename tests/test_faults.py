@@ -84,10 +84,11 @@ def test_sigterm_gives_ranks_time_to_save_then_exits_143(tmp_path: Path) -> None
     proc = start_app(tmp_path, "behaviour=wait")
     ranks = _started(tmp_path, proc)
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143
     job = job_dirs(tmp_path)[0]
     assert sorted(p.name for p in job.glob("saved_rank_*.txt")) == ["saved_rank_0.txt", "saved_rank_1.txt"]
+    assert "rank 0 saved its checkpoint" in out  # what a console rank says as it stops is shown, not only logged
     assert leftover(ranks) == []
 
 

@@ -174,8 +174,8 @@ class NodeRanks(Children):
 
     def interrupt(self, sig: int) -> None:
         """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace.interrupt_s` to finish (those
-        still starting, `STARTING_GRACE_S`), then kill them; a second Ctrl-C kills them at once."""
-        self.console.freeze()  # what the ranks print as they stop stays in their logs
+        still starting, `STARTING_GRACE_S`), then kill them; a second Ctrl-C kills them at once. The console goes on
+        showing them meanwhile: what a task says as it stops (a checkpoint saved) is for the user to see."""
         joining = [rank for rank in self.starting() if self.outside is not None and rank.pid == self.outside.pid]
         self.send(sig)
         start, grace = time.monotonic(), self.local.job.grace.interrupt_s

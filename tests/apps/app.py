@@ -64,6 +64,7 @@ def save_on_sigterm(rank: int, output_dir: str) -> None:
     def save_and_exit(signum: int, frame: object) -> None:
         with open(os.path.join(output_dir, f"saved_rank_{rank}.txt"), "w") as out:
             out.write("saved")
+        print(f"rank {rank} saved its checkpoint", flush=True)
         sys.exit(143)
 
     signal.signal(signal.SIGTERM, save_and_exit)
