@@ -192,7 +192,7 @@ class Platform:
                 raise ConfigError("platform.backend", "nccl", "CUDA is not available on this machine (no GPU found) "
                                   "and nccl needs CUDA GPUs; use platform.device=cpu with backend=gloo (or unset)")
             raise ConfigError("platform.device", self.device, "CUDA is not available on this machine (no GPU found); "
-                              "use platform.device=cpu")
+                              "use platform.device=cpu (hydra/launcher=ddpw_cpu)")
         self._validate_counts(kind)
         self._validate_choices()
         self._validate_groups()

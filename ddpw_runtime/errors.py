@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from ddpw_runtime.launch.stacks import HangReport
 
 
+_CAUSE_CHARS = 300
+"""The most of a root cause's message that a line naming it shows (its traceback shows all of it)."""
+
+
 class RankFailure(CompactError, RuntimeError):
     """A distributed job failed; describes the rank that failed first (the root cause): `rank`, `node`,
     `exit_code`, `error_type`, `error_message`, `traceback_text`, `log_tail` (the end of its log when it died
@@ -44,6 +48,8 @@ class RankFailure(CompactError, RuntimeError):
         """`Type: message` of the root cause, in one line: the message's first line (its traceback, or the error
         itself when there is none, has the rest: a DataLoader worker's error holds the worker's whole traceback)."""
         first = next((line for line in self.error_message.splitlines() if line.strip()), "")
+        if len(first) > _CAUSE_CHARS:  # (a message of megabytes would fill the console in every line that names it)
+            first = f"{first[:_CAUSE_CHARS]}... ({len(first) - _CAUSE_CHARS} characters more)"
         return f"{self.error_type}: {first}" if first else self.error_type
 
     @property

@@ -99,6 +99,14 @@ def test_the_failure_of_a_rank_that_raised_carries_its_traceback_and_every_outco
     assert str(made).splitlines()[0] == "rank 1 (node 0) failed: ValueError: bad batch"
 
 
+def test_a_message_of_megabytes_is_shown_whole_once_and_cut_where_a_line_names_the_cause() -> None:
+    message = "x" * 2_000_000
+    made = RankFailure(rank=1, node=0, exit_code=1, error_type="ValueError", error_message=message,
+                       traceback_text=f"Traceback (most recent call last):\nValueError: {message}\n")
+    assert made.cause == f"ValueError: {'x' * 300}... (1999700 characters more)"
+    assert str(made).count(message) == 1 and len(str(made)) < len(message) + 1000
+
+
 def test_the_failure_of_a_killed_rank_names_the_signal() -> None:
     made = failure([died(0, -signal.SIGTERM, 2.0, stopped=True, signals=SENT), died(1, -signal.SIGKILL, 1.0)])
     assert isinstance(made, RankFailure)
