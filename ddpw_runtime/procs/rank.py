@@ -33,7 +33,7 @@ from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.rank import recorder
 from ddpw_runtime.rank.environment import rank_environment, tell_imported_libraries
-from ddpw_runtime.rank.own_process import flush_output, open_log
+from ddpw_runtime.rank.own_process import flush_output, left_open, open_log
 from ddpw_runtime.rank.setup import leave_store, setup_rank
 from ddpw_runtime.rank.task_init import explained
 
@@ -115,15 +115,9 @@ def _end_as_python_does() -> None:
     _compat.run_exit_handlers()
     if "logging" in sys.modules:
         sys.modules["logging"].shutdown()
-    # Each file the task made and left open is closed from the outside in (a text file before the buffer it writes
-    # through, which it closes itself): what it holds back reaches the disk. The rank's own output is not closed.
-    files = _compat.open_files(gc.get_objects())  # (what was there before the task is frozen: not among them)
-    inner = {id(held) for file in [*files, sys.stdout, sys.stderr] for referent in gc.get_referents(file)
-             for held in (referent.values() if isinstance(referent, dict) else (referent,))}
-    for file in files:
-        if id(file) not in inner and file not in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                file.close()
+    for file in left_open():  # what they hold back reaches the disk
+        with contextlib.suppress(Exception):
+            file.close()
     signal.alarm(0)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import gc
 import os
 import sys
 import tempfile
@@ -16,8 +17,9 @@ import traceback
 from collections.abc import Container, Mapping
 from pathlib import Path
 from types import CodeType, FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ddpw_runtime import _compat
 from ddpw_runtime.launch.plan import LaunchPlan
 
 if TYPE_CHECKING:
@@ -116,6 +118,16 @@ def open_log(log_file: Path) -> int:
     """A descriptor that appends to a rank's log file (made if missing)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     return os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def left_open() -> list[Any]:
+    """The files the task made and left open (what this process made since its heap was frozen: before the task, or
+    at the fork of a plain run), outermost first: a text file, not the buffer it writes through (which it closes
+    itself); never this process's own output."""
+    files = _compat.open_files(gc.get_objects())
+    inner = {id(held) for file in [*files, sys.stdout, sys.stderr] for referent in gc.get_referents(file)
+             for held in (referent.values() if isinstance(referent, dict) else (referent,))}
+    return [file for file in files if id(file) not in inner and file not in (sys.stdout, sys.stderr)]
 
 
 def flush_output() -> None:
