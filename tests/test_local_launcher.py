@@ -201,3 +201,15 @@ def test_multiprocessings_temporary_folder_in_rank_0_of_a_plain_run_is_removed_a
     proc = run_app(tmp_path, "behaviour=mp_temp_dir")
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and "FileNotFoundError" not in proc.stderr, proc.stderr
+
+
+def test_a_rank_whose_task_failed_keeps_what_it_wrote_but_runs_no_exit_handler_that_would_hold_up_the_stop(
+        tmp_path: Path) -> None:
+    """The job learns of the failure as the rank ends: an exit handler that takes a minute (a tracker's upload) would
+    hold up the stop of the other ranks, which comes at once after a failure."""
+    proc = run_app(tmp_path, "-m", "behaviour=leave_open_then_raise", timeout=50)
+    assert proc.returncode == 1
+    assert "rank 1 (node 0) failed: ValueError: failed with files left open" in proc.stderr, proc.stderr
+    job = job_dirs(tmp_path)[0]
+    assert (job / "open_rank_1.txt").read_text() == "kept\n"
+    assert not (job / "atexit_rank_1.txt").exists()

@@ -97,22 +97,25 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     # Destroying it first only adds gloo's wait for its I/O threads (~20 ms with 2 ranks) to every job.
     if result.ok:
         leave_store(plan.world_size, hosts=listen_fd is not None)
-    _end_as_python_does()
+    _end_as_python_does(result.ok)
     flush_output()
     return 0 if result.ok else 1
 
 
-def _end_as_python_does() -> None:
+def _end_as_python_does(returned: bool) -> None:
     """What Python does as it exits, which the rank's `os._exit` skips: the `atexit` handlers registered in the rank
     (the starter dropped those of the process it is a fork of), logging's flush, and closing the files the task left
-    open, so what it wrote to them is kept. Bounded by `AT_EXIT_S`: then the kernel's alarm ends the rank (SIGALRM), its
-    threads' stacks in its log. (Not faulthandler's `dump_traceback_later`: a fork of a process that had armed it, as a
-    script may, waits for ever for that process's watchdog thread.) Threads the task left running are not waited for,
-    as before."""
+    open, so what it wrote to them is kept. A rank whose task failed (not `returned`) closes its files but runs no
+    handler: the job learns of the failure as the rank ends, and stops the other ranks then, at once (a tracker's
+    upload would hold that up). Bounded by `AT_EXIT_S`: then the kernel's alarm ends the rank (SIGALRM), its threads'
+    stacks in its log. (Not faulthandler's `dump_traceback_later`: a fork of a process that had armed it, as a script
+    may, waits for ever for that process's watchdog thread.) Threads the task left running are not waited for, as
+    before."""
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     faulthandler.register(signal.SIGALRM, file=sys.stderr, all_threads=True, chain=True)
     signal.alarm(math.ceil(AT_EXIT_S))
-    _compat.run_exit_handlers()
+    if returned:
+        _compat.run_exit_handlers()
     if "logging" in sys.modules:
         sys.modules["logging"].shutdown()
     for file in left_open():  # what they hold back reaches the disk

@@ -411,6 +411,10 @@ def main(cfg: DictConfig) -> object:
         multiprocessing.util.get_temp_dir()
     if cfg.behaviour == "leave_open":
         leave_open(seen["output_dir"], seen["rank"])
+    if cfg.behaviour == "leave_open_then_raise" and seen["rank"] == cfg.fail_rank:  # and a slow exit handler
+        leave_open(seen["output_dir"], seen["rank"])
+        atexit.register(time.sleep, 60)  # (last registered: runs first)
+        raise ValueError("failed with files left open")
     if cfg.behaviour == "sysexit_0_everywhere":  # every rank ends its task with sys.exit(0), as a script that is done
         sys.exit(0)
     odd = None
