@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -457,8 +458,12 @@ def test_ctrl_c_at_any_moment_of_the_start_ends_the_program_at_once_and_leaves_n
         runs.append((moment, code, took, shown))
         wait_for(lambda: not _processes_under(private_tmp), timeout=10, what=f"every process to end ({moment:.3f} s)")
         assert list(private_tmp.iterdir()) == [], f"{moment:.3f} s"
+    # Once hydra-ddpw handled it (130), no traceback through its code (one of a KeyboardInterrupt raised while rank 0
+    # waited to join its job, or handed the job over, came with 130); rank 0's task interrupted shows its traceback, as
+    # without hydra-ddpw. (Before hydra-ddpw took over, as its modules are imported, Python's own -2 shows them.)
     failed = [f"Ctrl-C {moment:.3f} s after the imports: exit {code} after {took:.1f} s\n{shown[-4000:]}"
-              for moment, code, took, shown in runs if code not in (130, -2) or took > 5]
+              for moment, code, took, shown in runs
+              if code not in (130, -2) or took > 5 or code == 130 and re.search(r'File "[^"]*/ddpw_runtime/', shown)]
     assert not failed, "\n".join(failed)
 
 
