@@ -12,6 +12,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -144,6 +145,19 @@ def test_rank_0_keeps_the_terminal_and_its_log_still_gets_every_line(tmp_path: P
     assert code == 0, shown
     ranks = seen(job_dirs(tmp_path)[-1])
     assert ranks[1]["stdout_isatty"] and "[rank 1] hello from rank 1" in shown
+
+
+def test_a_script_beside_a_module_named_as_the_standard_librarys_tty_still_shows_its_ranks(tmp_path: Path) -> None:
+    """A script's folder comes first on the import path: a `tty.py` of the user's there shadows the standard library's,
+    which the console used to give each shown rank a raw terminal (the run failed with an AttributeError)."""
+    project = tmp_path / "project"
+    shutil.copytree(APPS / "conf", project / "conf")
+    for module in ("repo_app.py", "recorder.py"):
+        shutil.copy(APPS / module, project)
+    (project / "tty.py").write_text('"""The user\'s own module, named as the standard library\'s."""\n')
+    code, shown = _in_terminal(tmp_path, "platform.console_ranks=all", app=str(project / "repo_app.py"))
+    assert code == 0, shown
+    assert "[rank 1] hello from rank 1" in shown
 
 
 def test_pdb_in_rank_0_works_in_a_plain_run(tmp_path: Path) -> None:

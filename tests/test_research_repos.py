@@ -322,5 +322,7 @@ def test_the_sweep_summary_shows_what_differs_between_jobs_and_readable_floats(t
     assert lines[3].split()[-1] == "optimizer.lr=0.01" and "{acc: 0.9167}" in lines[3]
     assert lines[4] == "  same in every job: " + " ".join(fixed)
     assert max(len(line) for line in lines[:4]) < 100
+    whole = [{**entries[0], "return_value": [2.0, -3.0, 1e-05, 2, float("inf")]}]
+    assert "[2.0, -3.0, 1e-05, 2, inf]" in table(whole, tmp_path / "sweep_summary.json", tmp_path)
     lone = table(entries[:1], tmp_path / "sweep_summary.json", tmp_path).splitlines()
     assert lone[2].endswith("optimizer.lr=0.1 " + " ".join(fixed[7:])) and len(lone) == 3  # one job: all of its own

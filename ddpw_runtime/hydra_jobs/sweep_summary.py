@@ -215,9 +215,11 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
 
 
 def _shown(value: Any) -> str:
-    """A return value as the table shows it: floats to `_DIGITS` significant digits, nested ones too."""
+    """A return value as the table shows it: floats to `_DIGITS` significant digits (a whole one as `2.0`, as Python
+    shows it, not as the int `2`), nested ones too."""
     if isinstance(value, float):
-        return format(value, f".{_DIGITS}g")
+        text = format(value, f".{_DIGITS}g")
+        return text + ".0" if text.lstrip("-").isdigit() else text
     if isinstance(value, dict):
         return "{" + ", ".join(f"{key}: {_shown(item)}" for key, item in value.items()) + "}"
     if isinstance(value, list):

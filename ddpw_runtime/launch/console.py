@@ -15,7 +15,6 @@ import sys
 import termios
 import threading
 import time
-import tty
 from pathlib import Path
 from typing import TextIO
 
@@ -140,13 +139,22 @@ class ConsoleEcho:
         return True
 
 
+def _raw(fd: int) -> None:
+    """Make the terminal `fd` raw, as `tty.setraw` does for output (`termios` only: a user's `tty.py` beside the script
+    shadows the standard library's): bytes pass as written, the console terminal does its own translation."""
+    attributes = termios.tcgetattr(fd)
+    attributes[1] &= ~termios.OPOST
+    attributes[3] &= ~(termios.ECHO | termios.ICANON | termios.IEXTEN | termios.ISIG)
+    termios.tcsetattr(fd, termios.TCSAFLUSH, attributes)
+
+
 class TerminalCopy:
     """A pseudo-terminal for one rank's output (`slave_fd` becomes the rank's fds 1 and 2), copied to
     the console terminal and appended to the rank's log file by a thread."""
 
     def __init__(self, log_file: Path, console_fd: int, prefix: str) -> None:
         self.master_fd, self.slave_fd = os.openpty()
-        tty.setraw(self.slave_fd)  # bytes pass as written; the console terminal does its own translation
+        _raw(self.slave_fd)
         with contextlib.suppress(OSError):
             size = fcntl.ioctl(console_fd, termios.TIOCGWINSZ, b"\0" * 8)
             fcntl.ioctl(self.slave_fd, termios.TIOCSWINSZ, size)
