@@ -23,7 +23,8 @@ class RankFailure(CompactError, RuntimeError):
     `exit_code`, `error_type`, `error_message`, `traceback_text`, `log_tail` (the end of its log when it died
     without a traceback) and `log_file`. `outcomes`: every rank's `RankOutcome` (`results` and `exit_codes` are
     views of it). When the job failed because a collective timed out, the root cause is the rank that was not in
-    it (`error_type` `NotInCollective`): `hang` says where every rank was and which waited in the collective,
+    it (`error_type` `NotInCollective`; `CollectiveMismatch` when every rank waited, but in different collectives):
+    `hang` says where every rank was and which waited in the collective,
     `waiting_error` what the rank whose collective timed out raised. The original exception is `__cause__` when it
     could be sent back."""
 

@@ -109,6 +109,32 @@ def _held_up_by_rank_1() -> None:
     dist.all_reduce(torch.ones(1))
 
 
+def _mismatched_collectives() -> None:
+    import torch
+    import torch.distributed as dist
+
+    if rank() == 0:
+        dist.all_reduce(torch.ones(1))
+    else:
+        dist.broadcast(torch.ones(1), src=0)
+
+
+@pytest.mark.subprocess
+def test_ranks_in_different_collectives_are_named_with_each_ones_collective_and_line(tmp_path: Path) -> None:
+    """Rank 0 all-reduces while rank 1 broadcasts (gloo waits until the collective timeout): the failure says the ranks
+    entered different collectives, which, and where in the task (it was a bare gloo timeout, its rank by chance)."""
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_mismatched_collectives, platform=Platform(n_procs_per_node=2, collective_timeout_min=0.03),
+                  log_dir=tmp_path)
+    failure = info.value
+    assert failure.error_type == "CollectiveMismatch", failure
+    where = f"at _mismatched_collectives ({__file__}:"
+    assert f"rank 0 in all_reduce {where}" in failure.error_message, failure.error_message
+    assert f"rank 1 in broadcast {where}" in failure.error_message
+    assert "every rank must enter the same collectives, in the same order" in failure.error_message
+    assert failure.hang is not None and failure.hang.waiting == [0, 1]
+
+
 @pytest.mark.subprocess
 def test_in_ddp_training_the_rank_outside_the_gradient_all_reduce_is_named_among_3(tmp_path: Path) -> None:
     """DDP all-reduces gradients inside `backward()`, from hooks that leave no frame of torch.distributed on the

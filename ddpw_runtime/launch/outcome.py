@@ -61,7 +61,7 @@ def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure
     recorded = () if log_dir is None else recorded_in(log_dir, (o.rank for o in outcomes))
     report = HangReport(f"rank {cause.rank}'s collective timed out", places, stacks, ended, recorded, recorder)
     if not report.culprits:
-        return None
+        return _mismatched(outcomes, cause, report)
     culprit = next(o for o in outcomes if o.rank == report.culprits[0])
     place = report.place(culprit.rank)
     assert place is not None  # a culprit was looked at
@@ -81,6 +81,30 @@ def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure
         waiting_error=f"rank {cause.rank}: "
                       f"{cause.error.headline if cause.error is not None else timeout_line(cause.log_file)}",
     )
+
+
+def _mismatched(outcomes: Sequence[RankOutcome], cause: RankOutcome, report: HangReport) -> RankFailure | None:
+    """When every rank looked at waited in a collective as `cause`'s timed out, but not all in the same one
+    (`all_reduce` on one rank, `broadcast` on another): the `RankFailure` of a rank in the collective fewest ranks were
+    in (`cause` among those as few), `CollectiveMismatch`; None when they all waited in the same one."""
+    places = {place.rank: place for place in report.places if place.waiting}
+    by_call: dict[str, list[int]] = {}
+    for rank, place in places.items():
+        by_call.setdefault(place.call or "a collective", []).append(rank)
+    if len(by_call) < 2:
+        return None
+    fewest = min(by_call.values(), key=lambda ranks: (len(ranks), cause.rank not in ranks))
+    culprit = next(o for o in outcomes if o.rank == (cause.rank if cause.rank in fewest else fewest[0]))
+    calls = "; ".join(f"{'ranks' if len(ranks) > 1 else 'rank'} {rank_ranges(ranks)} in {call} at "
+                      f"{places[ranks[0]].where()}" for call, ranks in sorted(by_call.items(), key=lambda it: it[1]))
+    error = culprit.error
+    return RankFailure(
+        rank=culprit.rank, node=culprit.node, exit_code=culprit.exit_code, error_type="CollectiveMismatch",
+        error_message=f"the ranks waited in different collectives until rank {cause.rank}'s timed out ({calls}): every "
+                      "rank must enter the same collectives, in the same order",
+        traceback_text=error.traceback if error is not None else "", log_file=culprit.log_file,
+        outcomes=sorted(outcomes, key=lambda o: o.rank), hang=report,
+        waiting_error="" if culprit is cause or cause.error is None else f"rank {cause.rank}: {cause.error.headline}")
 
 
 def _ended_early(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure | None:
