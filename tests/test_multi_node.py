@@ -66,6 +66,17 @@ def test_torchrun_style_variables_place_the_node() -> None:
     assert (placed.node_rank, placed.master_addr, placed.master_port) == (0, "10.1.1.1", 29400)
 
 
+@pytest.mark.parametrize("fields, environ", [({"master_addr": "0.0.0.0"}, {}), ({"master_addr": "::"}, {}),
+                                             ({}, {"MASTER_ADDR": "0.0.0.0"})], ids=["field", "ipv6", "variable"])
+def test_the_unspecified_address_is_refused_as_node_0s_address(fields: dict, environ: dict) -> None:
+    """`0.0.0.0` is every address of a machine: node 0 would listen, but each other node would reach itself."""
+    with pytest.raises(ConfigError) as info:
+        place_node(_two(node_rank=0, **fields), environ=environ)
+    message = str(info.value)
+    assert message.startswith("platform.master_addr=") and "give node 0's address on the network" in message
+    assert ("(from MASTER_ADDR)" in message) == bool(environ)
+
+
 _SRUN_STEP = {"SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1",
               "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_NNODES": "4", "SLURM_NODEID": "3",
               "SLURM_JOB_NODELIST": "gpu[05-08]"}
@@ -537,6 +548,8 @@ def test_a_multirun_spans_two_nodes_job_by_job_and_every_node_ends_with_the_swee
     summary = json.loads((jobs[0].parent / "sweep_summary.json").read_text())
     assert [job["status"] for job in summary["jobs"]] == ["COMPLETED", "COMPLETED"]
     assert "COMPLETED" in out0 and "COMPLETED" not in out1  # the jobs' reports are on node 0's console
+    after_first = err1.partition("every rank of this node (node 1) returned")[2]
+    assert after_first and "is waiting for node 0" not in after_first, err1  # node 0 serves each job's store at once
 
 
 @pytest.mark.subprocess

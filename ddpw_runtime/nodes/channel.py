@@ -130,9 +130,10 @@ class StoreSide:
         self.where = where
 
     @classmethod
-    def connect(cls: type[_Side], platform: Platform) -> _Side:
+    def connect(cls: type[_Side], platform: Platform, say_waiting: bool = True) -> _Side:
         """Node `platform.node_rank` (> 0) reaches node 0's store, trying for `platform.join_timeout_min` (Ctrl-C is
-        seen between tries); `NodeError` naming the address and port when it cannot."""
+        seen between tries), saying it waits when its first try fails (unless not `say_waiting`: a job of a sweep it
+        follows, whose store node 0 is about to serve); `NodeError` naming the address and port when it cannot."""
         from torch.distributed import TCPStore
 
         host, port = platform.master_addr, platform.master_port
@@ -144,7 +145,7 @@ class StoreSide:
                 socket.create_connection((host, port), _CONNECT_SLICE_S).close()
                 break
             except OSError as exc:
-                if not said:
+                if not said and say_waiting:
                     sys.stderr.write(f"[ddpw] node {platform.node_rank} is waiting for node 0 at {where} (up to "
                                      f"platform.join_timeout_min={platform.join_timeout_min:g}){_on_loopback(host)}\n")
                     said = True

@@ -5,6 +5,7 @@ platform the node runs on sets (Kubeflow's PyTorchJob, SkyPilot, SLURM's `srun`,
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -102,6 +103,14 @@ def _int(environ: Mapping[str, str], variable: str, minimum: int = 0) -> Given |
     return Given(variable, int(value))
 
 
+def _unspecified(addr: str) -> bool:
+    """Whether `addr` is the unspecified address (`0.0.0.0`, `::`): every address of a machine, none to connect to."""
+    try:
+        return ipaddress.ip_address(addr.strip("[]")).is_unspecified
+    except ValueError:  # a host name
+        return False
+
+
 def place_node(platform: Platform, environ: Mapping[str, str] | None = None) -> Platform:
     """`platform` (validated) with this machine's place in the job filled in: for `n_nodes` > 1, `node_rank`,
     `master_addr` and `master_port` (`DEFAULT_PORT` where nothing gives one), each from its field or else the
@@ -148,6 +157,12 @@ def place_node(platform: Platform, environ: Mapping[str, str] | None = None) -> 
                               "PET_NODE_RANK, MASTER_ADDR; SkyPilot: SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS; srun: "
                               "SLURM_PROCID, SLURM_STEP_NODELIST; "
                               "torchrun-style: NODE_RANK, MASTER_ADDR); a bare RANK is not read")
+    if _unspecified(values["master_addr"]):
+        source = found.master_addr if platform.master_addr is None else None
+        where = f" (from {source.variable})" if source is not None else ""
+        raise ConfigError("platform.master_addr", values["master_addr"], f"this address{where} means every address of "
+                          "a machine, not one the other nodes can reach (each would reach itself): give node 0's "
+                          "address on the network, the same on every node")
     if values["master_port"] is None:
         values["master_port"] = DEFAULT_PORT
     placed = replace(platform, **values)

@@ -93,7 +93,7 @@ def _follow(platform: Platform, options: LauncherOptions,
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
     channel: NodeChannel | None = None
     try:
-        channel = NodeChannel.connect(platform)
+        channel = NodeChannel.connect(platform, say_waiting=overrides is not None)
         spec = channel.spec(platform.join_timeout_min)
         channel.join()
         if overrides is not None:
