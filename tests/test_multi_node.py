@@ -337,6 +337,27 @@ def test_a_node_that_never_starts_is_named_by_node_0_within_the_join_timeout(tmp
 
 
 @pytest.mark.subprocess
+def test_a_node_that_joined_and_died_while_node_0_waits_for_another_is_named_at_once(tmp_path: Path) -> None:
+    """3 nodes: node 1 joins, node 2 never starts, node 1 is killed (SIGKILL, as the OOM killer would) while node 0
+    still waits for node 2: node 0 names node 1 as lost within seconds, not after the join timeout (it waited, named
+    only node 2, or a gloo error of its rank once node 2 came)."""
+    port = free_port()
+    base = ["platform.n_nodes=3", "platform.n_procs_per_node=1", "platform.join_timeout_min=1", "behaviour=wait"]
+    zero = _node(tmp_path, [*base, *_explicit(port, 0)[0]], {})
+    one = _node(tmp_path, [*base, *_explicit(port, 1)[0]], {})
+    wait_for(lambda: bool(job_dirs(tmp_path)) and (job_dirs(tmp_path)[0] / "rank_1.log").exists(), timeout=60,
+             what="node 1 to join and start its rank")
+    started = time.monotonic()
+    one.kill()
+    _, err = zero.communicate(timeout=60)
+    one.communicate()
+    assert zero.returncode == 1, err
+    assert "node 1 could no longer be reached (it ended, or the network between the nodes failed); node(s) 2 had not " \
+           "joined yet" in err, err
+    assert time.monotonic() - started < 30  # not the join timeout (60 s)
+
+
+@pytest.mark.subprocess
 def test_a_multirun_whose_nodes_never_start_ends_without_waiting_for_them_to_read_its_end(tmp_path: Path) -> None:
     """Node 0's sweep ends waiting (up to 10 s) only for the nodes still following it: not for every node the job lost
     (it counted one per job: with two lost, it waited the whole 10 s for the second)."""

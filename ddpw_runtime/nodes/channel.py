@@ -42,6 +42,8 @@ _ANSWER_S = 5.0
 _SAY_WAITING_S = 5.0
 """How long node 0 waits for the other nodes before it says so on its console (a node that cannot reach node 0
 says so at its first try)."""
+_BEAT_S = 0.1
+"""How often a node other than 0 beats in the job's store, from when it joined until it sent its end."""
 SILENT_S = 5.0
 """How long node 0 hears no beat from another node (each beats every tenth of a second until it sent its end)
 before it counts that node as lost."""
@@ -212,19 +214,38 @@ class NodeChannel(StoreSide):
         return pickle.loads(self.store.get(SPEC_KEY))
 
     def join(self) -> None:
-        """This node has the job and starts its ranks; NodeError when another process joined as this node already."""
+        """This node has the job and starts its ranks, beating from now on (a thread, every `_BEAT_S`, until it sent
+        its end or node 0 is gone: node 0 counts a node that joined and fell silent as lost, also while it still waits
+        for others to join); NodeError when another process joined as this node already."""
+        self._beat()  # (before it counts as joined: node 0 then sees a beat it had not seen)
         if self.store.add(f"{_KEY}joined/{self.node}", 1) > 1:
             raise NodeError(f"node {self.node} already joined node 0's job at {self.where}: another process runs as "
                             f"node {self.node}; give every machine its own platform.node_rank (or its platform's "
                             "variables)")
+        threading.Thread(target=self._beating, name="ddpw-node-beat", daemon=True).start()
+
+    def _beating(self) -> None:
+        while not (self.ended or self.lost):
+            self._beat()
+            time.sleep(_BEAT_S)
+
+    def _beat(self) -> None:
+        try:
+            self.store.add(f"{_KEY}beat/{self.node}", 1)
+        except RuntimeError:  # the store is gone with node 0
+            self.lost = True
 
     def missing(self, timeout_min: float) -> list[int]:
         """Node 0: the nodes that have not joined after at most `timeout_min` (none once all have), or as soon as
-        a node stopped the job (`stopped`); past `_SAY_WAITING_S`, the console says which it waits for."""
+        a node stopped the job (`stopped`) or one that joined fell `silent` (then stopped as lost); past
+        `_SAY_WAITING_S`, the console says which it waits for."""
         start = time.monotonic()
         said = False
         while True:
             missing = [node for node in range(1, self.n_nodes) if not self.store.check([f"{_KEY}joined/{node}"])]
+            if missing and (gone := [node for node in self.silent() if node not in missing]):
+                self.stop_job(NodeStop(gone[0], lost=True))
+                return missing
             waited = time.monotonic() - start
             if missing and not said and waited >= _SAY_WAITING_S:
                 sys.stderr.write(f"[ddpw] node 0 is waiting at {self.where} for node(s) {', '.join(map(str, missing))} "
@@ -246,14 +267,6 @@ class NodeChannel(StoreSide):
         except RuntimeError:  # the store is gone with node 0
             self.lost = True
             return NodeStop(0, lost=True)
-
-    def beat(self) -> NodeStop | None:
-        """A node other than 0: say it is still there; who stopped the job, once one has (`stopped`)."""
-        try:
-            self.store.add(f"{_KEY}beat/{self.node}", 1)
-        except RuntimeError:  # the store is gone with node 0
-            self.lost = True
-        return self.stopped()
 
     def silent(self) -> list[int]:
         """Node 0: the other nodes that have not sent their end and whose beats stopped for `SILENT_S` (counted from

@@ -97,6 +97,9 @@ class Nodes:
                                 plan.run_id, starting.overrides))
         missing = channel.missing(platform.join_timeout_min)
         stopped = channel.stopped()
+        if stopped is not None and stopped.lost:  # a node that had joined fell silent while others had not
+            raise NodeLost(f"{stopped.text()}; node(s) {', '.join(map(str, missing))} had not joined yet",
+                           [stopped.node])
         if stopped is not None:  # a node got Ctrl-C or SIGTERM before it joined, or runs another command (never joins)
             raise (NodeLost if stopped.why is not None else NodeError)(stopped.text())
         if missing:
@@ -130,8 +133,8 @@ class Nodes:
     @contextmanager
     def watching(self, ranks: NodeRanks) -> Iterator[None]:
         """While the block runs, a thread stops `ranks` when another node stops the job or can no longer be
-        reached: every other node beats in the store (also while its ranks stop, so send its end in the block), and
-        node 0 counts one silent for `SILENT_S` as lost."""
+        reached: every other node beats in the store (`NodeChannel.join`, until it sent its end), and node 0 counts
+        one silent for `SILENT_S` as lost."""
         channel = self.channel
         if channel is None:
             yield
@@ -141,8 +144,8 @@ class Nodes:
         def watch() -> None:
             stop: NodeStop | None = None
             while not done.wait(_WATCH_S):
-                if channel.node != 0:  # it beats until the block ends (its end sent), or node 0 is gone
-                    news = channel.beat()
+                if channel.node != 0:  # (it beats, from its join until its end is sent, or node 0 is gone)
+                    news = channel.stopped()
                     if channel.lost:
                         done.set()
                 else:
