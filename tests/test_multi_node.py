@@ -582,7 +582,7 @@ def test_a_failure_on_node_1_in_a_multirun_ends_the_sweep_on_both_nodes(tmp_path
     assert (zero.returncode, one.returncode) == (1, 1), err0 + err1
     assert "rank 1 (node 1) failed: ValueError: rank asked to fail" in err0, err0
     # Hydra ends a sweep that raised without `on_multirun_end`: node 0 still says the sweep ended, before its store goes
-    assert "node 0's sweep ended early: a job failed or a callback raised there, or it was stopped" in err1, err1
+    assert "node 0's sweep ended with an error: a job failed or a callback raised there, or it was stopped" in err1
     assert "without saying so" not in err1 and "TCPStore" not in err1, err1
     assert len(_sweep_dirs(tmp_path)) == 1  # the sweep stopped at its first failed job (`fail_fast`)
 
@@ -650,6 +650,28 @@ def test_node_1_killed_in_a_multirun_ends_the_sweep_naming_it_and_starts_no_more
     summary = json.loads((_sweep_dirs(tmp_path)[0].parent / "sweep_summary.json").read_text())
     assert [job["status"] for job in summary["jobs"]] == ["FAILED", "NOT STARTED", "NOT STARTED"]
     wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
+
+
+@pytest.mark.subprocess
+def test_node_1_killed_between_two_jobs_of_a_multirun_ends_the_next_job_at_once_naming_it(tmp_path: Path) -> None:
+    """Node 1 is killed once its ranks of job #0 returned, before it joins job #1: node 0's sweep hears its beats stop
+    and ends job #1, which waited for it to join, within seconds (it waited its whole join timeout, then said node 1
+    never joined)."""
+    zero, one = _start_two(tmp_path, _explicit, "-m", "fail_rank=0,1", "platform.join_timeout_min=2")
+    assert one.stderr is not None
+    line = one.stderr.readline()
+    while line and "every rank of this node (node 1) returned" not in line:
+        line = one.stderr.readline()
+    assert line, one.communicate()[1]
+    started = time.monotonic()
+    one.kill()
+    one.communicate(timeout=30)
+    out0, err0 = zero.communicate(timeout=60)
+    assert zero.returncode == 1, err0
+    assert "node 1 could no longer be reached (it ended, or the network between the nodes failed)" in err0, err0
+    assert time.monotonic() - started < 40  # (not the join timeout, 120 s)
+    summary = json.loads((_sweep_dirs(tmp_path)[0].parent / "sweep_summary.json").read_text())
+    assert [job["status"] for job in summary["jobs"]] == ["COMPLETED", "FAILED"]
 
 
 @pytest.mark.subprocess

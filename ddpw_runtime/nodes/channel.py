@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -123,13 +124,60 @@ def _on_loopback(host: str) -> str:
 
 
 class StoreSide:
-    """Node `node`'s side of a store `store` that node 0 serves at `where` (`host:port`): a job's, or a sweep's."""
+    """Node `node`'s side of a store `store` that node 0 serves at `where` (`host:port`): a job's, or a sweep's. A node
+    other than 0 beats there while it takes part (`start_beating`); node 0 counts one whose beats stopped as lost."""
+
+    prefix = _KEY
+    """Where hydra-ddpw's keys in this store begin."""
+    lost = False
+    """Node 0's store could no longer be reached (nothing more is sent to it)."""
 
     def __init__(self, store: Any, node: int, n_nodes: int, where: str) -> None:
         self.store = store
         self.node = node
         self.n_nodes = n_nodes
         self.where = where
+        self._beats = False
+        self._beating_now = threading.Lock()
+        """Held while a beat is sent: once `stop_beating` returns, none is in flight (node 0 may close its store)."""
+        self._heard: dict[int, tuple[int, float]] = {}
+        """Node 0: each other node's last beat count, and when node 0 first saw it."""
+
+    def start_beating(self) -> None:
+        """A node other than 0: beat in the store, once now, then on a thread every `_BEAT_S` until `stop_beating` or
+        node 0 is gone."""
+        self._beat()
+        self._beats = True
+        threading.Thread(target=self._beating, name="ddpw-node-beat", daemon=True).start()
+
+    def stop_beating(self) -> None:
+        """No more beats (the node's part is over: node 0 no longer waits to hear from it); none in flight once this
+        returns, so none fails on a store node 0 closed after this node's last word (torch logs such failures)."""
+        with self._beating_now:
+            self._beats = False
+
+    def _beating(self) -> None:
+        while True:
+            time.sleep(_BEAT_S)
+            with self._beating_now:
+                if not self._beats or self.lost:
+                    return
+                self._beat()
+
+    def _beat(self) -> None:
+        try:
+            self.store.add(f"{self.prefix}beat/{self.node}", 1)
+        except RuntimeError:  # the store is gone with node 0
+            self.lost = True
+
+    def _silent_among(self, nodes: Iterable[int]) -> list[int]:
+        """Node 0: those of `nodes` whose beats stopped for `SILENT_S` (counted from when node 0 first looked at each):
+        their controller is gone, or the network to them."""
+        now = time.monotonic()
+        beats = {node: self.store.add(f"{self.prefix}beat/{node}", 0) for node in nodes}
+        self._heard = {node: (count, self._heard[node][1] if self._heard.get(node, (-1, 0.0))[0] == count else now)
+                       for node, count in beats.items()}
+        return [node for node, (_, when) in self._heard.items() if now - when > SILENT_S]
 
     @classmethod
     def connect(cls: type[_Side], platform: Platform, say_waiting: bool = True) -> _Side:
@@ -186,15 +234,8 @@ class StoreSide:
 class NodeChannel(StoreSide):
     """Node `node`'s side of the job's store."""
 
-    lost = False
-    """Node 0's store could no longer be reached (nothing more is sent to it)."""
     ended = False
     """This node sent its end (nothing more is sent for it)."""
-
-    def __init__(self, store: Any, node: int, n_nodes: int, where: str) -> None:
-        super().__init__(store, node, n_nodes, where)
-        self._heard: dict[int, tuple[int, float]] = {}
-        """Node 0: each other node's last beat count, and when node 0 first saw it."""
 
     def publish(self, spec: JobSpec) -> None:
         """Node 0: the job, for the other nodes."""
@@ -214,26 +255,15 @@ class NodeChannel(StoreSide):
         return pickle.loads(self.store.get(SPEC_KEY))
 
     def join(self) -> None:
-        """This node has the job and starts its ranks, beating from now on (a thread, every `_BEAT_S`, until it sent
-        its end or node 0 is gone: node 0 counts a node that joined and fell silent as lost, also while it still waits
-        for others to join); NodeError when another process joined as this node already."""
+        """This node has the job and starts its ranks, beating from now on until it sent its end (node 0 counts a
+        node that joined and fell silent as lost, also while it still waits for others to join); NodeError when
+        another process joined as this node already."""
         self._beat()  # (before it counts as joined: node 0 then sees a beat it had not seen)
         if self.store.add(f"{_KEY}joined/{self.node}", 1) > 1:
             raise NodeError(f"node {self.node} already joined node 0's job at {self.where}: another process runs as "
                             f"node {self.node}; give every machine its own platform.node_rank (or its platform's "
                             "variables)")
-        threading.Thread(target=self._beating, name="ddpw-node-beat", daemon=True).start()
-
-    def _beating(self) -> None:
-        while not (self.ended or self.lost):
-            self._beat()
-            time.sleep(_BEAT_S)
-
-    def _beat(self) -> None:
-        try:
-            self.store.add(f"{_KEY}beat/{self.node}", 1)
-        except RuntimeError:  # the store is gone with node 0
-            self.lost = True
+        self.start_beating()
 
     def missing(self, timeout_min: float) -> list[int]:
         """Node 0: the nodes that have not joined after at most `timeout_min` (none once all have), or as soon as
@@ -269,19 +299,15 @@ class NodeChannel(StoreSide):
             return NodeStop(0, lost=True)
 
     def silent(self) -> list[int]:
-        """Node 0: the other nodes that have not sent their end and whose beats stopped for `SILENT_S` (counted from
-        when node 0 first looked): their controller is gone, or the network to them."""
-        now = time.monotonic()
-        beats = {node: self.store.add(f"{_KEY}beat/{node}", 0) for node in range(1, self.n_nodes)
-                 if not self.store.check([f"{_KEY}end/{node}"])}
-        self._heard = {node: (count, self._heard[node][1] if self._heard.get(node, (-1, 0.0))[0] == count else now)
-                       for node, count in beats.items()}
-        return [node for node, (_, when) in self._heard.items() if now - when > SILENT_S]
+        """Node 0: the other nodes that have not sent their end and whose beats stopped (`_silent_among`)."""
+        return self._silent_among(node for node in range(1, self.n_nodes)
+                                  if not self.store.check([f"{_KEY}end/{node}"]))
 
     def end(self, end: NodeEnd) -> None:
         """A node's end, for node 0, once (nothing when node 0 is gone)."""
         if not self.lost and not self.ended:
             self.ended = True
+            self.stop_beating()
             with contextlib.suppress(RuntimeError):
                 self.store.set(f"{_KEY}end/{end.node}", pickling.dumps(end))
 

@@ -97,9 +97,10 @@ class Nodes:
                                 plan.run_id, starting.overrides))
         missing = channel.missing(platform.join_timeout_min)
         stopped = channel.stopped()
-        if stopped is not None and stopped.lost:  # a node that had joined fell silent while others had not
-            raise NodeLost(f"{stopped.text()}; node(s) {', '.join(map(str, missing))} had not joined yet",
-                           [stopped.node])
+        if stopped is not None and stopped.lost:  # a node fell silent (it had joined, or it followed the sweep)
+            others = [node for node in missing if node != stopped.node]
+            raise NodeLost(stopped.text() + (f"; node(s) {', '.join(map(str, others))} had not joined yet"
+                                             if others else ""), [stopped.node])
         if stopped is not None:  # a node got Ctrl-C or SIGTERM before it joined, or runs another command (never joins)
             raise (NodeLost if stopped.why is not None else NodeError)(stopped.text())
         if missing:

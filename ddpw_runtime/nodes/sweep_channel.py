@@ -34,6 +34,8 @@ ended."""
 class SweepChannel(StoreSide):
     """Node `node`'s side of the sweep's store (`connect`: a node other than 0 reaches it)."""
 
+    prefix = _KEY
+
     @staticmethod
     def host(platform: Platform, overrides: tuple[str, ...]) -> SweepChannel:
         """Node 0: serve the sweep's store on `platform.master_addr:master_port`, saying the sweep's `overrides`."""
@@ -61,11 +63,26 @@ class SweepChannel(StoreSide):
         while self.store.add(_KEY + "left", 0) < self.n_nodes - 1 and time.monotonic() < deadline:
             time.sleep(_POLL_S)
 
-    def leave(self) -> None:
-        """A node other than 0 no longer follows the sweep: said by that node, or by node 0 for one a job lost (it
-        will read no end); nothing when node 0's store is gone."""
+    def follow(self) -> None:
+        """A node other than 0 follows the sweep from now on, beating until it leaves: node 0 stops the job that runs
+        (which may wait for this node to join) once it falls silent (`silent`)."""
+        self.start_beating()
+        self.store.set(f"{_KEY}following/{self.node}", "1")
+
+    def leave(self, node: int | None = None) -> None:
+        """Node `node` (this one when None) no longer follows the sweep: said by that node, or by node 0 for one a job
+        lost (it will read no end); nothing when node 0's store is gone."""
+        if node is None:
+            self.stop_beating()
         with contextlib.suppress(RuntimeError):
+            self.store.set(f"{_KEY}left/{self.node if node is None else node}", "1")
             self.store.add(_KEY + "left", 1)
+
+    def silent(self) -> list[int]:
+        """Node 0: the nodes that follow the sweep, have not left it, and whose beats stopped (`_silent_among`)."""
+        return self._silent_among(node for node in range(1, self.n_nodes)
+                                  if self.store.check([f"{_KEY}following/{node}"])
+                                  and not self.store.check([f"{_KEY}left/{node}"]))
 
     def started(self) -> int:
         """Node 0: count one more job across the nodes; its index in the sweep (0 for the first)."""
@@ -89,8 +106,8 @@ class SweepChannel(StoreSide):
             time.sleep(_POLL_S)
         port = int(self.store.get(key))
         if port == _ENDED_EARLY:
-            raise NodeError("node 0's sweep ended early: a job failed or a callback raised there, or it was stopped "
-                            "(node 0's console shows which)")
+            raise NodeError("node 0's sweep ended with an error: a job failed or a callback raised there, or it was "
+                            "stopped (node 0's console shows which)")
         return None if port == _ENDED else port
 
     def _has(self, key: str) -> bool:
@@ -120,9 +137,6 @@ def stop_waiting_job(side: StoreSide, stop: NodeStop) -> None:
     to join (the latest published, waited for at most `_ACK_WAIT_S`), so node 0 ends it at once, and count this node
     as one that follows the sweep no more, so node 0 does not wait for it as the sweep ends (nothing when node 0 is
     gone, or its job is)."""
-    from torch.distributed import TCPStore
-
-    host = side.where.rsplit(":", 1)[0]
     deadline = time.monotonic() + _ACK_WAIT_S
     with contextlib.suppress(RuntimeError, ValueError):
         side.store.add(_KEY + "left", 1)
@@ -131,11 +145,20 @@ def stop_waiting_job(side: StoreSide, stop: NodeStop) -> None:
             if jobs and side.store.check([key := f"{_KEY}job/{jobs - 1}"]):
                 port = int(side.store.get(key))
                 if port > 0:
-                    job = TCPStore(host, port, is_master=False, wait_for_workers=False,
-                                   timeout=timedelta(seconds=_ACK_WAIT_S))
-                    StoreSide(job, side.node, side.n_nodes, f"{host}:{port}").stop_job(stop)
+                    stop_job_at(side, port, stop)
                 return
             time.sleep(_POLL_S)
+
+
+def stop_job_at(side: StoreSide, port: int, stop: NodeStop) -> None:
+    """Stop the sweep's job whose store node 0 serves at `port` (on `side`'s host) as `stop` says, unless a node
+    stopped it first (nothing when that store is gone, or not reached within `_ACK_WAIT_S`)."""
+    from torch.distributed import TCPStore
+
+    host = side.where.rsplit(":", 1)[0]
+    with contextlib.suppress(RuntimeError, ValueError):
+        job = TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=_ACK_WAIT_S))
+        StoreSide(job, side.node, side.n_nodes, f"{host}:{port}").stop_job(stop)
 
 
 _hosted: SweepChannel | None = None

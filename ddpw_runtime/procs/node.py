@@ -35,6 +35,7 @@ def follow_sweep(platform: Platform, options: LauncherOptions, overrides: tuple[
         except (KeyboardInterrupt, Terminated) as stop:  # while it waits for node 0: nothing runs here yet
             return 128 + signal_of(stop)
         try:
+            sweep.follow()
             return _follow_jobs(sweep, platform, options, overrides)
         finally:
             sweep.leave()

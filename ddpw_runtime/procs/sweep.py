@@ -40,8 +40,9 @@ from ddpw_runtime.launch.job import Grace, NodeJob, starter_for
 from ddpw_runtime.launch.payload import read_pickled, write_private
 from ddpw_runtime.launch.plan import free_port
 from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.nodes.channel import NodeStop
 from ddpw_runtime.nodes.environment import place_node
-from ddpw_runtime.nodes.sweep_channel import SweepChannel, hosted
+from ddpw_runtime.nodes.sweep_channel import SweepChannel, hosted, stop_job_at
 from ddpw_runtime.procs.job import RESULT, JobEnd, JobPayload, run_job_process
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ class _Sweep:
         """Node 0's side of a multirun across machines: its jobs run one after another, each on every node."""
         self.lost: str | None = None
         """Across machines: which job lost a node (or never had it join), after which no more jobs start."""
+        self.silent_seen = False
+        """Across machines: a node that followed the sweep fell silent (the job that ran was stopped for it)."""
         if jobs[0].platform.n_nodes > 1:
             starter_for(jobs[0].platform)  # first: a starter forked later would hold the sweep's store open
             self.across = hosted(jobs[0].platform, tuple(summary.sweep.overrides))
@@ -181,7 +184,7 @@ class _Sweep:
                     if not self.running:
                         break
                     while self.children.next_exit(None) is None:  # until a job ends (`_ended` notes how)
-                        pass
+                        self._stop_for_a_silent_node()
         except (KeyboardInterrupt, Terminated) as stop:
             self._stop_all(signals.signal_of(stop))
         errors = [end.error for _, end in sorted(self.ended.items()) if end.error is not None]
@@ -256,11 +259,23 @@ class _Sweep:
             if end.job_return is not None and isinstance(lost := _compat.job_error(end.job_return), NodeLost):
                 self.lost = f"no more jobs start, since each would wait for a node that job #{job.idx} lost: {lost}"
                 if self.across is not None:  # the sweep's end waits for none of those nodes to read it
-                    for _ in lost.nodes:
-                        self.across.leave()
+                    for node in lost.nodes:
+                        self.across.leave(node)
             if self.options.fail_fast and self.failed is None and end.job_return is not None and \
                     end.job_return.status is JobStatus.FAILED:
                 self._fail_fast(job, end.job_return)
+
+    def _stop_for_a_silent_node(self) -> None:
+        """Across machines: once a node that follows the sweep falls silent (killed, or its machine lost, also between
+        two jobs), stop the job that runs, which would otherwise wait its whole join timeout for that node to join:
+        it ends naming the node as lost, and no more jobs start."""
+        if self.across is None or self.silent_seen:
+            return
+        silent = self.across.silent()
+        if silent:
+            self.silent_seen = True
+            for running in self.running.values():
+                stop_job_at(self.across, int(running.job.platform.master_port or 0), NodeStop(silent[0], lost=True))
 
     def _fail_fast(self, job: PreparedJob, ret: JobReturn) -> None:
         """Job `job` failed (`ret`) with `fail_fast`: stop the jobs running beside it, start no more."""
