@@ -44,7 +44,8 @@ _SAY_WAITING_S = 5.0
 """How long node 0 waits for the other nodes before it says so on its console (a node that cannot reach node 0
 says so at its first try)."""
 _BEAT_S = 0.1
-"""How often a node other than 0 beats in the job's store, from when it joined until it sent its end."""
+"""How often a node other than 0 beats in node 0's store (a job's, from its join until its end is sent; the sweep's,
+while it follows the sweep)."""
 SILENT_S = 5.0
 """How long node 0 hears no beat from another node (each beats every tenth of a second until it sent its end)
 before it counts that node as lost."""
