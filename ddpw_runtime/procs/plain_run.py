@@ -17,9 +17,10 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
@@ -41,6 +42,8 @@ from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.supervisor import STOP_SIGNAL
 from ddpw_runtime.rank.own_process import RankInThisProcess, left_open, on_stack, open_log
 
+_T = TypeVar("_T")
+
 
 class PlainRun(Callback):
     """The callback the ddpw launcher options install (see the module docstring). It acts in a plain run with a
@@ -54,19 +57,21 @@ class PlainRun(Callback):
         prints the plan and ends there; then fork the job's supervisor. Whatever fails here (a bad value, or
         anything else) ends the program with its error, as Hydra ends a run on a bad config: Hydra would only
         warn about a callback's error and run the task alone, in this process."""
-        self._rank_zero = _compat.report_like_hydra(lambda: _start_run(config))
+        self._rank_zero = _in_rank_zero(lambda: _start_run(config))
 
     def on_job_start(self, config: DictConfig, *, task_function: TaskFunction, **kwargs: Any) -> None:
         """Make this process rank 0 of the job; the supervisor starts the other ranks. What fails here ends
         the program with its error (see `on_run_start`)."""
         rank_zero = self._rank_zero
         if rank_zero is not None and config.hydra.mode is RunMode.RUN:
-            _compat.report_like_hydra(lambda: rank_zero.start(task_config(config), task_function))
+            _in_rank_zero(lambda: rank_zero.start(task_config(config), task_function))
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        """Leave the job; its return becomes the job's (every rank's) outcome."""
-        if self._rank_zero is not None:
-            self._rank_zero.end(job_return)
+        """Leave the job; its return becomes the job's (every rank's) outcome. What fails here ends the program
+        with its error (see `on_run_start`)."""
+        rank_zero = self._rank_zero
+        if rank_zero is not None:
+            _in_rank_zero(lambda: rank_zero.end(job_return))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A node other than 0 of a multirun across machines follows node 0's sweep (`procs/node.py`), then the
@@ -83,6 +88,26 @@ class PlainRun(Callback):
         """Tell the supervisor the run is over (and which threads keep the program running)."""
         if self._rank_zero is not None:
             self._rank_zero.run_ended()
+
+
+def _in_rank_zero(action: Callable[[], _T]) -> _T:
+    """`action` (hydra-ddpw's part of the run in rank 0's process, around its task), its error ending the program as
+    Hydra shows one (`_compat.report_like_hydra`); a Ctrl-C in it ends the run quietly (`_ended_by`), as the
+    supervisor (the program's own process, once forked) ends it: it has the Ctrl-C too. (While rank 0 waits for the
+    supervisor, `_next_message` takes a Ctrl-C and waits for the job's end.)"""
+    try:
+        return _compat.report_like_hydra(action)
+    except KeyboardInterrupt:
+        _ended_by(signal.SIGINT)
+
+
+def _ended_by(signum: int) -> NoReturn:
+    """End the program as stopped by `signum` (exit 128 + `signum`), quietly, as a Ctrl-C in the task ends a run. A
+    Ctrl-C from now on is ignored: the supervisor passes the terminal's on to rank 0 as well, and one that lands as
+    the program ends would cut its end short with a traceback; a second Ctrl-C still makes the supervisor stop what is
+    left at once."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 def _follow_sweep(config: DictConfig) -> None:
@@ -168,10 +193,10 @@ def _as_it_ends() -> None:
     (`DUMP_SIGNAL`, `STOP_SIGNAL`) are ignored from now on. Python gives up its handlers as it finalizes, and a
     real-time signal's default action would end the process, whose exit code would then be that signal's, not its
     own."""
-    faulthandler.unregister(DUMP_SIGNAL)
-    for sig in (DUMP_SIGNAL, STOP_SIGNAL):
-        signal.signal(sig, signal.SIG_IGN)
     with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C now ends the program as it was ending anyway
+        faulthandler.unregister(DUMP_SIGNAL)
+        for sig in (DUMP_SIGNAL, STOP_SIGNAL):
+            signal.signal(sig, signal.SIG_IGN)
         _flush_left_open()
 
 
@@ -226,10 +251,7 @@ class RankZeroSide:
         _stoppable.add(_code_of(task_function))
         _stoppable.add(RankInThisProcess.enter.__code__)
         overrides = as_typed(HydraConfig.get().overrides.task)
-        try:
-            self.channel.send(JobStarting(self.task.pack(), ProcessState.capture(), output_dir, overrides))
-        except KeyboardInterrupt:  # before the job started: the run ends here, quietly, as the supervisor's does
-            raise SystemExit(128 + signal.SIGINT) from None
+        self.channel.send(JobStarting(self.task.pack(), ProcessState.capture(), output_dir, overrides))
         self._join()
 
     def _join(self) -> None:
@@ -293,7 +315,7 @@ class RankZeroSide:
             self._to_log("was stopped", error)
             traceback.clear_frames(error.__traceback__)
         if self.rank is not None:
-            self.rank.leave(result)
+            self.rank.leave(result, stopped=_stopped.is_set())
             self.rank = None
         self._no_dumps()
         self.channel.send(TaskEnded(result))
@@ -366,7 +388,7 @@ def _end_run(settled: JobSettled, own: BaseException | None) -> None:
     when rank 0's task then failed only because its peers went away). For a job that could not start, or
     that was interrupted while it started or while rank 0's task ran."""
     if settled.stopped is not None:
-        raise SystemExit(128 + settled.stopped)
+        _ended_by(settled.stopped)
     error = pickle.loads(settled.error) if settled.error is not None else own
     _compat.report_like_hydra(lambda: _raise(error or RuntimeError("the job could not start")))
 

@@ -71,11 +71,13 @@ class RankInThisProcess:
             self.leave()
             raise
 
-    def leave(self, ended: RankResult | None = None) -> None:
-        """The task ended (as `ended`, when it ran): leave the process group and put the process back as it was.
-        What the task left in an output buffer (C's stdout is fully buffered on a file) reaches the rank's output
-        before the group goes: its peers then fail, and the console stops showing the job. A collective that
-        timed out is dumped from the flight recorder first (`recorder.after`)."""
+    def leave(self, ended: RankResult | None = None, *, stopped: bool = False) -> None:
+        """The task ended (as `ended`, when it ran; `stopped`: the job's stop ended it): leave the process group and
+        put the process back as it was. What the task left in an output buffer (C's stdout is fully buffered on a
+        file) reaches the rank's output before the group goes: its peers then fail, and the console stops showing
+        the job. The flight recorder is dumped first when the task failed (`recorder.after`) or the rank was stopped:
+        the supervisor took its stacks without it (this process's stacks handler is faulthandler's alone), and a
+        stop that lands as its own collective times out takes the place of that timeout."""
         if self._saved_fds is not None:
             flush_output()
         if self._saved_threads is not None:
@@ -84,7 +86,9 @@ class RankInThisProcess:
             from ddpw_runtime.rank import recorder
             from ddpw_runtime.rank.setup import teardown_rank
 
-            if ended is not None:
+            if stopped:
+                recorder.dump()
+            elif ended is not None:
                 recorder.after(ended)
             recorder.arm(None)
             torch.set_num_threads(self._saved_threads)

@@ -1,6 +1,6 @@
 """A rank's flight recorder (torch's record of the collectives it entered, with their sequence numbers), dumped
 into its `fr_rank_<k>` next to its log: when the supervisor takes its stacks (`DUMP_SIGNAL`: faulthandler writes
-them, then runs `on_request`) and when its own collective timed out. Best effort: the hang report reads the dumps
+them, then runs `on_request`) and when its task failed. Best effort: the hang report reads the dumps
 that were written, and a rank stuck in C code (the handler runs between Python lines) only leaves its stacks."""
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ def on_request(signum: int, frame: FrameType | None) -> None:
 
 
 def after(result: RankResult) -> None:
-    """The task ended as `result`, its process group still up: when it failed because a collective timed out,
-    dump which collective it waited in, for the job's report."""
-    if result.error is not None and result.error.is_collective_timeout:
+    """The task ended as `result`, its process group still up: when it failed (its collective timed out, or failed
+    as a peer that timed out first went away), dump which collective it was last in, for the job's report."""
+    if not result.ok:
         dump()
 
 
