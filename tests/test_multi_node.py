@@ -19,6 +19,7 @@ import torch
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LocalLauncherConf
+from ddpw_runtime.launch.bounds import REPORT_S
 from ddpw_runtime.launch.rendezvous import listen
 from ddpw_runtime.nodes.environment import DEFAULT_PORT, detect, place_node
 from tests.helpers import APPS, job_dirs, leftover, seen, wait_for
@@ -493,6 +494,29 @@ def test_node_1_killed_while_node_0s_rank_waits_for_it_in_a_collective_ends_node
     assert zero.returncode == 1 and "node 1 could no longer be reached" in err0, err0
     assert time.monotonic() - started < 15  # (it waited for node 1's end for 30 s)
     wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
+
+
+@pytest.mark.subprocess
+def test_a_rank_of_node_1_that_fails_before_joining_ends_node_0_whose_rank_0_waits_to_join(tmp_path: Path) -> None:
+    """Rank 1 (node 1) cannot open its log (a folder is in the way), so it fails before it joins the process group;
+    rank 0, the program's own process on node 0, waits for it in torch's C++ rendezvous, where no signal ends it: it is
+    killed at the end of the stop's grace, as a rank that never reached its task, without the extra time a rank 0 in
+    its task gets to report through Hydra and without a line saying its task did not end (both before: node 0 ended
+    5 s later, saying so)."""
+    run_dir = tmp_path / "out"
+    (run_dir / "rank_1.log").mkdir(parents=True)
+    port = free_port()
+    base = ["platform.n_nodes=2", "platform.n_procs_per_node=1", f"hydra.run.dir={run_dir}"]
+    zero = _node(tmp_path, [*base, *_explicit(port, 0)[0]], {})
+    one = _node(tmp_path, [*base, *_explicit(port, 1)[0]], {})
+    _, err1 = one.communicate(timeout=60)
+    ended = time.monotonic()
+    out0, err0 = zero.communicate(timeout=60)
+    assert (zero.returncode, one.returncode) == (1, 1), err0 + err1
+    assert "rank 1 (node 1) failed: RankExited: exited with code 1 before returning" in err0, err0
+    assert "IsADirectoryError" in err1
+    assert "did not end in the time it was given" not in err0, err0
+    assert time.monotonic() - ended < REPORT_S, err0
 
 
 @pytest.mark.subprocess

@@ -152,9 +152,10 @@ class NodeRanks(Children):
                                             not self.local.payload.result_file(self.rank_of[ended.pid]).exists())
             if (self._take_requests() or failed) and not self.stopping:
                 grace_end = self._begin_stop()
-            if time.monotonic() >= grace_end:  # an outside rank still running gets `REPORT_S` more (once)
+            if time.monotonic() >= grace_end:  # an outside rank still in its task gets `REPORT_S` more (once)
                 outside = self.outside.pid if self.outside else None
-                spare = outside if not reported and outside in [rank.pid for rank in self.running()] else None
+                in_task = {rank.pid for rank in self.running()} - {rank.pid for rank in self.starting()}
+                spare = outside if not reported and outside in in_task else None
                 reported, report_end = True, time.monotonic() + REPORT_S  # counted while the others' kill waits
                 self.kill(spare=spare)
                 grace_end = float("inf") if spare is None else report_end
@@ -190,10 +191,13 @@ class NodeRanks(Children):
         self.kill()
 
     def kill(self, spare: int | None = None, group: bool = True) -> list[Child]:
-        """SIGKILL every running rank (but `spare`), see `Children.kill`; each that a stop's signal reached is named."""
+        """SIGKILL every running rank (but `spare`), see `Children.kill`; each in its task that a stop's signal reached
+        is named (one still joining its group waits in torch's C++ code, which a signal does not end: no task of its
+        was cut short)."""
         outside = self.outside.pid if self.outside is not None else None
+        starting = self.starting()
         for rank in self.running(spare):
-            if rank.stopped:
+            if rank.stopped and rank not in starting:
                 sys.stderr.write(killed_line(rank.name, rank.pid, rank.pid == outside))
         return super().kill(spare, group)
 
