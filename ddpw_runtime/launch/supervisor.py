@@ -222,22 +222,23 @@ class NodeRanks(Children):
 
     def end(self) -> None:
         """After the ranks ended: have the starter stop whatever they started (`job_processes.py`), but the ranks
-        already left behind (named once, not waited for again); remove the stacks files no rank wrote to."""
-        drop_empty_stacks(self.local.plan)
-        stuck = [rank.pid for rank in self.of_pid.values() if rank.state is ChildState.LEFT_BEHIND]
-        try:
-            left = self.local.starter.end_job(self.key, (*self.adopted, *stuck))
-        except StarterGone:  # its ranks died with it (SIGKILL at its death); what they started is stopped here,
-            # whole (bounded): a job process gets SIGTERM as its starter dies, which must not cut this short
-            with held():
+        already left behind (named once, not waited for again); remove the stacks files no rank wrote to. Whole: a
+        Ctrl-C or SIGTERM that comes meanwhile (a job process gets SIGTERM as its starter dies, maybe only now) waits
+        until it is done (every step is bounded), so what the ranks started is never left running."""
+        with held():
+            drop_empty_stacks(self.local.plan)
+            stuck = [rank.pid for rank in self.of_pid.values() if rank.state is ChildState.LEFT_BEHIND]
+            try:
+                left = self.local.starter.end_job(self.key, (*self.adopted, *stuck))
+            except StarterGone:  # its ranks died with it (SIGKILL at its death); what they started is stopped here
                 for pid in self.of_pid:
                     if pid not in self.adopted:
                         send_to_group(pid, signal.SIGKILL)  # forks of a rank are in its process group
                 job = JobProcesses(self.key, cgroup=False)  # and what names the job elsewhere
                 job.spared.update(stuck)
                 left = tuple(job.stop())
-        except RuntimeError:  # the starter did not answer in time: it stops what it can when it ends
-            return
+            except RuntimeError:  # the starter did not answer in time: it stops what it can when it ends
+                return
         if left:
             log.error("processes the ranks started would not die %.0f s after SIGKILL (stuck in the kernel?); left "
                       "behind: pids %s", KILL_WAIT_S, ", ".join(map(str, left)))
