@@ -429,17 +429,19 @@ def test_a_second_process_started_as_the_same_node_is_refused_and_the_job_goes_o
 def test_a_node_whose_overrides_differ_runs_node_0s_config_and_names_the_difference(tmp_path: Path,
                                                                                    mode: tuple[str, ...]) -> None:
     port = free_port()
+    own_dir = f"hydra.{'sweep' if mode else 'run'}.dir=elsewhere"  # (Hydra's own overrides are node 0's too)
     nodes = {}
-    for node, typed in ((0, "behaviour=ok"), (1, "behaviour=raise")):  # (rank 1 would fail with node 1's own)
+    for node, typed in ((0, ["behaviour=ok"]), (1, ["behaviour=raise", own_dir])):  # (rank 1 would fail with node 1's)
         own, environ = _explicit(port, node)
-        nodes[node] = _node(tmp_path, [*mode, "platform.n_nodes=2", "platform.n_procs_per_node=1", typed, *own],
+        nodes[node] = _node(tmp_path, [*mode, "platform.n_nodes=2", "platform.n_procs_per_node=1", *typed, *own],
                             environ)
         time.sleep(1.5 if node == 0 else 0)
     errs = {node: proc.communicate(timeout=120)[1] for node, proc in nodes.items()}
     assert (nodes[0].returncode, nodes[1].returncode) == (0, 0), errs
     assert seen(job_dirs(tmp_path)[0])[1]["cfg_behaviour"] == "ok"
     assert errs[1].count("[ddpw] node 1 runs node 0's config, whose overrides differ from this node's: here "
-                         "behaviour=raise, on node 0 behaviour=ok\n") == 1, errs[1]
+                         f"behaviour=raise {own_dir}, on node 0 behaviour=ok\n") == 1, errs[1]
+    assert not (tmp_path / "elsewhere").exists()
     assert "differ" not in errs[0]  # (node_rank, which differs by design, is never named)
 
 

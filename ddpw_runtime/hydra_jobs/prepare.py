@@ -151,6 +151,13 @@ def as_typed(overrides: Any) -> tuple[str, ...]:
     return tuple(typed)
 
 
+def command_line(hydra: Any, task: Sequence[str] | None = None) -> tuple[str, ...]:
+    """Every override of the command line, as typed: the task's (`task`, or else `hydra.overrides.task`), then
+    Hydra's own (`hydra.run.dir=...`); `hydra` is Hydra's config (`config.hydra`, `HydraConfig.get()`). The nodes
+    of a job across machines compare theirs."""
+    return (as_typed(hydra.overrides.task) if task is None else tuple(task)) + as_typed(hydra.overrides.hydra)
+
+
 def pin_now(config: DictConfig) -> None:
     """Resolve every value of the task's config that uses `${now:...}` once, here: Hydra's `now`
     resolver caches its result in the config, and the cache travels with it, so every rank (and the

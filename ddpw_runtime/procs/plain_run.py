@@ -32,7 +32,7 @@ from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LauncherOptions, selected_options
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankStopped
-from ddpw_runtime.hydra_jobs.prepare import as_typed, hydra_config_of, job_check, pin_now, task_config
+from ddpw_runtime.hydra_jobs.prepare import as_typed, command_line, hydra_config_of, job_check, pin_now, task_config
 from ddpw_runtime.launch.engine import describe
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.plan import DUMP_SIGNAL
@@ -126,7 +126,7 @@ def _follow_sweep(config: DictConfig) -> None:
     if platform.node_rank:
         from ddpw_runtime.procs.node import follow_sweep
 
-        sys.exit(follow_sweep(platform, options, as_typed(config.hydra.overrides.task)))
+        sys.exit(follow_sweep(platform, options, command_line(config.hydra)))
 
 
 def _start_run(config: DictConfig) -> RankZeroSide | None:
@@ -144,7 +144,7 @@ def _start_run(config: DictConfig) -> RankZeroSide | None:
         if platform.node_rank and not options.dry_run:  # another node of a job across machines: it follows node 0's
             from ddpw_runtime.procs.node import follow
 
-            sys.exit(follow(platform, options, as_typed(config.hydra.overrides.task)))
+            sys.exit(follow(platform, options, command_line(config.hydra)))
         pin_now(config)
         if options.dry_run:
             output_dir = Path(str(config.hydra.run.dir)).absolute()
@@ -250,7 +250,7 @@ class RankZeroSide:
         output_dir = str(HydraConfig.get().runtime.output_dir)
         _stoppable.add(_code_of(task_function))
         _stoppable.add(RankInThisProcess.enter.__code__)
-        overrides = as_typed(HydraConfig.get().overrides.task)
+        overrides = command_line(HydraConfig.get())
         self.channel.send(JobStarting(self.task.pack(), ProcessState.capture(), output_dir, overrides))
         self._join()
 

@@ -27,7 +27,7 @@ from ddpw_conf import ConfigError
 from ddpw_conf.launcher import LocalLauncherConf
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import Interrupted, NodeError, NodeLost, Terminated
-from ddpw_runtime.hydra_jobs.prepare import PreparedJob
+from ddpw_runtime.hydra_jobs.prepare import PreparedJob, command_line
 from ddpw_runtime.hydra_jobs.summary import one_line
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast_line
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
@@ -169,7 +169,7 @@ class _Sweep:
         """Across machines: a node that followed the sweep fell silent (the job that ran was stopped for it)."""
         if jobs[0].platform.n_nodes > 1:
             starter_for(jobs[0].platform)  # first: a starter forked later would hold the sweep's store open
-            self.across = hosted(jobs[0].platform, tuple(summary.sweep.overrides))
+            self.across = hosted(jobs[0].platform, command_line(jobs[0].config.hydra, summary.sweep.overrides))
         devices = side_by_side_devices(jobs, options) if self.across is None else None
         if devices is not None:
             _note_shared_ports(jobs)
