@@ -217,10 +217,15 @@ def test_every_repo_rank_logs_once_to_the_job_log(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     (job,) = job_dirs(tmp_path)
     assert "info record from rank 1" in (job / "rank_1.log").read_text()  # Hydra's own logging, as rank 0 has
-    proc = run_repo(tmp_path)
-    job = job_dirs(tmp_path)[-1]
-    job_log = (job / "repo_app.log").read_text()
-    assert "info record from rank 0" in job_log and "info record from rank 1" not in job_log
+    for mode in ("a", "w"):  # (`mode: w`: the supervisor and rank 0 both append, neither writes over the other)
+        (tmp_path / mode).mkdir()  # (a run dir of its own: the repo's run dirs are named to the second)
+        proc = run_repo(tmp_path / mode, f"+hydra.job_logging.handlers.file.mode={mode}")
+        assert proc.returncode == 0, proc.stderr
+        (job,) = job_dirs(tmp_path / mode)
+        job_log = (job / "repo_app.log").read_text()
+        assert "info record from rank 0" in job_log and "info record from rank 1" not in job_log
+        assert job_log.count("[ddpw][INFO] - 2 rank(s) (1 node(s) x 2) on cpu") == 1, job_log  # the supervisor's
+        assert job_log.count("[ddpw]") == proc.stdout.count("[ddpw][INFO]") == 1, proc.stdout  # as a multirun logs
 
 
 def test_a_custom_handler_that_writes_a_file_gets_rank_0s_records_only(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from ddpw_conf.launcher import LauncherOptions, selected_options
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankStopped
 from ddpw_runtime.hydra_jobs.prepare import as_typed, command_line, hydra_config_of, job_check, pin_now, task_config
+from ddpw_runtime.hydra_jobs.task import append_to_job_files
 from ddpw_runtime.launch.engine import describe
 from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.plan import DUMP_SIGNAL
@@ -245,7 +246,9 @@ class RankZeroSide:
         return RankZeroSide(fork_supervisor(platform, options))
 
     def start(self, task_cfg: DictConfig, task_function: TaskFunction) -> None:
-        """The job is starting: the supervisor starts the other ranks, this process joins them."""
+        """The job is starting: the supervisor starts the other ranks, this process joins them. It appends to the job
+        log from now on (`mode: w` too), as the supervisor does."""
+        append_to_job_files()
         self.task = TaskCall(task_function, (task_cfg,))
         output_dir = str(HydraConfig.get().runtime.output_dir)
         _stoppable.add(_code_of(task_function))

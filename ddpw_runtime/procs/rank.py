@@ -206,7 +206,7 @@ def configure_logging(rank: int) -> None:
     """Configure logging as Hydra did in the launching process (its own logging, then the job's),
     when this rank runs a Hydra job. Ranks other than 0 leave out the job's file handlers, so the job
     log gets each line once; their records go to their own log file through the console handlers. Rank 0
-    appends to the job's files (`mode: w` too), as the job's own process does meanwhile."""
+    appends to the job's files (`mode: w` too), as the job's own process (a plain run's supervisor) does meanwhile."""
     if "hydra" not in sys.modules:  # no Hydra job: the launching process had no Hydra state to pass on
         return
     from hydra.core.hydra_config import HydraConfig

@@ -22,6 +22,7 @@ from typing import NoReturn
 
 from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
+from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankFailure, Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S, TERM_WAIT_S, WAIT_SLICE_S
 from ddpw_runtime.launch.children import Children, wait_for_exit
@@ -149,7 +150,11 @@ class RunSupervisor:
         """Run the job whose rank 0 is starting; its failure, or None when every rank returned. Raises
         KeyboardInterrupt or Terminated when the job was interrupted (every rank ended by then)."""
         from ddpw_runtime.hydra_jobs.summary import JobConsole
+        from ddpw_runtime.procs.rank import configure_logging
 
+        if starting.state.hydra_state is not None:  # log as the job does (the job log too), as a job process does
+            _compat.restore_hydra_state(pickle.loads(starting.state.hydra_state))
+            configure_logging(0)
         log_dir = Path(starting.log_dir)
         console = JobConsole(0, self.platform, log_dir, Path.cwd())
         job = NodeJob(self.platform, log_dir, self.grace, max_restarts=self.options.max_restarts)
