@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from ddpw_runtime.launch.console import file_size
 from ddpw_runtime.launch.payload import read_pickled, write_atomically
@@ -20,7 +19,6 @@ from ddpw_runtime.launch.recorded import recorded_in
 from ddpw_runtime.launch.signals import send_to_group
 from ddpw_runtime.launch.stacks import HangReport, RankPlace, from_dump, read_from
 
-_T = TypeVar("_T")
 CHECK_S = 0.5
 """How often a job's supervisor looks for a request and for a stall while its ranks run."""
 _STACK_DUMP_WAIT_S = 0.2
@@ -58,10 +56,10 @@ def take_places(plan: LaunchPlan, pids: Mapping[int, int]) -> dict[int, RankPlac
     """Where each running rank (`pids`: pid by rank) is now: each writes every thread's stack into its stacks file
     (`DUMP_SIGNAL`), read back once written; a rank that wrote nothing in time is left out. A rank whose
     flight-recorder dump exists (the rank made it when it started: it answers) dumps its recorder again."""
-    files = {rank: plan.stacks_file(rank) for rank in pids}
+    files = {rank: stacks_file(plan.log_dir, rank) for rank in pids}
     before = {rank: file_size(path) for rank, path in files.items()}
-    recorders = {rank: _version(plan.recorder_file(rank)) for rank in pids}
-    armed = {plan.recorder_file(rank): version for rank, version in recorders.items() if version is not None}
+    recorders = {rank: _version(recorder_file(plan.log_dir, rank)) for rank in pids}
+    armed = {recorder_file(plan.log_dir, rank): version for rank, version in recorders.items() if version is not None}
     for pid in pids.values():
         send_to_group(pid, DUMP_SIGNAL, group=False)
     _wait_for_dumps(files, before, armed)
@@ -80,7 +78,7 @@ def drop_empty_stacks(plan: LaunchPlan) -> None:
     """Remove the stacks files and flight-recorder dumps of this node's ranks that nothing was written to (no rank
     was asked)."""
     for rank in plan.global_ranks:
-        for path in (plan.stacks_file(rank), plan.recorder_file(rank)):
+        for path in (stacks_file(plan.log_dir, rank), recorder_file(plan.log_dir, rank)):
             if path.exists() and file_size(path) == 0:
                 path.unlink(missing_ok=True)
 

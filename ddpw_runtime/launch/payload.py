@@ -92,12 +92,6 @@ class RankPayload:
         (`multiprocessing`'s temporary folder, which it removes as it exits)."""
         return {JOB_ENV: self.result_dir, **({} if own_process else {"TMPDIR": self.result_dir})}
 
-    @staticmethod
-    def read(path: Path) -> RankPayload:
-        """Read a payload written by `write_private`."""
-        with open(path, "rb") as src:
-            return pickle.load(src)
-
 
 def write_private(path: Path, obj: object) -> None:
     """Pickle `obj` to a new file `path` that only the user can read."""

@@ -71,15 +71,6 @@ class LaunchPlan:
         """Where the stdout and stderr of global rank `rank` go."""
         return self.log_dir / f"rank_{rank}.log"
 
-    def stacks_file(self, rank: int) -> Path:
-        """Where global rank `rank` writes every thread's Python stack when asked (`DUMP_SIGNAL`), next to its log."""
-        return stacks_file(self.log_dir, rank)
-
-    def recorder_file(self, rank: int) -> Path:
-        """Where global rank `rank`'s flight recorder (its last collectives) is dumped when its stacks are taken
-        or its collective timed out, next to its log (NCCL's own dump on a timeout goes there too)."""
-        return recorder_file(self.log_dir, rank)
-
     def one_line(self) -> str:
         """The plan in one line, as logged when a job starts."""
         return (f"{self.world_size} rank(s) ({self.platform.n_nodes} node(s) x {self.ranks_per_node}) on "

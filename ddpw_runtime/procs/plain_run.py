@@ -36,7 +36,7 @@ from ddpw_runtime.hydra_jobs.prepare import as_typed, command_line, hydra_config
 from ddpw_runtime.hydra_jobs.task import append_to_job_files
 from ddpw_runtime.launch.engine import describe
 from ddpw_runtime.launch.payload import TaskCall, from_task
-from ddpw_runtime.launch.plan import DUMP_SIGNAL
+from ddpw_runtime.launch.plan import DUMP_SIGNAL, stacks_file
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult
@@ -267,7 +267,7 @@ class RankZeroSide:
             assert isinstance(message, RankZero)
             self.log_file = message.plan.log_file(0)
             output = fds[0] if message.terminal else open_log(self.log_file)
-            stacks = open_log(message.plan.stacks_file(0))
+            stacks = open_log(stacks_file(message.plan.log_dir, 0))
             os.dup2(stacks, self._dumps, inheritable=False)
             os.close(stacks)
             _stopped.clear()

@@ -29,7 +29,7 @@ from ddpw_runtime import _compat
 from ddpw_runtime.launch.bounds import AT_EXIT_S
 from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_atomically
 from ddpw_runtime.launch.pickling import dumps
-from ddpw_runtime.launch.plan import DUMP_SIGNAL
+from ddpw_runtime.launch.plan import DUMP_SIGNAL, recorder_file, stacks_file
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.rank import recorder
 from ddpw_runtime.rank.environment import rank_environment, tell_imported_libraries
@@ -53,13 +53,13 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     joining = threading.Thread(target=join_job, args=(0,), name="ddpw-join-job") if join_job else None
     if joining is not None:
         joining.start()
-    payload = RankPayload.read(Path(payload_path))
+    payload: RankPayload = pickle.loads(Path(payload_path).read_bytes())
     plan = payload.plan
     rank = plan.node_rank * plan.ranks_per_node + local_rank
     _redirect_output(plan.log_file(rank), terminal)
-    recorder.arm(plan.recorder_file(rank))
+    recorder.arm(recorder_file(plan.log_dir, rank))
     signal.signal(DUMP_SIGNAL, recorder.on_request)  # its collectives, after faulthandler's stacks (chain)
-    faulthandler.register(DUMP_SIGNAL, file=open_log(plan.stacks_file(rank)), all_threads=True, chain=True)
+    faulthandler.register(DUMP_SIGNAL, file=open_log(stacks_file(plan.log_dir, rank)), all_threads=True, chain=True)
     try:
         try:
             signal.signal(signal.SIGINT, _interrupted_in_set_up)

@@ -20,7 +20,7 @@ from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
 from ddpw_runtime import _compat
-from ddpw_runtime.launch.plan import LaunchPlan
+from ddpw_runtime.launch.plan import LaunchPlan, recorder_file
 
 if TYPE_CHECKING:
     from ddpw_runtime.launch.records import RankResult
@@ -65,7 +65,7 @@ class RankInThisProcess:
 
             self._saved_threads = torch.get_num_threads()
             tell_imported_libraries(0)
-            recorder.arm(self.plan.recorder_file(0), asked=False)
+            recorder.arm(recorder_file(self.plan.log_dir, 0), asked=False)
             setup_rank(self.plan, 0, 0, None)
         except BaseException:
             self.leave()

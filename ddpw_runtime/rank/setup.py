@@ -1,6 +1,6 @@
 """The torch side of a rank: threads, device, process group, groups, layout mesh, seeds; and its undoing.
 
-Shared by ranks in processes of their own (`entry.py`) and a rank that runs in the caller's process
+Shared by ranks in processes of their own (`procs/rank.py`) and a rank that runs in the caller's process
 (`procs/caller.py`).
 """
 
@@ -101,8 +101,7 @@ def _store(plan: LaunchPlan, listen_fd: int | None, timeout: timedelta) -> Any:
 
 def warm_up() -> None:
     """Import, once in the rank starter, what every rank would otherwise import for itself as it
-    starts: torch.distributed, and numpy's random module (torch loads numpy but not it), which seeding
-    needs."""
+    starts: numpy's random module (torch loads numpy but not it), which seeding needs."""
     with contextlib.suppress(ImportError):
         import numpy.random  # noqa: F401
 
