@@ -261,8 +261,11 @@ def test_the_rank_starter_killed_leaves_no_process_of_the_job(tmp_path: Path, fl
     children = [pid for rank in (0, 1) for pid in json.loads((job / f"children_rank_{rank}.json").read_text())]
     os.kill(ranks[1]["ppid"], signal.SIGKILL)  # rank 1's parent: the starter
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0
-    assert "rank starter" in out + err
+    assert proc.returncode == 1
+    assert "the rank starter (pid" in err and "died" in err and "Traceback" not in err, err  # said in one line
+    if flags:  # the sweep's summary has the job as FAILED, not as still running
+        (record,) = json.loads((job.parent / "sweep_summary.json").read_text())["jobs"]
+        assert record["status"] == "FAILED" and "the rank starter" in record["error"], record
     wait_for(lambda: not any(alive(pid) for pid in children) and leftover(ranks) == [], timeout=15,
              what="every process of the job to end")
 

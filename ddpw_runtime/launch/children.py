@@ -18,6 +18,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from enum import Enum
 
+from ddpw_conf.errors import CompactError
 from ddpw_runtime.errors import Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S, WAIT_SLICE_S
 from ddpw_runtime.launch.protocol import RankExited
@@ -26,8 +27,14 @@ from ddpw_runtime.launch.signals import send_to_group
 log = logging.getLogger(__name__)
 
 
-class StarterGone(RuntimeError):
+class StarterGone(CompactError, RuntimeError):
     """The rank starter died (every rank it started died with it)."""
+
+    @staticmethod
+    def of(pid: int) -> StarterGone:
+        """The error for the rank starter of pid `pid`."""
+        return StarterGone(f"the rank starter (pid {pid}), the process that starts the ranks, died (the OOM killer "
+                           "or a kill may have ended it); the ranks it started ended with it")
 
 
 class Inbox:
@@ -164,6 +171,23 @@ class Children:
             log.error("%s (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a hung GPU call); "
                       "left behind", child.name, child.pid, KILL_WAIT_S)
         return left
+
+
+def wait_gone(pids: list[int], deadline: float) -> None:
+    """Wait until the processes `pids` (children of this one or not) have ended, or `deadline` (monotonic) passed:
+    by their pidfds."""
+    fds = []
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            fds.append(os.pidfd_open(pid))
+    try:
+        while fds and (left := deadline - time.monotonic()) > 0:
+            for fd in select.select(fds, [], [], left)[0]:
+                fds.remove(fd)
+                os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def wait_for_exit(pid: int) -> int:

@@ -102,7 +102,7 @@ class RankStarter:
                 elif isinstance(message, RankExited) and message.pid in self._inbox_of_pid:
                     self._inbox_of_pid.pop(message.pid).put(message)
         with self._state_lock:
-            self._gone = StarterGone(f"the rank starter (pid {self.pid}) died")
+            self._gone = StarterGone.of(self.pid)
             for waiting in self._answers.values():
                 waiting.put(self._gone)
             for inbox in {*self._inbox_of_request.values(), *self._inbox_of_pid.values()}:
@@ -128,7 +128,7 @@ class RankStarter:
                 raise RuntimeError(f"the rank starter (pid {self.pid}) did not {what} within "
                                    f"{ANSWER_WAIT_S:.0f} s") from None
         except OSError as exc:
-            raise StarterGone(f"the rank starter (pid {self.pid}) died") from exc
+            raise StarterGone.of(self.pid) from exc
         finally:
             with self._state_lock:
                 self._answers.pop(request.request, None)

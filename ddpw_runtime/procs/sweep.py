@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NoReturn
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
@@ -33,7 +34,7 @@ from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
 from ddpw_runtime.launch import pickling, signals
 from ddpw_runtime.launch.bounds import KILL_WAIT_S
-from ddpw_runtime.launch.children import Child, Children
+from ddpw_runtime.launch.children import Child, Children, StarterGone, wait_gone
 from ddpw_runtime.launch.devices import Devices, Need, Share, cpu_cores, visible_gpus
 from ddpw_runtime.launch.engine import describe, gpus_available
 from ddpw_runtime.launch.job import Grace, NodeJob, starter_for
@@ -187,6 +188,8 @@ class _Sweep:
                         self._stop_for_a_silent_node()
         except (KeyboardInterrupt, Terminated) as stop:
             self._stop_all(signals.signal_of(stop))
+        except StarterGone as gone:
+            self._starter_gone(gone)
         errors = [end.error for _, end in sorted(self.ended.items()) if end.error is not None]
         if errors:
             self._record_not_started()
@@ -284,6 +287,22 @@ class _Sweep:
         waiting = [pending.idx for pending in self.schedule.pending]
         sys.stderr.write(fail_fast_line(job.idx, beside, waiting) + "\n")
         self.children.send(signal.SIGTERM, group=False)
+
+    def _starter_gone(self, gone: StarterGone) -> NoReturn:
+        """The rank starter died, and every rank with it: each running job FAILED with `gone`, no more jobs start. Its
+        job processes (no longer children here) got SIGTERM and stop what their ranks started: the sweep ends once
+        they have, or `interrupt_grace_s` + `KILL_WAIT_S` passed."""
+        now = time.monotonic()
+        for running in self.running.values():
+            job = running.job
+            self.summary.record(replace(entry(job.idx, job.overrides, job.output_dir, now - running.started, None,
+                                              "FAILED"), error=str(gone)))
+            self.ended[job.idx] = JobEnd(error=gone)
+        self._record_not_started()
+        wait_gone(list(self.running), now + self.options.interrupt_grace_s + KILL_WAIT_S)
+        for running in self.running.values():
+            shutil.rmtree(running.folder, ignore_errors=True)
+        raise gone
 
     def _record_not_started(self) -> None:
         """An entry for each job that never started."""
