@@ -199,3 +199,21 @@ def flight_recorder_dump() -> bytes | None:
         sys.stderr.write(f"[ddpw] this torch has no {name}: the hang report names no collectives\n")
         return None
     return bytes(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+
+
+def cpp_warnings_off() -> bool:
+    """Stop torch's C++ warnings in this process (c10's log, which c10d's TCPStore client writes to; errors still
+    show), as `TORCH_CPP_LOG_LEVEL=ERROR` would have before `import torch` read it: a node's controller, each of whose
+    calls that finds node 0's store gone would print a warning with a C++ stack on the console. Private: c10's flag
+    `FLAGS_caffe2_log_level`, written through ctypes (torch has no setter). Fallback: False, and the warnings show."""
+    import ctypes
+
+    import torch
+
+    for path in sorted((Path(torch.__file__).parent / "lib").glob("*c10.*")):
+        try:
+            ctypes.c_int.in_dll(ctypes.CDLL(str(path)), "FLAGS_caffe2_log_level").value = 2  # c10's ERROR
+            return True
+        except (OSError, ValueError):
+            continue
+    return False

@@ -171,3 +171,32 @@ def test_the_flight_recorder_of_a_gloo_group_is_dumped_and_read(tmp_path: Path) 
     (recorded,) = recorded_in(tmp_path, [0])
     assert recorded.newest == Collective("barrier", 2, "0")
     assert "[ddpw] this torch has no _dump_fr_trace: the hang report names no collectives" in proc.stderr
+
+
+_STORE_GONE_SCRIPT = """
+import subprocess, sys
+from datetime import timedelta
+from torch.distributed import TCPStore
+from ddpw_runtime import _compat
+server = subprocess.Popen([sys.executable, "-c", "import sys; from torch.distributed import TCPStore; "
+                           "s = TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False); "
+                           "print(s.port, flush=True); sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+client = TCPStore("127.0.0.1", int(server.stdout.readline()), is_master=False, timeout=timedelta(seconds=10))
+client.set("key", "1")
+if sys.argv[1] == "off":
+    assert _compat.cpp_warnings_off()
+server.kill()
+server.wait()
+try:
+    client.get("key")
+except RuntimeError:
+    print("raised")
+"""
+
+
+@pytest.mark.parametrize("warnings", ["on", "off"])
+def test_torchs_cpp_warnings_of_a_store_gone_are_stopped_in_this_process_only_when_asked(warnings: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", _STORE_GONE_SCRIPT, warnings], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "raised\n", proc.stdout + proc.stderr
+    assert ("TCPStore" in proc.stderr) == (warnings == "on"), proc.stderr  # (the store's own error still raises)

@@ -6,7 +6,6 @@ only by `StoreSide.connect`, where a node's controller has it loaded anyway."""
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import pickle
 import signal
@@ -305,12 +304,14 @@ class NodeChannel(StoreSide):
                                   if not self.store.check([f"{_KEY}end/{node}"]))
 
     def end(self, end: NodeEnd) -> None:
-        """A node's end, for node 0, once (nothing when node 0 is gone)."""
+        """A node's end, for node 0, once (nothing when node 0 is gone: then `lost`)."""
         if not self.lost and not self.ended:
             self.ended = True
             self.stop_beating()
-            with contextlib.suppress(RuntimeError):
+            try:
                 self.store.set(f"{_KEY}end/{end.node}", pickling.dumps(end))
+            except RuntimeError:  # the store is gone with node 0
+                self.lost = True
 
     def ends(self, timeout_s: float) -> tuple[dict[int, NodeEnd], list[int]]:
         """Node 0: the other nodes' ends, waited for at most `timeout_s` (those that came by then), and the nodes

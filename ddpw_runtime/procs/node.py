@@ -12,9 +12,10 @@ from pathlib import Path
 
 from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
+from ddpw_runtime import _compat
 from ddpw_runtime.errors import NodeError, Terminated
 from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
-from ddpw_runtime.launch.outcome import root_cause
+from ddpw_runtime.launch.outcome import failure, root_cause
 from ddpw_runtime.launch.records import portable
 from ddpw_runtime.launch.signals import signal_of, sigterm_raises
 from ddpw_runtime.launch.supervisor import supervise
@@ -29,6 +30,7 @@ def follow_sweep(platform: Platform, options: LauncherOptions, overrides: tuple[
     (`follow` each, at the port node 0 gives it) until node 0 says the sweep ended (0), or ended early or without
     saying so (`NodeError`). After Ctrl-C or SIGTERM here, 130 or 143, and node 0 starts no more jobs."""
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
+    _compat.cpp_warnings_off()  # (after: the ranks, forks of the starter, keep torch's warnings)
     with sigterm_raises():
         try:
             sweep = SweepChannel.connect(platform)
@@ -92,6 +94,7 @@ def _follow(platform: Platform, options: LauncherOptions,
     node = platform.node_rank
     assert node
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
+    _compat.cpp_warnings_off()  # (after: the ranks, forks of the starter, keep torch's warnings)
     channel: NodeChannel | None = None
     try:
         channel = NodeChannel.connect(platform, say_waiting=overrides is not None)
@@ -131,6 +134,12 @@ def _follow(platform: Platform, options: LauncherOptions,
         stopped = None
     cause = root_cause(outcomes)
     if cause is not None and failed_by_itself(outcomes) and nodes.seen is None:
+        if channel.lost:  # node 0 went away and shows nothing: this node names its rank's failure itself
+            made = failure(outcomes)
+            assert made is not None
+            sys.stderr.write(f"[ddpw] {NodeStop(0, lost=True).text()}, and rank {cause.rank} failed on this node "
+                             f"(node {node}): {made.cause} (its log: {made.log_file})\n")
+            return 1, stopped
         sys.stderr.write(f"[ddpw] rank {cause.rank} failed on this node (node {node}); node 0 shows the job's error\n")
         return 1, stopped
     if stopped is not None:
