@@ -288,6 +288,9 @@ def test_a_plain_run_spans_two_nodes_in_node_0s_output_dir(tmp_path: Path, way: 
     assert ranks[0]["cwd"] == ranks[1]["cwd"] == str(job)  # the dir node 0's job entered
     assert ranks[0]["run_id"] == ranks[1]["run_id"]
     assert "COMPLETED" in out0 and "COMPLETED" not in out1  # the job's report is on node 0's console
+    # Node 1 logs in the job's format (not Hydra's own `[HYDRA]`), on its console only: the job log is node 0's.
+    assert "][ddpw][INFO] - 2 rank(s) (2 node(s) x 1)" in out1 and "[HYDRA]" not in out1 + err1, out1 + err1
+    assert (job / "app.log").read_text().count("2 rank(s) (2 node(s) x 1)") == 1
     assert "[ddpw] every rank of this node (node 1) returned; node 0 shows the job's report" in err1
     assert leftover(ranks) == []
 

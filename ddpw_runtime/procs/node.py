@@ -5,6 +5,7 @@ ranks with node 0's spec, until they end or another node stops the job."""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import sys
 from dataclasses import replace
@@ -110,6 +111,11 @@ def _follow(platform: Platform, options: LauncherOptions,
         assert channel is not None
         stop_waiting_job(channel, NodeStop(node, why=str(error)))
         raise
+    if spec.hydra_state is not None:  # log as the job does, on the console only (node 0 writes the job log)
+        from ddpw_runtime.procs.rank import configure_logging  # (here: it loads torch, as the store client did)
+
+        _compat.restore_hydra_state(pickle.loads(spec.hydra_state))
+        configure_logging(rank=node)
     grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
     job_platform = replace(spec.platform, node_rank=node)
     Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
