@@ -180,7 +180,8 @@ from torch.distributed import TCPStore
 from ddpw_runtime import _compat
 server = subprocess.Popen([sys.executable, "-c", "import sys; from torch.distributed import TCPStore; "
                            "s = TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False); "
-                           "print(s.port, flush=True); sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                           "print(s.port, flush=True); sys.stdin.read()"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 client = TCPStore("127.0.0.1", int(server.stdout.readline()), is_master=False, timeout=timedelta(seconds=10))
 client.set("key", "1")
 if sys.argv[1] == "off":
