@@ -272,9 +272,13 @@ def train_held_up(holder: int) -> None:
         model(torch.ones(2, 4)).sum().backward()
 
 
-def ignore_then_wait(sig: int) -> None:
-    """Ignore `sig`, as a task that handles its own signals may, and wait for ever."""
+def ignore(sig: int) -> None:
+    """Ignore `sig`, as a task that handles its own signals may (then `wait_for_ever`)."""
     signal.signal(sig, signal.SIG_IGN)
+
+
+def wait_for_ever() -> None:
+    """Wait for ever, deaf to the signals the task ignores."""
     while True:
         time.sleep(1)
 
@@ -360,6 +364,8 @@ def main(cfg: DictConfig) -> object:
     if cfg.behaviour in ("wait", "children_wait", "fork_wait", "background_wait"):  # (a test may send SIGTERM once
         # it has the report)
         save_on_sigterm(ddpw_runtime.rank(), HydraConfig.get().runtime.output_dir)
+    if cfg.behaviour in ("ignore_sigint", "ignore_sigterm"):  # (before the report too: a test signals once it has it)
+        ignore(signal.SIGINT if cfg.behaviour == "ignore_sigint" else signal.SIGTERM)
     seen = report(cfg)
     print(f"hello from rank {seen['rank']}", flush=True)
     os.write(1, f"raw fd write from rank {seen['rank']}\n".encode())
@@ -371,7 +377,7 @@ def main(cfg: DictConfig) -> object:
     if cfg.behaviour in ("wait", "children_wait"):
         wait_for_signals()
     if cfg.behaviour in ("ignore_sigint", "ignore_sigterm"):
-        ignore_then_wait(signal.SIGINT if cfg.behaviour == "ignore_sigint" else signal.SIGTERM)
+        wait_for_ever()
     if cfg.behaviour == "gil":  # a C call that never returns, the GIL held throughout (a hung extension)
         libc = ctypes.PyDLL(None)  # PyDLL: the GIL stays held during the call
         mutex = ctypes.create_string_buffer(64)  # a zeroed pthread_mutex_t: a default mutex
