@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from ddpw_conf import Platform
+from ddpw_runtime import _compat
 from ddpw_runtime.errors import NodeError
 from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.process_state import ProcessState
@@ -186,6 +187,9 @@ class StoreSide:
         follows, whose store node 0 is about to serve); `NodeError` naming the address and port when it cannot."""
         from torch.distributed import TCPStore
 
+        # torch's client prints each of its calls that finds node 0's store gone with a C++ stack: this controller runs
+        # no task, and its ranks, forks of its rank starter (made first), keep torch's warnings
+        _compat.cpp_warnings_off()
         host, port = platform.master_addr, platform.master_port
         assert host is not None and port is not None and platform.node_rank
         where = f"{host}:{port}"

@@ -31,7 +31,6 @@ def follow_sweep(platform: Platform, options: LauncherOptions, overrides: tuple[
     (`follow` each, at the port node 0 gives it) until node 0 says the sweep ended (0), or ended early or without
     saying so (`NodeError`). After Ctrl-C or SIGTERM here, 130 or 143, and node 0 starts no more jobs."""
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
-    _compat.cpp_warnings_off()  # (after: the ranks, forks of the starter, keep torch's warnings)
     with sigterm_raises():
         try:
             sweep = SweepChannel.connect(platform)
@@ -95,7 +94,6 @@ def _follow(platform: Platform, options: LauncherOptions,
     node = platform.node_rank
     assert node
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
-    _compat.cpp_warnings_off()  # (after: the ranks, forks of the starter, keep torch's warnings)
     channel: NodeChannel | None = None
     try:
         channel = NodeChannel.connect(platform, say_waiting=overrides is not None)
