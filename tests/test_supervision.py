@@ -67,6 +67,9 @@ def test_a_task_that_ignores_the_signal_or_holds_the_gil_is_ended_after_the_grac
     proc.send_signal(sig)  # to the program's own pid, as `kill` or a scheduler sends it
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
+    if not flags:  # a plain run says how to end it at once: the same signal again
+        name = "Ctrl-C" if sig == signal.SIGINT else "SIGTERM"
+        assert f"{name}: every rank gets it and 1 s to end; {name} again ends them at once" in err, err
     for rank, report in ranks.items():  # the only way to end them, and the console names each, once
         task = ", the program's task" if rank == 0 and not flags else ""
         assert err.count(f"rank {rank} (pid {report['pid']}{task}) did not end in the time it was given; killed") \
@@ -74,17 +77,22 @@ def test_a_task_that_ignores_the_signal_or_holds_the_gil_is_ended_after_the_grac
     assert leftover(ranks) == []
 
 
-def test_ctrl_c_from_the_terminal_reaches_rank_0_once_and_a_second_one_kills_at_once(tmp_path: Path) -> None:
-    proc = _start(tmp_path, "behaviour=ignore_sigint", "hydra.launcher.interrupt_grace_s=600")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_reaches_rank_0_once_and_a_second_one_kills_at_once(tmp_path: Path, sig: int) -> None:
+    """Ctrl-C typed in the terminal (it reaches the whole group), or SIGTERM sent to the program (as `kill` does)."""
+    name = "Ctrl-C" if sig == signal.SIGINT else "SIGTERM"
+    behaviour = f"behaviour=ignore_{signal.Signals(sig).name.lower()}"
+    proc = _start(tmp_path, behaviour, "hydra.launcher.interrupt_grace_s=600")
     ranks = _started(tmp_path, proc)
-    os.killpg(proc.pid, signal.SIGINT)  # a Ctrl-C typed in the terminal reaches the whole group
+    send = os.killpg if sig == signal.SIGINT else os.kill
+    send(proc.pid, sig)
     assert proc.stderr is not None
     line = proc.stderr.readline()
-    while line and "Ctrl-C again ends them at once" not in line:
+    while line and f"{name} again ends them at once" not in line:
         line = proc.stderr.readline()
-    os.killpg(proc.pid, signal.SIGINT)  # and a second one: no waiting for the 600 s grace
+    send(proc.pid, sig)  # and a second one: no waiting for the 600 s grace
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err
     assert leftover(ranks) == []
 
 

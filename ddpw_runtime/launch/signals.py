@@ -78,15 +78,15 @@ def held() -> Iterator[None]:
 
 
 @contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """While supervising, SIGTERM raises `Terminated` (in the main thread only) so the ranks are stopped with a grace
-    period instead of the controller vanishing."""
+def sigterm_raises(handler: Callable[[int, FrameType | None], object] = raise_terminated) -> Iterator[None]:
+    """While supervising, SIGTERM raises `Terminated` (in the main thread only; through `handler`, which may say so
+    first) so the ranks are stopped with a grace period instead of the controller vanishing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.getsignal(signal.SIGTERM)
     try:  # installed inside: a SIGTERM that comes as it is installed does not leave it there
-        signal.signal(signal.SIGTERM, raise_terminated)
+        signal.signal(signal.SIGTERM, handler)
         yield
     finally:
         if previous is not None:  # (None: set outside Python, and left as is)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
+from types import FrameType
 
 from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S, REPORT_S, STARTING_GRACE_S
@@ -23,7 +24,7 @@ from ddpw_runtime.launch.outcome import note_failures
 from ddpw_runtime.launch.payload import read_pickled
 from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.signals import held, killed_line, send_to_group, signal_of, sigterm_raises
+from ddpw_runtime.launch.signals import held, killed_line, raise_terminated, send_to_group, signal_of, sigterm_raises
 from ddpw_runtime.launch.stacks import RankPlace, shown_ranks
 
 log = logging.getLogger(__name__)
@@ -244,11 +245,13 @@ class NodeRanks(Children):
                       "behind: pids %s", KILL_WAIT_S, ", ".join(map(str, left)))
 
 
-def supervise(ranks: NodeRanks) -> list[RankOutcome]:
+def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], object] = raise_terminated
+              ) -> list[RankOutcome]:
     """Start `ranks`, wait for them, and tell how each ended, in rank order; JobTimedOut past the time limit.
-    Ctrl-C or SIGTERM here (main thread) is passed on to the ranks, with `grace.interrupt_s`, then propagates."""
+    Ctrl-C or SIGTERM here (main thread; SIGTERM through `on_sigterm`, which raises `Terminated`) is passed on to the
+    ranks, with `grace.interrupt_s`, then propagates."""
     plan = ranks.local.plan
-    with sigterm_raises():
+    with sigterm_raises(on_sigterm):
         try:
             ranks.start()
             timed_out = ranks.wait_for_ranks()

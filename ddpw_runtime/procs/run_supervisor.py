@@ -196,7 +196,7 @@ class RunSupervisor:
                 ranks.inbox.put(RankExited(self.pid, self.exited))
             try:
                 with nodes.watching(ranks):
-                    outcomes = supervise(ranks)
+                    outcomes = supervise(ranks, on_sigterm=self._on_signal)  # says so, as for Ctrl-C
             except (KeyboardInterrupt, Terminated) as stop:
                 self.interrupted = signal_of(stop)
                 raise
@@ -247,7 +247,7 @@ class RunSupervisor:
             send_to_group(self.pid, signal.SIGKILL, group=False)
         else:  # os.write: this may interrupt a write to sys.stderr
             what = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
-            os.write(2, f"[ddpw] {what}: every rank gets it and {self.grace.interrupt_s:g} s to end; Ctrl-C again "
+            os.write(2, f"[ddpw] {what}: every rank gets it and {self.grace.interrupt_s:g} s to end; {what} again "
                         "ends them at once\n".encode())
         raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
