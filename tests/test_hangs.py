@@ -174,6 +174,22 @@ def test_rank_0_of_a_plain_run_stuck_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.subprocess
+@pytest.mark.parametrize("limit", [SHORT, "platform.timeout_min=0.03"], ids=["collective timeout", "time limit"])
+def test_a_stopped_rank_is_named_as_the_one_that_holds_the_others_up(tmp_path: Path, limit: str) -> None:
+    """A rank stopped (SIGSTOP, Ctrl-Z, a debugger) gives no stack, but its process is there: it is named, with its
+    state, as the rank the others wait for, never as one that had ended; then it is killed as any rank is."""
+    proc = run_app(tmp_path, "behaviour=hold_up_stopped", limit)
+    assert proc.returncode == 1, proc.stderr
+    assert "  rank 1: NOT ANSWERING, at an unknown place (it gave no stack: stopped, as by SIGSTOP, Ctrl-Z or a " \
+           "debugger)" in proc.stderr
+    assert "  rank 0: waiting in all_reduce, at hold_up (" in proc.stderr
+    assert "had ended" not in proc.stderr
+    if limit == SHORT:
+        assert "rank 1 failed: NotInCollective: rank 0 waited for it in all_reduce" in proc.stdout
+    assert leftover(seen(job_dirs(tmp_path)[0])) == []
+
+
+@pytest.mark.subprocess
 def test_a_multirun_job_names_the_rank_outside_the_collective_in_its_summary(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "-m", "behaviour=hold_up", SHORT)
     assert proc.returncode == 1, proc.stderr

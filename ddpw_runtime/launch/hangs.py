@@ -63,8 +63,24 @@ def take_places(plan: LaunchPlan, pids: Mapping[int, int]) -> dict[int, RankPlac
     for pid in pids.values():
         send_to_group(pid, DUMP_SIGNAL, group=False)
     _wait_for_dumps(files, before, armed)
-    places = {rank: from_dump(rank, read_from(path, before[rank])) for rank, path in files.items()}
+    places = {rank: from_dump(rank, read_from(path, before[rank])) or _silent_place(rank, pids[rank])
+              for rank, path in files.items()}
     return {rank: place for rank, place in places.items() if place is not None}
+
+
+_SILENT = {"T": "stopped, as by SIGSTOP, Ctrl-Z or a debugger", "t": "stopped by a debugger",
+           "D": "stuck in the kernel, in a call no signal interrupts (a hung file system, device or driver)"}
+"""Why a rank gives no stack, by the state of its process (`/proc/PID/stat`): one that cannot go on."""
+
+
+def _silent_place(rank: int, pid: int) -> RankPlace | None:
+    """`rank`'s place when its process wrote no stack, as it cannot go on (`_SILENT`); None when it has ended or may
+    just have been slow to write it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
+    return RankPlace(rank, silent=_SILENT[state]) if state in _SILENT else None
 
 
 def report_of(plan: LaunchPlan, why: str, places: Mapping[int, RankPlace]) -> HangReport:

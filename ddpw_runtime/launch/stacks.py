@@ -68,6 +68,9 @@ class RankPlace:
 
     rank: int
     frames: tuple[Frame, ...] = ()
+    silent: str = ""
+    """Why a rank that runs gave no stack (stopped, or stuck in the kernel: it cannot go on, so it holds the others up);
+    '' when it gave one."""
 
     @property
     def waiting(self) -> bool:
@@ -85,6 +88,8 @@ class RankPlace:
     def where(self) -> str:
         """Where the rank was, the user's frames first: `load_batch (train.py:57) <- train (train.py:80)`, then
         the innermost frame when it is not the user's (`, inside _next_data (.../dataloader.py:1320)`)."""
+        if self.silent:
+            return f"an unknown place (it gave no stack: {self.silent})"
         users = [frame for frame in self.frames if frame.is_users][:_FRAMES_SHOWN]
         if not users:
             return " <- ".join(map(str, self.frames[:_FRAMES_SHOWN])) or "no Python frame"
@@ -155,7 +160,7 @@ class HangReport:
         culprits = self.culprits
         lines = []
         for place in sorted(self.places, key=lambda place: (place.rank not in culprits, place.rank)):
-            state = ("NOT IN THE COLLECTIVE, " if place.rank in culprits
+            state = ("NOT ANSWERING, " if place.silent else "NOT IN THE COLLECTIVE, " if place.rank in culprits
                      else f"waiting in {place.call}, " if place.waiting else "")
             lines.append(f"rank {place.rank}: {state}at {place.where()}{self._collectives(place.rank)}")
         return lines + [f"rank {rank}: had ended" for rank in self.ended]

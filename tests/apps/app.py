@@ -226,10 +226,13 @@ class SlowToLetGo:
         time.sleep(1)
 
 
-def hold_up(holder: int, slow_end: bool = False) -> None:
-    """Rank `holder` is stuck loading a batch while the other ranks wait for it in all_reduce (with `slow_end`, those
-    but rank 0 hold a `SlowToLetGo`: rank 0's failure stops the job while they end)."""
+def hold_up(holder: int, slow_end: bool = False, stopped: bool = False) -> None:
+    """Rank `holder` is stuck loading a batch (with `stopped`, stopped by SIGSTOP) while the other ranks wait for it in
+    all_reduce (with `slow_end`, those but rank 0 hold a `SlowToLetGo`: rank 0's failure stops the job while they
+    end)."""
     if ddpw_runtime.rank() == holder:
+        if stopped:
+            os.kill(os.getpid(), signal.SIGSTOP)
         load_batch()
     held = SlowToLetGo() if slow_end and ddpw_runtime.rank() != 0 else None  # noqa: F841 - let go with this frame
     dist.all_reduce(torch.ones(1, device=ddpw_runtime.device()))
@@ -387,8 +390,8 @@ def main(cfg: DictConfig) -> object:
         linger()
     if cfg.behaviour == "load_then_fail":
         load_until_a_peer_fails(cfg.fail_rank)
-    if cfg.behaviour in ("hold_up", "hold_up_slow_end"):
-        hold_up(cfg.fail_rank, slow_end=cfg.behaviour == "hold_up_slow_end")
+    if cfg.behaviour in ("hold_up", "hold_up_slow_end", "hold_up_stopped"):
+        hold_up(cfg.fail_rank, slow_end=cfg.behaviour == "hold_up_slow_end", stopped=cfg.behaviour == "hold_up_stopped")
     if cfg.behaviour == "aborted_as_by_nccl":
         aborted_as_by_nccl(cfg.fail_rank)
     if cfg.behaviour == "train_held_up":
