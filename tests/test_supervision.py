@@ -4,6 +4,7 @@ Real processes throughout; each test checks nothing is left running."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -276,6 +277,46 @@ def test_the_rank_starter_killed_leaves_no_process_of_the_job(tmp_path: Path, fl
         assert record["status"] == "FAILED" and "the rank starter" in record["error"], record
     wait_for(lambda: not any(alive(pid) for pid in children) and leftover(ranks) == [], timeout=15,
              what="every process of the job to end")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, whatever its session (the ranks and the starter lead sessions of their own)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+    found, todo = [], [pid]
+    while todo:
+        above = todo.pop()
+        below = [child for child, parent in parents.items() if parent == above]
+        found += below
+        todo += below
+    return found
+
+
+@pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain run", "multirun"])
+def test_sigterm_to_every_process_of_the_job_lets_each_rank_save_and_ends_as_terminated(
+    tmp_path: Path, flags: tuple
+) -> None:
+    """SIGTERM reaches every process of the job at once (`pkill -f train.py`, a service manager's stop): each rank's
+    own handler saves, the program exits 143 as terminated; the rank starter, which got it too, is not what ends the
+    job (it ended every rank at once, and the job failed with `StarterGone`)."""
+    proc = _start(tmp_path, *flags, "behaviour=wait")
+    ranks = _started(tmp_path, proc)
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "the rank starter" not in err and "Traceback" not in err, err
+    job = job_dirs(tmp_path)[0]
+    assert sorted(path.name for path in job.glob("saved_rank_*.txt")) == ["saved_rank_0.txt", "saved_rank_1.txt"]
+    if flags:
+        (record,) = json.loads((job.parent / "sweep_summary.json").read_text())["jobs"]
+        assert record["status"] == "TERMINATED", record
+    wait_for(lambda: leftover(ranks) == [], timeout=10, what="the ranks to end")
 
 
 _IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \

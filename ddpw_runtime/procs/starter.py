@@ -32,7 +32,7 @@ from ddpw_runtime.launch import protocol
 from ddpw_runtime.launch.job_processes import JobProcesses, children_of_this_process
 from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.protocol import Channel
-from ddpw_runtime.launch.signals import blocked, handle, send_to_group
+from ddpw_runtime.launch.signals import blocked, send_to_group
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -102,7 +102,10 @@ class _Server:
         # its own, a rank has this, forked or exec'd.
         signal.signal(DUMP_SIGNAL, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, self.end)
-        handle((signal.SIGTERM,), self.end)  # (ignored on a SLURM node: see procs/slurm_node.py)
+        # SIGTERM is ignored: its controller ends it (the module docstring). A SIGTERM that reaches every process of the
+        # job (`pkill -f train.py`, a service manager's stop, SLURM's scancel) is then the ranks' to handle, with the
+        # grace their controller gives them, instead of the starter killing them at once as it ends.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
