@@ -57,5 +57,6 @@ def _made(name: str) -> DictConfig:
         }},
         key: dataclasses.asdict(platform),
     })
-    OmegaConf.set_struct(made[key], False)  # a key it lacks, typed without `+`, reaches the platform's own check
+    for node in (made[key], made.hydra.launcher):  # a key it lacks, typed without `+`, reaches its own check
+        OmegaConf.set_struct(node, False)
     return made

@@ -88,6 +88,8 @@ TYPED = [
                  "Layout has no such field; its fields are data, pipeline, tensor", id="unknown-nested-key"),
     pytest.param(["+hydra.launcher.stop_grace=2"], "hydra.launcher.stop_grace", 2, "did you mean stop_grace_s?",
                  id="unknown-launcher-option"),
+    pytest.param(["hydra.launcher.max_restart=2"], "hydra.launcher.max_restart", 2, "did you mean max_restarts?",
+                 id="unknown-launcher-option-without-plus"),  # (it was Hydra's "use +", with no fix)
     pytest.param(["platform.device=mps"], "platform.device", "mps", "no MPS device", id="mps-not-here"),
     pytest.param(["hydra/launcher=ddpw_mps"], "platform.device", "mps", "use platform.device=cpu",
                  id="ddpw_mps-not-here"),
@@ -151,6 +153,8 @@ def test_a_bad_value_typed_by_a_user_is_refused_before_any_rank_starts(
                  id="unknown-nested-key"),
     pytest.param("hydra.launcher.platform_key=platfrom", "hydra.launcher.platform_key", "platfrom",
                  "no such node; did you mean platform?", id="platform_key-no-such-node"),
+    pytest.param("hydra.launcher.stop_grace=2", "hydra.launcher.stop_grace", 2, "did you mean stop_grace_s?",
+                 id="unknown-launcher-option-without-plus"),
     pytest.param("platform.master_addr=127.0.0.1,no.such.host.invalid", "platform.master_addr",
                  "no.such.host.invalid", "cannot resolve it", id="master_addr-of-a-later-job-unresolvable"),
 ])
