@@ -123,3 +123,13 @@ def test_a_stopped_rank_s_log_says_it_was_stopped_only_when_it_raised_what_the_s
     result = RankResult(1, error=RaisedError(error, "", f"Traceback...\n{error}\n"))
     note_failures([RankOutcome(1, 0, result, 1, True, SENT, log_file=str(log))])
     assert log.read_text().startswith(f"--- rank 1 {said}: {error}\n")
+
+
+@pytest.mark.parametrize(("written", "kept"), [("", ""), ("a whole line\n", "a whole line\n"),
+                                               ("a line without its newline", "a line without its newline\n")])
+def test_what_a_failed_rank_raised_starts_a_line_of_its_log(tmp_path: Path, written: str, kept: str) -> None:
+    log = tmp_path / "rank_1.log"
+    log.write_text(written)
+    result = RankResult(1, error=RaisedError("ValueError", "", "Traceback...\nValueError\n"))
+    note_failures([RankOutcome(1, 0, result, 1, False, frozenset(), log_file=str(log))])
+    assert log.read_text() == f"{kept}--- rank 1 failed: ValueError\nTraceback...\nValueError\n"

@@ -3,6 +3,7 @@ process or node the ranks ran in (docs/architecture.md, "The root cause, once"),
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
@@ -153,6 +154,11 @@ _RAISED_BY_A_STOP = ("KeyboardInterrupt", "SystemExit", "ddpw_runtime.errors.Ran
 user's process)."""
 
 
+def _ends_a_line(fd: int) -> bool:
+    """Whether the file open as `fd` (not empty) ends with a newline."""
+    return os.pread(fd, 1, os.fstat(fd).st_size - 1) == b"\n"
+
+
 def note_failures(outcomes: Iterable[RankOutcome]) -> None:
     """Write what each failed rank raised at the end of its log (ranks do not print it themselves, so
     the console, which echoes some logs while the job runs, never shows the errors that only follow
@@ -160,7 +166,9 @@ def note_failures(outcomes: Iterable[RankOutcome]) -> None:
     for outcome in outcomes:
         if outcome.error is None or outcome.log_file is None:
             continue
-        with suppress(OSError), open(outcome.log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
+        with suppress(OSError), open(outcome.log_file, "a+", encoding="utf-8", errors="backslashreplace") as log:
+            if log.tell() and not _ends_a_line(log.fileno()):  # (its last write had no newline: `print(.., end="")`)
+                log.write("\n")
             # Stopped (Ctrl-C, or another rank's failure) when what it raised is the stop's; a rank the stop reached
             # after it had raised an error of its own failed.
             ended = "was stopped" if outcome.stopped and outcome.error.type_name in _RAISED_BY_A_STOP else "failed"
