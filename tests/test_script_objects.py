@@ -49,9 +49,11 @@ def test_a_failing_ranks_traceback_names_the_scripts_file_line_and_source(tmp_pa
     proc = run_app(tmp_path, *mode, "behaviour=raise", app=APP)
     assert proc.returncode == 1
     app = APPS / APP
-    expected = frame(app, "main", "fail_here()") + frame(app, "fail_here",
-                                                         'raise ValueError("failed on a line of the script")')
+    expected = frame(app, "main", "fail_here()") + frame(
+        app, "fail_here", 'raise DataError("failed on a line of the script")'
+    ) + "DataError: failed on a line of the script\n"  # (named as in the script's own process, also where imported)
     assert expected in proc.stderr
+    assert "failed: __main__.DataError: failed on a line of the script" in proc.stderr
     assert "<dynamic-code>" not in proc.stdout + proc.stderr
     (job,) = job_dirs(tmp_path)
     assert expected in (job / "rank_1.log").read_text()

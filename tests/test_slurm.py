@@ -190,11 +190,12 @@ def test_ranks_on_every_node_use_the_scripts_own_objects_and_tracebacks_name_its
     ranks = seen(ok)
     assert sorted(ranks) == [0, 1]
     assert all(r["total"] == 28.0 and r["same_class"] and r["same_task"] for r in ranks.values())
-    assert "rank 1 (node 1) failed: ValueError: failed on a line of the script" in proc.stderr
+    assert "rank 1 (node 1) failed: __main__.DataError: failed on a line of the script" in proc.stderr
     lines = (APPS / app).read_text().splitlines()
-    raised = lines.index('    raise ValueError("failed on a line of the script")') + 1
+    raised = lines.index('    raise DataError("failed on a line of the script")') + 1
     assert (f'  File "{APPS / app}", line {raised}, in fail_here\n'
-            '    raise ValueError("failed on a line of the script")\n') in proc.stderr
+            '    raise DataError("failed on a line of the script")\n'
+            'DataError: failed on a line of the script\n') in proc.stderr  # (as in the script's own process)
     assert "<dynamic-code>" not in proc.stderr
 
 

@@ -40,7 +40,7 @@ def portable(exc: BaseException, as_text: type[Exception] = RuntimeError) -> Bas
     traceback as text."""
     if portable_pickle(exc) is not None:
         return exc
-    text = "".join(traceback.format_exception(exc)).rstrip()
+    text = traceback_text(exc).rstrip()
     return as_text(f"{qualified_name(type(exc))}: {message_of(exc)}\n{text}")
 
 
@@ -53,9 +53,21 @@ def message_of(exc: BaseException) -> str:
         return f"<its message could not be read: str() raised {why}>"
 
 
+_IMPORTED_SCRIPT = "__mp_main__."
+"""How a class of the user's script is named where another process imported the script (launch/pickling.py)."""
+
+
 def qualified_name(cls: type) -> str:
-    """`module.QualName` of `cls`, without `builtins.`."""
-    return f"{cls.__module__}.{cls.__qualname__}".removeprefix("builtins.")
+    """`module.QualName` of `cls`, without `builtins.`; a class of the user's script is `__main__.QualName` in every
+    process, as in the script's own."""
+    name = f"{cls.__module__}.{cls.__qualname__}".removeprefix("builtins.")
+    return f"__main__.{name.removeprefix(_IMPORTED_SCRIPT)}" if name.startswith(_IMPORTED_SCRIPT) else name
+
+
+def traceback_text(exc: BaseException) -> str:
+    """`exc`'s traceback as Python prints it in the script's own process (where a class of the script is named
+    without a module), also where the script was imported (as `__mp_main__`)."""
+    return "".join(part.removeprefix(_IMPORTED_SCRIPT) for part in traceback.format_exception(exc))
 
 
 @dataclass
@@ -71,7 +83,7 @@ class RaisedError:
     def of(exc: BaseException) -> RaisedError:
         """The record of `exc`."""
         return RaisedError(type_name=qualified_name(type(exc)), message=message_of(exc),
-                           traceback="".join(traceback.format_exception(exc)), pickled=portable_pickle(exc))
+                           traceback=traceback_text(exc), pickled=portable_pickle(exc))
 
     @property
     def headline(self) -> str:

@@ -26,8 +26,12 @@ class Squares(Dataset):
         return torch.tensor(float(index * index))
 
 
+class DataError(ValueError):
+    """An error class of the script's own."""
+
+
 def fail_here() -> None:
-    raise ValueError("failed on a line of the script")
+    raise DataError("failed on a line of the script")
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
