@@ -270,7 +270,7 @@ class _Server:
         channel.send(protocol.JobEnded(request.request, tuple(left)))
 
     def end(self, *signal_args: Any) -> NoReturn:
-        """The controller is gone (see the module docstring); also the handler of SIGHUP and SIGTERM."""
+        """The controller is gone (see the module docstring); also the handler of SIGHUP."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self._stop()
         for pid in children_of_this_process():  # left behind by ranks, and not found as any job's (see `serve`)
