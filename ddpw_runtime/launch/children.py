@@ -11,7 +11,6 @@ import os
 import queue
 import select
 import signal
-import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -26,6 +25,9 @@ from ddpw_runtime.launch.signals import send_to_group
 
 log = logging.getLogger(__name__)
 
+_POLL_S = 0.05
+"""How often a thread that waits on the pidfds of its children looks at what other threads put in its inbox."""
+
 
 class StarterGone(CompactError, RuntimeError):
     """The rank starter died (every rank it started died with it)."""
@@ -38,12 +40,29 @@ class StarterGone(CompactError, RuntimeError):
 
 
 class Inbox:
-    """What a supervising thread waits on: its children's exits (from the starter's reader thread or a pidfd's
-    watcher) and wake-ups from other threads, in one queue."""
+    """What a supervising thread waits on: its children's exits (from the starter's reader thread, or from the pidfds
+    of those it watches itself) and wake-ups from other threads, in one queue."""
 
     def __init__(self) -> None:
         self._items: queue.SimpleQueue[RankExited | StarterGone | None] = queue.SimpleQueue()
         self._gone: StarterGone | None = None
+        self._watched: dict[int, int] = {}
+        """The pidfd of each child whose end the waiting thread watches itself (`watch`), and its pid."""
+
+    def watch(self, pid: int) -> None:
+        """Take the end of `pid`, a child of this process, from its pidfd (and reap it), in the waiting thread itself:
+        no thread of its own, since none can start while Python exits (Python 3.12 and later), where the rank starter
+        is closed."""
+        try:
+            self._watched[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:  # (reaped already: its code is gone)
+            self.put(RankExited(pid, -signal.SIGKILL))
+
+    def forget(self, pid: int) -> None:
+        """Stop watching `pid` (left behind)."""
+        for fd in [fd for fd, watched in self._watched.items() if watched == pid]:
+            del self._watched[fd]
+            os.close(fd)
 
     def put(self, item: RankExited | StarterGone) -> None:
         """Add `item` and wake the waiting thread (from any thread). That the starter died is kept apart too, so an
@@ -61,12 +80,30 @@ class Inbox:
         at what it was asked), or `WAIT_SLICE_S` passed. StarterGone once the exits it reported before are taken."""
         slice_s = WAIT_SLICE_S if timeout is None else min(timeout, WAIT_SLICE_S)
         try:
-            item = self._items.get_nowait() if self._gone is not None else self._items.get(timeout=slice_s)
+            if self._gone is not None:
+                item = self._items.get_nowait()
+            elif self._watched:
+                item = self._watched_exit(slice_s)
+            else:
+                item = self._items.get(timeout=slice_s)
         except queue.Empty:
             item = self._gone
         if isinstance(item, StarterGone):
             raise item
         return item
+
+    def _watched_exit(self, timeout: float) -> RankExited | StarterGone | None:
+        """What was put here, or else the end of a watched child within `timeout` seconds (`queue.Empty` if none came);
+        what other threads put is looked at every `_POLL_S` meanwhile."""
+        end = time.monotonic() + timeout
+        while self._items.empty():
+            ready = select.select(list(self._watched), [], [], max(0.0, min(_POLL_S, end - time.monotonic())))[0]
+            if ready:
+                pid = self._watched.pop(ready[0])
+                return RankExited(pid, _reaped(ready[0]))
+            if time.monotonic() >= end:
+                raise queue.Empty
+        return self._items.get_nowait()
 
 
 class ChildState(Enum):
@@ -114,10 +151,10 @@ class Children:
         return child
 
     def adopt(self, pid: int, name: str) -> Child:
-        """Count `pid`, a child of this process, as one; it is watched by its pidfd (and reaped) on a thread."""
+        """Count `pid`, a child of this process, as one; it is watched by its pidfd (and reaped) as the supervising
+        thread waits (`Inbox.watch`)."""
         child = self.add(pid, name)
-        threading.Thread(target=lambda: self.inbox.put(RankExited(pid, wait_for_exit(pid))),
-                         name=f"ddpw-watch-{pid}", daemon=True).start()
+        self.inbox.watch(pid)
         return child
 
     def running(self, spare: int | None = None) -> list[Child]:
@@ -168,6 +205,7 @@ class Children:
         left = self.running(spare)
         for child in left:
             child.state = ChildState.LEFT_BEHIND
+            self.inbox.forget(child.pid)
             log.error("%s (pid %d) did not exit %.0f s after SIGKILL (stuck in the kernel, such as a hung GPU call); "
                       "left behind", child.name, child.pid, KILL_WAIT_S)
         return left
@@ -197,13 +235,18 @@ def wait_for_exit(pid: int) -> int:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return -signal.SIGKILL
+    select.select([fd], [], [])
+    return _reaped(fd)
+
+
+def _reaped(pidfd: int) -> int:
+    """Reap the child that `pidfd` (readable: it ended) refers to, and close `pidfd`; its exit code (one reaped
+    elsewhere meanwhile counts as ended by SIGKILL)."""
     try:
-        select.select([fd], [], [])
-        try:
-            status = os.waitid(os.P_PIDFD, fd, os.WEXITED)
-        except ChildProcessError:  # reaped elsewhere meanwhile
-            return -signal.SIGKILL
-        assert status is not None
-        return status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
+        status = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+    except ChildProcessError:
+        return -signal.SIGKILL
     finally:
-        os.close(fd)
+        os.close(pidfd)
+    assert status is not None
+    return status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
