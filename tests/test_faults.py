@@ -361,6 +361,37 @@ def test_ctrl_c_right_after_the_job_starts_exits_130(tmp_path: Path, flags: tupl
     assert not jobs or leftover(seen(jobs[0])) == []
 
 
+SLOW_STARTER = """
+import os, time
+if b"ddpw_runtime.procs.starter" in open("/proc/self/cmdline", "rb").read():
+    open(os.environ["DDPW_TEST_STARTER_MARK"], "w").close()
+    time.sleep(3)  # a slow start-up (a large torch to import, say): the Ctrl-C comes during it
+"""
+
+
+def test_a_ctrl_c_while_a_fresh_rank_starter_starts_up_ends_the_run_as_interrupted(tmp_path: Path) -> None:
+    """A rank starter that is a fresh interpreter (`spawn_method=spawn`; always, with a CUDA build of torch, once the
+    program imported torch) is not reached by a Ctrl-C typed while it starts up: the program ends as interrupted,
+    and the starter, which would show a KeyboardInterrupt traceback from its imports, ends with it."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_STARTER)
+    mark = tmp_path / "starter_starts"
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    with started_with(signal.SIGINT, signal.SIG_DFL):
+        proc = subprocess.Popen(
+            [sys.executable, str(APPS / "app.py"), "platform.n_procs_per_node=2", "platform.spawn_method=spawn",
+             "behaviour=wait"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": path, "DDPW_TEST_STARTER_MARK": str(mark)},
+            start_new_session=True,
+        )
+    wait_for(mark.exists, what="the rank starter to start up")
+    os.killpg(proc.pid, signal.SIGINT)  # a Ctrl-C typed in the terminal reaches the whole process group
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+
+
 _SWEEP_RUNS = 20
 """How many moments the Ctrl-C sweep tries (~20 ms apart on a machine where the ranks are in their tasks 0.4 s
 after the program's imports)."""

@@ -80,9 +80,13 @@ class RankStarter:
                     finally:
                         os._exit(0)
         else:
+            # A session of its own: a Ctrl-C typed in the terminal (or a signal to the program's process group) would
+            # reach it while it imports, before its own handlers are set (its traceback on the console); its
+            # controller ends it (`close`, PDEATHSIG), as it does a forked one.
             self._process = subprocess.Popen([sys.executable, "-m", "ddpw_runtime.procs.starter", str(theirs.fileno()),
                                               "1" if self.preload else "0", str(controller)],
-                                             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                                             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                             start_new_session=True)
             pid = self._process.pid
         theirs.close()
         return Channel(ours), pid
