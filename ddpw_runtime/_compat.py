@@ -114,11 +114,16 @@ def run_exit_handlers() -> None:
 
 def open_files(objects: list[Any]) -> list[Any]:
     """The file objects (of any `io` class) among `objects`. Private: `_io._IOBase`, the C base that `io.IOBase` (an
-    ABC, 7 times slower to test against over a heap) registers. Fallback: `io.IOBase`."""
+    ABC, 7 times slower to test against over a heap) registers. Fallback: `io.IOBase`. Warnings are off meanwhile: an
+    object that warns as its class is read (torch 2.15's deprecated `torch.distributed.reduce_op`) is not the task's
+    to show."""
     import io
+    import warnings
 
     base = getattr(sys.modules.get("_io"), "_IOBase", io.IOBase)
-    return [obj for obj in objects if isinstance(obj, base)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [obj for obj in objects if isinstance(obj, base)]
 
 
 def sbatch_script(command: str, folder: Path, map_count: int | None, **params: Any) -> str:

@@ -35,8 +35,16 @@ def _processes_a_test_started_end_with_it(request: pytest.FixtureRequest,
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             with contextlib.suppress(OSError):
                 with open(f"/proc/{entry.name}/environ", "rb") as environ:
-                    if mark in b"\0" + environ.read():
+                    if mark in b"\0" + environ.read() and not _this_processs_rank_starter(int(entry.name)):
                         os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _this_processs_rank_starter(pid: int) -> bool:
+    """Whether `pid` is the rank starter of this test process (a Wrapper called here keeps it for the next call, as
+    in a notebook; a fresh interpreter, as with a CUDA build of torch, has the mark of the test that started it)."""
+    from ddpw_runtime.launch import starter
+
+    return any(handle.pid == pid for handle in starter._starters.values())
 
 
 @pytest.fixture(scope="session")

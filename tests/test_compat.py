@@ -8,6 +8,7 @@ import inspect
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,20 @@ _compat.run_exit_handlers()  # "own" only, and once: Python runs none as it exit
 text = open(sys.argv[1], "w")
 print(len(_compat.open_files([text, text.buffer, gzip.open(sys.argv[1] + ".gz", "wt"), io.BytesIO(), 3, "x"])))
 """
+
+
+class WarnsAsItIsRead:
+    """As torch 2.15's deprecated `torch.distributed.reduce_op`: every attribute read warns, its class too."""
+
+    def __getattribute__(self, key: str) -> object:
+        warnings.warn("reading this object is deprecated", FutureWarning, stacklevel=2)
+        return object.__getattribute__(self, key)
+
+
+def test_looking_for_open_files_among_objects_that_warn_as_they_are_read_shows_no_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _compat.open_files([WarnsAsItIsRead(), sys.stdout]) == [sys.stdout]
 
 
 def test_the_exit_handlers_of_a_fork_are_dropped_and_its_own_run_and_its_open_files_are_found(tmp_path: Path) -> None:
