@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,22 @@ def test_every_rank_ends_as_python_does_its_exit_handlers_run_and_the_files_it_l
         with gzip.open(job / f"open_rank_{rank}.gz", "rt") as zipped:
             assert zipped.read() == "kept\n"
         assert (job / f"atexit_rank_{rank}.txt").read_text() == "ran\n"
+
+
+@pytest.mark.parametrize("mode", [("fail_rank=1",), ("-m", "fail_rank=0")], ids=["plain", "multirun"])
+def test_a_rank_whose_exit_handler_hangs_is_ended_and_named_with_the_handlers_line(
+        tmp_path: Path, mode: tuple[str, ...]) -> None:
+    """A rank's task returned, then an exit handler of its own hung (a tracker's upload): at the bound the rank is
+    ended, and the job fails naming it and why, with the handler's frame. It read `RankKilled: killed by SIGALRM`
+    with the bottom of its stack: Hydra's frames, down to the script's `main()`."""
+    proc = run_app(tmp_path, *mode, "behaviour=hang_at_exit")
+    assert proc.returncode == 1
+    rank = mode[-1][-1]
+    assert f"rank {rank} (node 0) failed: HungAtExit: its task returned, then it did not end within 60 s (AT_EXIT_S) " \
+           "as it exited: an atexit handler" in proc.stderr, proc.stderr
+    tail = proc.stderr.split(f"--- end of rank {rank}'s log ---\n")[1]
+    assert re.search(r'\nCurrent thread 0x[0-9a-f]+ \(most recent call first\):\n  File "[^"]*app.py", line \d+ in '
+                     r"upload_at_exit\n\(full output", tail), tail  # (after its last words; nothing of hydra-ddpw's)
 
 
 @pytest.mark.parametrize("mode", [(), ("-m",)], ids=["plain", "multirun"])

@@ -10,6 +10,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from ddpw_runtime.errors import RankFailure
+from ddpw_runtime.launch.bounds import AT_EXIT_S
 from ddpw_runtime.launch.plan import recorder_file, stacks_file
 from ddpw_runtime.launch.rank_outcome import RankOutcome, log_tail, timeout_line
 from ddpw_runtime.launch.recorded import recorded_in
@@ -39,7 +40,7 @@ def failure(outcomes: Sequence[RankOutcome]) -> RankFailure | None:
         if error is not None:
             error_type, message, text, tail = error.type_name, error.message, error.traceback, ""
         else:
-            error_type, message = describe_exit(cause.exit_code)
+            error_type, message = describe_exit(cause.exit_code, returned=cause.result is not None)
             text, tail = "", log_tail(cause.log_file)
         made = RankFailure(rank=cause.rank, node=cause.node, exit_code=cause.exit_code, error_type=error_type,
                            error_message=message, traceback_text=text, log_tail=tail, log_file=cause.log_file,
@@ -130,15 +131,21 @@ def _ended_early(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFai
         waiting_error=f"rank {cause.rank}: {cause.error.headline}")
 
 
-def describe_exit(code: int | None) -> tuple[str, str]:
-    """(type, message) for a rank that ended without an exception of its own."""
+def describe_exit(code: int | None, returned: bool = False) -> tuple[str, str]:
+    """(type, message) for a rank that ended without an exception of its own; `returned`: its task had returned
+    (its value sent), so its exit went wrong as it ended (`procs/rank.py`, `_end_as_python_does`)."""
     if code is None:
         return "RankLost", "the rank ended without an exit status"
+    if returned and code == -signal.SIGALRM:
+        return "HungAtExit", (f"its task returned, then it did not end within {AT_EXIT_S:.0f} s (AT_EXIT_S) as it "
+                              "exited: an atexit handler (a tracker's upload, say) or closing a file its task left "
+                              "open hung; it was ended by SIGALRM, every thread's stack in its log")
+    after = " after its task returned, as it exited (in an atexit handler, or closing a file its task left open)"
     if code < 0:
-        return "RankKilled", f"killed by {signal_name(-code)} (exit code {code})"
+        return "RankKilled", f"killed by {signal_name(-code)} (exit code {code}){after if returned else ''}"
     if code == 0:
         return "RankLost", "exited with code 0 but sent no result"
-    return "RankExited", f"exited with code {code} before returning"
+    return "RankExited", f"exited with code {code}{after if returned else ' before returning'}"
 
 
 def signal_name(number: int) -> str:

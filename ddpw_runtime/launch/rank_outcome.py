@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from ddpw_runtime.launch.records import COLLECTIVE_TIMEOUT_MARKERS, RaisedError, RankResult
-from ddpw_runtime.launch.stacks import RankPlace, from_crash_report, from_traceback
+from ddpw_runtime.launch.stacks import RankPlace, ends_in_a_dump, from_crash_report, from_traceback
 
 _LOG_TAIL_LINES = 20
 _CRASH_REPORT = "Fatal Python error"
@@ -109,15 +109,15 @@ def _log_end(log_file: str | None) -> str:
 def log_tail(log_file: str | None) -> str:
     """What a rank that died without a traceback left at the end of its log: the lines it wrote just before it crashed
     (what C++ code says as it aborts, the task's own last words) and the crash report faulthandler wrote (a segfault's
-    Python stack, down to the frame that called the task: below it are hydra-ddpw and what started it), else its
-    last lines."""
+    Python stack, or the stacks a rank ended by `AT_EXIT_S` dumps, down to the frame that called the task or the
+    handler: below it are hydra-ddpw and what started it), else its last lines."""
     lines = _log_end(log_file).splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith(_CRASH_REPORT)]
-    if not starts:
+    start = _report_start(lines)
+    if start is None:
         return "\n".join(lines[-_LOG_TAIL_LINES:])
-    before = [line for line in lines[max(0, starts[-1] - _BEFORE_CRASH_LINES):starts[-1]] if line.strip()]
+    before = [line for line in lines[max(0, start - _BEFORE_CRASH_LINES):start] if line.strip()]
     crash, below_the_task = [], False
-    for line in lines[starts[-1]:]:
+    for line in lines[start:]:
         frame = line.startswith("  File ")
         below_the_task = frame and (below_the_task or _OWN_FRAME in line)  # (each thread's stack anew)
         if not below_the_task and not line.startswith(_MODULES_LINE):
@@ -128,5 +128,12 @@ def log_tail(log_file: str | None) -> str:
 def _crash_report(log_file: str | None) -> list[str]:
     """The lines of the last crash report faulthandler wrote at the end of a rank's log ([] when there is none)."""
     lines = _log_end(log_file).splitlines()
+    start = _report_start(lines)
+    return lines[start:] if start is not None else []
+
+
+def _report_start(lines: list[str]) -> int | None:
+    """Where the last crash report in a rank's log `lines` starts: faulthandler's fatal error (a segfault, an abort),
+    or the dump of stacks that ends the log (a rank ended by `AT_EXIT_S`'s SIGALRM); None when there is none."""
     starts = [i for i, line in enumerate(lines) if line.startswith(_CRASH_REPORT)]
-    return lines[starts[-1]:] if starts else []
+    return starts[-1] if starts else ends_in_a_dump(lines)

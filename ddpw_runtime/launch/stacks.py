@@ -189,15 +189,34 @@ def from_dump(rank: int, text: str) -> RankPlace | None:
     """Where `rank` was, from the last faulthandler dump in `text`: the thread that got the dump signal (its main
     thread, where the task runs); None when `text` holds no dump."""
     lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if _THREAD.match(line)]
-    if not starts:
+    dump = last_dump(lines)
+    if not dump:
         return None
-    dump = [starts[-1]]  # the last dump: thread blocks with only frames and blank lines between
+    return _thread_place(rank, lines, next((i for i in dump if lines[i].startswith("Current thread")), dump[0]))
+
+
+def last_dump(lines: list[str]) -> list[int]:
+    """Where each thread's stack starts in the last faulthandler dump in `lines` (thread blocks with only frames and
+    blank lines between); [] when there is none."""
+    starts = [i for i, line in enumerate(lines) if _THREAD.match(line)]
+    dump = starts[-1:]
     for start in reversed(starts[:-1]):
-        if not all(not line.strip() or _DUMP_FRAME.match(line) for line in lines[start + 1:dump[0]]):
+        if not _only_frames(lines[start + 1:dump[0]]):
             break
         dump.insert(0, start)
-    return _thread_place(rank, lines, next((i for i in dump if lines[i].startswith("Current thread")), dump[0]))
+    return dump
+
+
+def ends_in_a_dump(lines: list[str]) -> int | None:
+    """Where the faulthandler dump that ends `lines` starts (a rank ended by a signal it dumps its stacks on); None
+    when they end otherwise."""
+    dump = last_dump(lines)
+    return dump[0] if dump and _only_frames(lines[dump[-1] + 1:]) else None
+
+
+def _only_frames(lines: list[str]) -> bool:
+    """Whether `lines` are only a dump's frames and blank lines."""
+    return all(not line.strip() or _DUMP_FRAME.match(line) for line in lines)
 
 
 def from_crash_report(rank: int, lines: list[str]) -> RankPlace | None:

@@ -128,6 +128,14 @@ def leave_open(output_dir: str, rank: int) -> None:
     atexit.register(lambda: open(os.path.join(output_dir, f"atexit_rank_{rank}.txt"), "w").write("ran\n"))
 
 
+def upload_at_exit() -> None:
+    """An exit handler that hangs (a tracker's upload whose server does not answer). The alarm that bounds how long a
+    rank takes to exit (60 s) is brought forward to 1 s."""
+    signal.alarm(1)
+    while True:
+        time.sleep(1)
+
+
 def misbehave(behaviour: str) -> object:
     if behaviour == "hang":
         while True:
@@ -424,6 +432,8 @@ def main(cfg: DictConfig) -> object:
         leave_open(seen["output_dir"], seen["rank"])
         atexit.register(time.sleep, 60)  # (last registered: runs first)
         raise ValueError("failed with files left open")
+    if cfg.behaviour == "hang_at_exit" and seen["rank"] == cfg.fail_rank:
+        atexit.register(upload_at_exit)
     if cfg.behaviour == "sysexit_0_everywhere":  # every rank ends its task with sys.exit(0), as a script that is done
         sys.exit(0)
     odd = None
