@@ -332,6 +332,36 @@ def test_works_from_python_c(tmp_path: Path) -> None:
     assert "[(0, 49), (1, 49)]" in done.stdout
 
 
+FROM_THREADS_THAT_END = """
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+import ddpw_runtime
+from ddpw_runtime import Platform, Wrapper
+
+def square(x):
+    return (ddpw_runtime.rank(), x * x)
+
+def call(caller_rank):
+    return Wrapper(Platform(n_procs_per_node=2), log_dir="logs", caller_rank=caller_rank).start(square, 3)
+
+for caller_rank in (True, False):  # each call from a thread of a pool of its own, which ends after it
+    with ThreadPoolExecutor(1) as pool:
+        print(pool.submit(call, caller_rank).result())
+print(asyncio.run(asyncio.to_thread(call, False)))
+print(call(False))
+"""
+
+
+def test_calls_from_threads_that_end_find_the_rank_starter_again(tmp_path: Path) -> None:
+    """A `Wrapper` called from a worker thread (a thread pool, `asyncio.to_thread`) that then ends: the next calls, from
+    other threads and from the main thread, run. The rank starter dies with the thread that started it (the kernel's
+    PR_SET_PDEATHSIG follows that thread), and the second call failed with StarterGone."""
+    done = subprocess.run([sys.executable, "-c", FROM_THREADS_THAT_END], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[(0, 9), (1, 9)]"] * 4, done.stdout + done.stderr
+
+
 VALUES_FROM_A_SCRIPT = """
 import ddpw_runtime
 from ddpw_runtime import Platform, Wrapper

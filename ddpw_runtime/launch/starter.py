@@ -16,6 +16,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import TypeVar
 
 from ddpw_runtime.launch.bounds import ANSWER_WAIT_S, CLOSE_WAIT_S
@@ -51,7 +52,7 @@ class RankStarter:
         self._inbox_of_request: dict[int, Inbox] = {}
         self._inbox_of_pid: dict[int, Inbox] = {}
         self._gone: StarterGone | None = None
-        self.channel, self.pid = attached_to if attached_to is not None else self._launch()
+        self.channel, self.pid = attached_to if attached_to is not None else _in_a_lasting_thread(self._launch)
         self._reader = threading.Thread(target=self._read, name="ddpw-rank-starter", daemon=True)
         self._reader.start()
 
@@ -206,6 +207,40 @@ def _can_fork_controller() -> bool:
     children, which cannot be seen from here)."""
     torch = sys.modules.get("torch")
     return threading.active_count() == 1 and (torch is None or torch.version.cuda is None)
+
+
+_lasting: queue.SimpleQueue[tuple[Callable[[], tuple[Channel, int]], Future[tuple[Channel, int]]]] | None = None
+"""What the thread that starts the starters off the main thread is asked to do (`_in_a_lasting_thread`)."""
+_lasting_lock = threading.Lock()
+
+
+def _in_a_lasting_thread(launch: Callable[[], tuple[Channel, int]]) -> tuple[Channel, int]:
+    """`launch()` in a thread that lasts as long as this process: the starter dies with the *thread* that started it
+    (the kernel sends PR_SET_PDEATHSIG as that thread ends), so one started by a thread that then ends (a `Wrapper`
+    called from a thread pool, or `asyncio.to_thread`) would be gone at the next call. The main thread lasts; any
+    other asks a daemon thread of this module's, which waits for such requests until the process ends."""
+    if threading.current_thread() is threading.main_thread():
+        return launch()
+    global _lasting
+    with _lasting_lock:
+        if _lasting is None:
+            _lasting = queue.SimpleQueue()
+            threading.Thread(target=_launch_when_asked, args=(_lasting,), name="ddpw-starter-parent",
+                             daemon=True).start()
+    done: Future[tuple[Channel, int]] = Future()
+    _lasting.put((launch, done))
+    return done.result()
+
+
+def _launch_when_asked(
+        requests: queue.SimpleQueue[tuple[Callable[[], tuple[Channel, int]], Future[tuple[Channel, int]]]]) -> None:
+    """The lasting thread of `_in_a_lasting_thread`."""
+    while True:
+        launch, done = requests.get()
+        try:
+            done.set_result(launch())
+        except BaseException as error:  # noqa: BLE001 - handed to the thread that asked
+            done.set_exception(error)
 
 
 _starters: dict[bool, RankStarter] = {}
