@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LOCAL_LAUNCHER, SLURM_LAUNCHER, LocalLauncherConf, SlurmLauncherConf, selected_options
 from ddpw_runtime import Wrapper
+from ddpw_runtime.launch.checks import check_not_under_torchrun
 from ddpw_runtime.launch.rendezvous import unprivileged_ports
 from tests.helpers import APPS, run_app, run_python
 from tests.test_validation import BAD
@@ -191,6 +192,34 @@ def test_a_port_this_program_may_not_listen_on_is_refused_before_any_rank_starts
     assert proc.returncode == 1, proc.stdout + proc.stderr
     refused(proc.stdout + proc.stderr, "platform.master_port", port, f"choose a port of {port + 1} or above")
     nothing_started(tmp_path)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("mode", [[], ["-m"]], ids=["plain-run", "multirun"])
+def test_a_program_that_torchrun_runs_several_times_is_refused_in_each_copy(tmp_path: Path, mode: list[str]) -> None:
+    """`torchrun --nproc_per_node=2 app.py` with a ddpw launcher: each copy started a job of 2 ranks of its own, both in
+    the same output dir (each job's rank logs written over the other's)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(APPS / "app.py"), *mode],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    output = proc.stdout + proc.stderr
+    assert output.count("LOCAL_WORLD_SIZE=2: this program runs under torchrun, as one of 2 copies on this machine, "
+                        "and each copy would start ranks of its own; run it once") == 2, output
+    nothing_started(tmp_path)
+
+
+def check_here_as_under_torchrun() -> bool:
+    """In a rank: what a program started there (with the rank's variables) would be told."""
+    check_not_under_torchrun(os.environ)
+    return True
+
+
+def test_a_program_in_a_rank_of_hydra_ddpws_own_is_not_taken_for_a_copy_torchrun_runs() -> None:
+    """A rank's variables are torchrun's (`LOCAL_WORLD_SIZE=2`, `TORCHELASTIC_RUN_ID`), but it names its job: a program
+    its task starts (an evaluation script with a ddpw launcher, say) may start ranks of its own."""
+    assert Wrapper(Platform(n_procs_per_node=2)).start(check_here_as_under_torchrun) == [True, True]
 
 
 @pytest.mark.subprocess

@@ -6,12 +6,14 @@ or nccl backend)."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddpw_conf import ConfigError, Device, Platform
 from ddpw_runtime.launch import rendezvous
 from ddpw_runtime.launch.devices import cpu_cores
+from ddpw_runtime.launch.payload import JOB_ENV
 from ddpw_runtime.nodes.sweep_channel import serves_sweep
 
 BUILT_WITH = {"mpi": "is_mpi_available", "nccl": "is_nccl_available"}
@@ -31,6 +33,7 @@ def gpus_available(platform: Platform) -> int | None:
 def check(platform: Platform, here: bool = True) -> Platform:
     """Check `platform` (see the module docstring). `here`: the ranks run on this machine; else only what
     holds anywhere is checked (a SLURM job, from the host that submits it)."""
+    check_not_under_torchrun(os.environ)
     platform.validate(gpus_available(platform) if here else None)
     if here:
         check_torch(platform)
@@ -50,6 +53,19 @@ def check(platform: Platform, here: bool = True) -> Platform:
     if platform.upon_finish:
         resolve_callable("platform.upon_finish", platform.upon_finish)
     return platform
+
+
+def check_not_under_torchrun(environ: Mapping[str, str]) -> None:
+    """Raise `ConfigError` when this program is one of several copies that torchrun runs on this machine (each would
+    start a job's ranks of its own, in the same output dir). A rank of hydra-ddpw's own looks like torchrun's too, but
+    names its job (`JOB_ENV`): a task may start a job of its own there."""
+    copies = environ.get("LOCAL_WORLD_SIZE", "").strip()
+    if "TORCHELASTIC_RUN_ID" in environ and JOB_ENV not in environ and copies.isdigit() and int(copies) > 1:
+        raise ConfigError("LOCAL_WORLD_SIZE", int(copies), f"this program runs under torchrun, as one of {copies} "
+                          "copies on this machine, and each copy would start ranks of its own; run it once, as "
+                          f"`python <script> ...`: hydra-ddpw starts the ranks (platform.n_procs_per_node={copies}, or "
+                          f"hydra/launcher=ddpw_gpu platform.n_gpus_per_node={copies}), or with torchrun "
+                          "--nproc_per_node=1")
 
 
 def check_torch(platform: Platform) -> None:
