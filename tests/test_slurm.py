@@ -262,10 +262,18 @@ def test_fire_and_forget_returns_at_once_with_a_manifest(slurm_env: dict[str, st
     assert seen(out)[0]["run_id"] == submitted["slurm_job_id"]
 
 
+LAGGING_SACCT = "#!/bin/sh\necho 'JobID|State|NodeList'\n"
+"""A `sacct` whose accounting database has not recorded any job yet (slurmdbd lags behind the controller): the one
+thing here that stands in for SLURM, since the real lag cannot be made to order."""
+
+
 @pytest.mark.subprocess
+@pytest.mark.parametrize("accounting", ["sacct", "lagging"])
 def test_a_sweep_whose_submitting_process_was_killed_resumes_without_submitting_again(
-    slurm_env: dict[str, str], tmp_path: Path
+    slurm_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accounting: str
 ) -> None:
+    """`lagging`: the resume's sacct does not know the jobs yet; squeue does, and the running job is waited for, not
+    run a second time (it was submitted again, as a job sacct had never heard of)."""
     holds, sweep = tmp_path / "holds", tmp_path / "sw"
     holds.mkdir()
     for job in (1, 2):
@@ -292,6 +300,12 @@ def test_a_sweep_whose_submitting_process_was_killed_resumes_without_submitting_
     wait_for(lambda: (sweep / ".submitit" / id_1 / f"{id_1}_0_result.pkl").exists(), timeout=60,
              what="job #1 to end")
 
+    if accounting == "lagging":
+        shim = tmp_path / "bin"
+        shim.mkdir()
+        (shim / "sacct").write_text(LAGGING_SACCT)
+        (shim / "sacct").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
     resumed = start_app(tmp_path, *overrides, "hydra.launcher.resume=true", app=APP)
     try:
         wait_for(lambda: status(1) == "COMPLETED", timeout=60, what="job #1 to be collected")

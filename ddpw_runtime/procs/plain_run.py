@@ -95,11 +95,26 @@ def _in_rank_zero(action: Callable[[], _T]) -> _T:
     """`action` (hydra-ddpw's part of the run in rank 0's process, around its task), its error ending the program as
     Hydra shows one (`_compat.report_like_hydra`); a Ctrl-C in it ends the run quietly (`_ended_by`), as the
     supervisor (the program's own process, once forked) ends it: it has the Ctrl-C too. (While rank 0 waits for the
-    supervisor, `_next_message` takes a Ctrl-C and waits for the job's end.)"""
+    supervisor, `_next_message` takes a Ctrl-C and waits for the job's end.) Only the first Ctrl-C is raised here
+    (`_interrupted_once`): the supervisor passes a Ctrl-C sent to the program's process group on to rank 0 as well,
+    and a second one raised while the first is handled showed its traceback."""
+    ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (not where the program ignores Ctrl-C)
+    if ours:
+        signal.signal(signal.SIGINT, _interrupted_once)
     try:
         return _compat.report_like_hydra(action)
     except KeyboardInterrupt:
         _ended_by(signal.SIGINT)
+    finally:
+        if ours and signal.getsignal(signal.SIGINT) is _interrupted_once:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # the task's Ctrl-C is Python's own
+
+
+def _interrupted_once(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C in hydra-ddpw's part of rank 0: raise KeyboardInterrupt, and ignore the Ctrl-Cs that follow (the
+    supervisor has them too)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _ended_by(signum: int) -> NoReturn:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -43,6 +44,8 @@ _SUBMITTED = "SUBMITTED"
 _POLL_S = 0.5
 _SACCT_MIN_S, _SACCT_MAX_S = 2.0, 30.0
 _LOG_TAIL_LINES = 20
+_SQUEUE_WAIT_S = 30.0
+"""The longest wait for squeue's answer (a resume asks it about a job sacct does not know yet)."""
 
 
 @dataclass
@@ -103,7 +106,8 @@ def _earlier_submissions(jobs: list[_Job], folder: Path, manifest: Path, summary
     saw end (its summary says SUBMITTED: the sweep's process was killed) is SLURM's still, or ended while
     no one was waiting. One still queued or running is attached (`slurm` set), to be waited for; what those
     that ended COMPLETED returned is collected (and returned, by job number); the others (failed, or
-    unknown to sacct) are submitted again."""
+    unknown to sacct and to squeue) are submitted again. A job sacct does not know yet (its accounting database
+    lags behind the controller) but squeue shows queued or running is waited for, not run twice."""
     import submitit
 
     latest = {entry["job"]: entry for entry in _manifest_entries(manifest)}
@@ -117,6 +121,8 @@ def _earlier_submissions(jobs: list[_Job], folder: Path, manifest: Path, summary
     collected: dict[int, JobReturn] = {}
     for job in earlier:
         p, state, ret = job.prepared, _compat.sacct_state(job.slurm), _ended(job)
+        if ret is None and state == "UNKNOWN":  # (sacct reads the accounting database, which may lag behind)
+            state = _queued_state(job.slurm.job_id) or state
         if ret is None and state != "UNKNOWN":
             log.info(f"#{p.idx} : {p.shown} -> waiting for SLURM job {job.slurm.job_id} ({state}), submitted by "
                      "the earlier run".replace(" :  -> ", " : -> "))
@@ -129,6 +135,18 @@ def _earlier_submissions(jobs: list[_Job], folder: Path, manifest: Path, summary
             log.info(f"#{p.idx} : SLURM job {job.slurm.job_id} of the earlier run is submitted again ({why})")
             job.slurm = None
     return collected
+
+
+def _queued_state(job_id: str) -> str | None:
+    """The state SLURM's controller gives job `job_id` (squeue), when it still has it queued or running; None when it
+    does not, or cannot say."""
+    try:
+        shown = subprocess.run(["squeue", "--noheader", "--format=%T", f"--jobs={job_id}"], capture_output=True,
+                               text=True, timeout=_SQUEUE_WAIT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    states = shown.stdout.split() if shown.returncode == 0 else []
+    return states[0] if states else None
 
 
 def _arrays(jobs: list[_Job]) -> list[list[_Job]]:
