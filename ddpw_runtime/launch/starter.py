@@ -232,6 +232,15 @@ def _in_a_lasting_thread(launch: Callable[[], tuple[Channel, int]]) -> tuple[Cha
     return done.result()
 
 
+def _forget_lasting_thread() -> None:
+    """In a fork of this process: the lasting thread is not there (a fork has only the thread that forked)."""
+    global _lasting
+    _lasting = None
+
+
+os.register_at_fork(after_in_child=_forget_lasting_thread)
+
+
 def _launch_when_asked(
         requests: queue.SimpleQueue[tuple[Callable[[], tuple[Channel, int]], Future[tuple[Channel, int]]]]) -> None:
     """The lasting thread of `_in_a_lasting_thread`."""
