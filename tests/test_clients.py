@@ -1,9 +1,10 @@
-"""Lightning, accelerate and a torchrun-style script inside ddpw's ranks: the training code of
+"""Lightning, accelerate, hydra-zen and a torchrun-style script with ddpw's ranks: the training code of
 `examples/lightning_train.py`, `accelerate_train.py` and `torchrun_style.py`, run by the launcher on 2
 CPU ranks (`tests/apps/*_app.py`), each rank reporting what the library saw."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,20 @@ def test_torchrun_style_script_assumptions_hold(tmp_path: Path) -> None:
         # The script's own calls (the app's, then fit's) join the job's group: one world, no error.
         assert data["own_init"] == "no error"
         assert data["accuracy"] > 0.5
+
+
+def test_a_program_that_runs_hydra_jobs_itself_with_hydra_zen_runs_each_on_every_rank(tmp_path: Path) -> None:
+    # hydra-zen's `launch` composes and runs jobs through Hydra's compose API, where a plain run's `hydra.mode` is
+    # unset; one program runs a Wrapper, a plain run, a multirun and a failing plain run, one after another.
+    proc = run_app(tmp_path, app="zen_app.py")
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    steps = {line["step"]: line for line in lines}
+    assert proc.returncode == 3, proc.stderr
+    assert steps["wrapper"]["value"] == [0, 1]
+    run = steps["run"]["value"]
+    assert run["lr"] == 0.1 and run["pids"][0] == steps["run"]["pid"] and len(set(run["pids"])) == 2
+    assert [job["lr"] for job in steps["multirun"]["value"]] == [0.2, 0.3]
+    assert all(len(set(job["pids"])) == 2 for job in steps["multirun"]["value"])
+    failed = steps["failed"]["value"].splitlines()
+    assert failed[0] == "RankFailure: rank 1 (node 0) failed: ValueError: rank 1 fails on purpose"
+    assert any(line.endswith('zen_app.py", line 22, in task') for line in failed), failed  # the script's own line

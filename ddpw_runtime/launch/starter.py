@@ -53,8 +53,9 @@ class RankStarter:
         self._inbox_of_pid: dict[int, Inbox] = {}
         self._gone: StarterGone | None = None
         self.channel, self.pid = attached_to if attached_to is not None else _in_a_lasting_thread(self._launch)
-        self._reader = threading.Thread(target=self._read, name="ddpw-rank-starter", daemon=True)
-        self._reader.start()
+        self.reader = threading.Thread(target=self._read, name="ddpw-rank-starter", daemon=True)
+        """The thread that hears the starter (`_read`)."""
+        self.reader.start()
 
     def _launch(self) -> tuple[Channel, int]:
         ours, theirs = socket.socketpair()
@@ -197,7 +198,7 @@ class RankStarter:
             starter = Children()
             starter.adopt(self.pid, "the rank starter")
             starter.stop(signal.SIGHUP, CLOSE_WAIT_S, group=False)  # (SIGHUP: even while it imports, `Preload`)
-        self._reader.join(CLOSE_WAIT_S)
+        self.reader.join(CLOSE_WAIT_S)
         self.channel.close()
 
 
@@ -209,9 +210,11 @@ def _can_fork_controller() -> bool:
     return threading.active_count() == 1 and (torch is None or torch.version.cuda is None)
 
 
+_starters: dict[bool, RankStarter] = {}
 _lasting: queue.SimpleQueue[tuple[Callable[[], tuple[Channel, int]], Future[tuple[Channel, int]]]] | None = None
 """What the thread that starts the starters off the main thread is asked to do (`_in_a_lasting_thread`)."""
 _lasting_lock = threading.Lock()
+_lasting_thread: threading.Thread | None = None
 
 
 def _in_a_lasting_thread(launch: Callable[[], tuple[Channel, int]]) -> tuple[Channel, int]:
@@ -221,24 +224,33 @@ def _in_a_lasting_thread(launch: Callable[[], tuple[Channel, int]]) -> tuple[Cha
     other asks a daemon thread of this module's, which waits for such requests until the process ends."""
     if threading.current_thread() is threading.main_thread():
         return launch()
-    global _lasting
+    global _lasting, _lasting_thread
     with _lasting_lock:
         if _lasting is None:
             _lasting = queue.SimpleQueue()
-            threading.Thread(target=_launch_when_asked, args=(_lasting,), name="ddpw-starter-parent",
-                             daemon=True).start()
+            _lasting_thread = threading.Thread(target=_launch_when_asked, args=(_lasting,), name="ddpw-starter-parent",
+                                               daemon=True)
+            _lasting_thread.start()
     done: Future[tuple[Channel, int]] = Future()
     _lasting.put((launch, done))
     return done.result()
 
 
-def _forget_lasting_thread() -> None:
-    """In a fork of this process: the lasting thread is not there (a fork has only the thread that forked)."""
-    global _lasting
-    _lasting = None
+def _forget_starters() -> None:
+    """In a fork of this process: its starters and their threads are not there (a fork has only the thread that
+    forked, and the starters are this process's to stop), so the fork starts its own when it needs one."""
+    global _lasting, _lasting_thread
+    _lasting = _lasting_thread = None
+    _starters.clear()
 
 
-os.register_at_fork(after_in_child=_forget_lasting_thread)
+os.register_at_fork(after_in_child=_forget_starters)
+
+
+def starter_threads() -> set[threading.Thread]:
+    """This process's threads that start and hear its starters: they last from one job to the next."""
+    threads = {starter.reader for starter in _starters.values()}
+    return threads | {_lasting_thread} if _lasting_thread is not None else threads
 
 
 def _launch_when_asked(
@@ -250,9 +262,6 @@ def _launch_when_asked(
             done.set_result(launch())
         except BaseException as error:  # noqa: BLE001 - handed to the thread that asked
             done.set_exception(error)
-
-
-_starters: dict[bool, RankStarter] = {}
 
 
 def use_starter(starter: RankStarter) -> None:

@@ -62,9 +62,10 @@ class PlainRun(Callback):
 
     def on_job_start(self, config: DictConfig, *, task_function: TaskFunction, **kwargs: Any) -> None:
         """Make this process rank 0 of the job; the supervisor starts the other ranks. What fails here ends
-        the program with its error (see `on_run_start`)."""
+        the program with its error (see `on_run_start`). (`hydra.mode` is None where a program composes and runs
+        the job itself, as `hydra_zen.launch` does.)"""
         rank_zero = self._rank_zero
-        if rank_zero is not None and config.hydra.mode is RunMode.RUN:
+        if rank_zero is not None and config.hydra.mode is not RunMode.MULTIRUN:
             _in_rank_zero(lambda: rank_zero.start(task_config(config), task_function))
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:

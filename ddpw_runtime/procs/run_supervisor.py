@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from contextlib import suppress
 from pathlib import Path
 from types import FrameType
@@ -33,7 +34,7 @@ from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult, portable_pickle
 from ddpw_runtime.launch.signals import blocked, handle, held, killed_line, send_to_group, signal_of, stopped_line
-from ddpw_runtime.launch.starter import close_starters
+from ddpw_runtime.launch.starter import close_starters, starter_threads
 from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
 from ddpw_runtime.nodes.controller import Nodes
 from ddpw_runtime.procs.starter import adopt_orphans, die_with_parent
@@ -49,7 +50,8 @@ class ThreadsBeforeTheRun(RuntimeError):
 def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
     """Fork the program. In the child, which goes on as rank 0, return its channel to the supervisor; in
     the parent, supervise the job and exit, never returning."""
-    others = [thread.name for thread in threading.enumerate() if thread is not threading.current_thread()]
+    own = {threading.current_thread(), *starter_threads()}  # (a fork starts starters of its own)
+    others = [thread.name for thread in threading.enumerate() if thread not in own]
     if others:
         raise ThreadsBeforeTheRun(
             f"a plain run with a ddpw launcher goes on in a fork of this process (the program's own process "
@@ -65,7 +67,9 @@ def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
         while set(_SIGNALS) & signal.sigpending():
             signal.pthread_sigmask(signal.SIG_SETMASK, before)
             signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-        pid = os.fork()
+        with warnings.catch_warnings():  # Python 3.12+ warns of a fork beside threads: the starters' (see above)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:
             ours.close()
             die_with_parent(signal.SIGKILL)
