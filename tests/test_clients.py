@@ -5,11 +5,12 @@ CPU ranks (`tests/apps/*_app.py`), each rank reporting what the library saw."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import job_dirs, leftover, run_app, seen
+from tests.helpers import job_dirs, leftover, run_app, seen, start_app
 
 pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
@@ -102,3 +103,17 @@ def test_a_program_that_runs_hydra_jobs_itself_with_hydra_zen_runs_each_on_every
     failed = steps["failed"]["value"].splitlines()
     assert failed[0] == "RankFailure: rank 1 (node 0) failed: ValueError: rank 1 fails on purpose"
     assert any(line.endswith('zen_app.py", line 22, in task') for line in failed), failed  # the script's own line
+
+
+def test_a_ctrl_c_after_a_plain_runs_job_is_the_programs_own_and_so_is_its_exit_code(tmp_path: Path) -> None:
+    # A Ctrl-C sent to the program's process (an IDE's stop button) after its job has ended is passed on to the
+    # program, which goes on in rank 0's process and handles it: no job is reported stopped; its exit code is its own.
+    proc = start_app(tmp_path, app="zen_then_wait.py")
+    assert proc.stdout is not None and proc.stderr is not None
+    lines = iter(proc.stdout.readline, "")
+    assert "run done: 2; waiting\n" in lines  # (read up to that line)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 5, err
+    assert out == "the program had its Ctrl-C\n"
+    assert "Ctrl-C: the program (its job is over) gets it" in err and "was stopped" not in err, err

@@ -120,6 +120,9 @@ class RunSupervisor:
         """Rank 0's process, as a child: its end is put in this inbox too (`_watch`), to bound its kill."""
         self.rank_zero.add(pid, "rank 0 (the program's task)")
         self.job_started = False
+        self.job_over = False
+        """The run's job has ended: a signal from now on is the program's own to handle (Hydra's end, or what the
+        program does after its run), and its exit code is the program's."""
         self.interrupted: int | None = None
         self.received: list[int] = []
         """The signals this process got (Ctrl-C, SIGTERM): a second one ends everything at once."""
@@ -213,10 +216,12 @@ class RunSupervisor:
     # ------------------------------------------------------------------ after the job
     def _after_job(self, failure: BaseException | None) -> int:
         """Tell rank 0 how the job ended (when it waits to hear it), then wait for its process to end."""
+        self.job_over = True
         if self.awaiting.is_set() and self.exited is None:  # rank 0's Hydra run shows its own error itself
             own = isinstance(failure, RankFailure) and failure.rank == 0 and bool(failure.traceback_text)
             self._answer(JobSettled(None if own or failure is None else _pickled(failure)))
-            close_starters()  # the run's one job is over: the starter exits while rank 0 finishes the run
+            with held():  # the run's one job is over: the starter exits while rank 0 finishes the run (a signal
+                close_starters()  # meanwhile is handled right after, not lost in the starter's bounded stop)
             return self._end_of_run()
         if failure is not None:  # rank 0 cannot say it (it died or was killed): say it here
             sys.stderr.write(f"Error executing job: {failure}\n")
@@ -251,25 +256,30 @@ class RunSupervisor:
             send_to_group(self.pid, signal.SIGKILL, group=False)
         else:  # os.write: this may interrupt a write to sys.stderr
             what = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
-            os.write(2, f"[ddpw] {what}: every rank gets it and {self.grace.interrupt_s:g} s to end; {what} again "
-                        "ends them at once\n".encode())
+            who, them = ("the program (its job is over) gets it", "it") if self.job_over else ("every rank gets it",
+                                                                                                 "them")
+            os.write(2, f"[ddpw] {what}: {who} and {self.grace.interrupt_s:g} s to end; {what} again ends {them} at "
+                        "once\n".encode())
         raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
     # ------------------------------------------------------------------ interruptions outside the job
     def _interrupt_rank_zero(self, sig: int) -> int:
         """Ctrl-C or SIGTERM (`sig`): make sure every rank has it (those of a running job had it passed on
-        already), give rank 0's process the grace to end, then kill it; exit 128 + sig. Whenever rank 0 waits
+        already), give rank 0's process the grace to end, then kill it; exit 128 + sig (once the job is over: rank
+        0's own exit code, when it ended by itself within the grace). Whenever rank 0 waits
         in hydra-ddpw's code meanwhile (for its job, or to hear how it ended), it is told the job was stopped,
         and ends there."""
         sig = self.interrupted or sig
         with suppress(KeyboardInterrupt, Terminated):  # asked again: at once (`_on_signal` killed it)
-            if self.job_started:
+            if self.job_started and not self.job_over:
                 sys.stderr.write(stopped_line(0, sig))
             if self.exited is None and not (self.interrupted or self.awaiting.is_set()
                                             or sig == signal.SIGINT and self.sees_ctrl_c):
                 send_to_group(self.pid, sig, group=False)
             if not self._exited_within(self.grace.interrupt_s if len(self.received) < 2 else 0.0, stopped=sig):
                 sys.stderr.write(killed_line("rank 0", self.pid, the_programs_task=True))
+            elif self.job_over and len(self.received) < 2:
+                return _exit_code(self.exited or 0)
         self._kill_rank_zero()
         return 128 + sig
 
