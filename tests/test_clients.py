@@ -105,15 +105,19 @@ def test_a_program_that_runs_hydra_jobs_itself_with_hydra_zen_runs_each_on_every
     assert any(line.endswith('zen_app.py", line 22, in task') for line in failed), failed  # the script's own line
 
 
-def test_a_ctrl_c_after_a_plain_runs_job_is_the_programs_own_and_so_is_its_exit_code(tmp_path: Path) -> None:
-    # A Ctrl-C sent to the program's process (an IDE's stop button) after its job has ended is passed on to the
-    # program, which goes on in rank 0's process and handles it: no job is reported stopped; its exit code is its own.
-    proc = start_app(tmp_path, app="zen_then_wait.py")
+@pytest.mark.parametrize("mode", ["run", "multirun"])
+def test_a_ctrl_c_after_the_programs_jobs_is_its_own_and_so_is_its_exit_code(tmp_path: Path, mode: str) -> None:
+    # A Ctrl-C sent to the program's process (an IDE's stop button) after its run or sweep has ended is the program's:
+    # after a plain run it goes on in rank 0's process, which gets it; after a multirun Python's own handler is back.
+    # No job is reported stopped; the exit code is the program's.
+    proc = start_app(tmp_path, mode, app="zen_then_wait.py")
     assert proc.stdout is not None and proc.stderr is not None
     lines = iter(proc.stdout.readline, "")
-    assert "run done: 2; waiting\n" in lines  # (read up to that line)
+    assert f"done: {'[2, 2]' if mode == 'multirun' else 2}; waiting\n" in lines  # (read up to that line)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 5, err
-    assert out == "the program had its Ctrl-C\n"
-    assert "Ctrl-C: the program (its job is over) gets it" in err and "was stopped" not in err, err
+    assert out == "the program had its Ctrl-C: KeyboardInterrupt\n"
+    assert "was stopped" not in err and "no rank was running" not in err, err
+    if mode == "run":
+        assert "Ctrl-C: the program (its job is over) gets it" in err, err

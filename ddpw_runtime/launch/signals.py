@@ -1,10 +1,10 @@
 """Signals: to ranks (each leads its own process group, which reaches what it started too); Ctrl-C and SIGTERM held
 back while the controller must not be interrupted; and the handlers of a multirun's controller.
 
-From the launcher's `setup` on, Ctrl-C raises `Interrupted` (exit 130 without a traceback) and SIGTERM `Terminated`
-(exit 143; a second one ends what runs at once, as a second Ctrl-C does), unless the program was started ignoring it
-(`handle`). While jobs run, the launcher passes the signal on to them and says which were stopped; outside them the
-handler says so itself."""
+From the launcher's `setup` until the sweep ends, Ctrl-C raises `Interrupted` (exit 130 without a traceback) and SIGTERM
+`Terminated` (exit 143; a second one ends what runs at once, as a second Ctrl-C does), unless the program was started
+ignoring it (`handle`). While jobs run, the launcher passes the signal on to them and says which were stopped; outside
+them the handler says so itself."""
 
 from __future__ import annotations
 
@@ -105,10 +105,27 @@ def handle(signals: tuple[int, ...], handler: Callable[[int, FrameType | None], 
             signal.signal(sig, handler)
 
 
+_before_install: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+"""How Ctrl-C and SIGTERM were handled before `install`."""
+
+
 def install() -> None:
-    """Handle Ctrl-C and SIGTERM as a multirun's controller (the module docstring) from now on (main thread only)."""
+    """Handle Ctrl-C and SIGTERM as a multirun's controller (the module docstring) from now on (main thread only),
+    until `uninstall`."""
     if threading.current_thread() is threading.main_thread():
+        for sig in STOPPING_SIGNALS:
+            _before_install.setdefault(sig, signal.getsignal(sig))
         handle(STOPPING_SIGNALS, _on_signal)
+
+
+def uninstall() -> None:
+    """The sweep is over: Ctrl-C and SIGTERM are handled as before `install` again (a program that goes on after
+    its sweep, as hydra-zen's `launch` lets one, handles them itself)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig, handler in _before_install.items():
+            if handler is not None:  # (None: set outside Python, and left as is)
+                signal.signal(sig, handler)
+        _before_install.clear()
 
 
 @contextmanager

@@ -81,10 +81,13 @@ class PlainRun(Callback):
         _compat.report_like_hydra(lambda: _follow_sweep(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """Node 0 of a multirun across machines: tell the other nodes that the sweep ended."""
+        """Node 0 of a multirun across machines: tell the other nodes that the sweep ended. Ctrl-C and SIGTERM are
+        handled as before the sweep again (`signals.uninstall`)."""
+        from ddpw_runtime.launch import signals
         from ddpw_runtime.nodes.sweep_channel import end_hosted
 
         end_hosted()
+        signals.uninstall()
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Tell the supervisor the run is over (and which threads keep the program running)."""

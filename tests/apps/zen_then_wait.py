@@ -1,5 +1,5 @@
-"""A program whose plain run (hydra-zen's `launch`) is not the last thing it does: then it waits, and handles a
-Ctrl-C itself, exiting with its own code (5)."""
+"""A program whose run or multirun (hydra-zen's `launch`; `run` or `multirun` as its argument) is not the last thing
+it does: then it waits, and handles a Ctrl-C itself, exiting with its own code (5)."""
 
 import sys
 import threading
@@ -14,11 +14,13 @@ def task(cfg: dict) -> int:
 
 
 if __name__ == "__main__":
-    job = launch(make_config(), task, overrides=["hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2"],
-                 version_base="1.3")
+    multirun = sys.argv[1] == "multirun"
+    overrides = ["hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", *(["+x=1,2"] if multirun else [])]
+    done = launch(make_config(), task, overrides=overrides, multirun=multirun, version_base="1.3")
+    values = [job.return_value for job in done[0]] if multirun else done.return_value
     try:
-        print(f"run done: {job.return_value}; waiting", flush=True)
+        print(f"done: {values}; waiting", flush=True)
         threading.Event().wait()
-    except KeyboardInterrupt:
-        print("the program had its Ctrl-C", flush=True)
+    except KeyboardInterrupt as interrupt:
+        print(f"the program had its Ctrl-C: {type(interrupt).__name__}", flush=True)
         sys.exit(5)
