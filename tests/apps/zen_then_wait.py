@@ -14,10 +14,12 @@ def task(cfg: dict) -> int:
 
 
 if __name__ == "__main__":
-    multirun = sys.argv[1] == "multirun"
-    overrides = ["hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", *(["+x=1,2"] if multirun else [])]
-    done = launch(make_config(), task, overrides=overrides, multirun=multirun, version_base="1.3")
-    values = [job.return_value for job in done[0]] if multirun else done.return_value
+    overrides = ["hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2"]
+    if sys.argv[1] == "multirun":
+        sweep = launch(make_config(), task, overrides=[*overrides, "+x=1,2"], multirun=True, version_base="1.3")
+        values = [job.return_value for job in sweep[0]]
+    else:
+        values = launch(make_config(), task, overrides=overrides, version_base="1.3").return_value
     try:
         print(f"done: {values}; waiting", flush=True)
         threading.Event().wait()
