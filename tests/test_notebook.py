@@ -50,3 +50,23 @@ def test_notebook_runs_wrapper_in_a_real_kernel(tmp_path: Path) -> None:
     assert abs(weight[0][0] - 2.0) < 0.01 and abs(weight[0][1] + 3.0) < 0.01  # the kernel's own model was trained
     assert ast.literal_eval(outputs_of(code[4])[-1]) == ["HELLO!", "HELLO!"]  # the notebook's own resolver
     assert len(list((tmp_path / "ddpw_logs").iterdir())) == 4  # a log folder per call
+
+
+def test_hydra_jobs_run_from_a_notebook_with_hydra_zen(tmp_path: Path) -> None:
+    # A plain run forks the program, which a kernel's own threads forbid: refused before anything starts, naming
+    # what works in a notebook; the same job as a multirun runs.
+    launch = ("from hydra_zen import launch, make_config\nimport torch.distributed as dist\n"
+              "def task(cfg):\n    return dist.get_world_size() * cfg.a\n"
+              "overrides = ['hydra/launcher=ddpw_cpu', 'platform.n_procs_per_node=2']\n")
+    run = ("try:\n    launch(make_config(a=3), task, overrides=overrides, version_base='1.3')\n"
+           "except SystemExit as error:\n    print('exit', error.code)\n")
+    multirun = ("sweep = launch(make_config(a=3), task, overrides=[*overrides, 'a=1,2'], multirun=True, "
+                "version_base='1.3')\n[job.return_value for job in sweep[0]]")
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code) for code in (launch, run, multirun)])
+    NotebookClient(notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+                   ).execute()
+    refused = "".join(output.get("text", "") for output in notebook.cells[1].outputs)
+    assert "exit 1" in refused and "ThreadsBeforeTheRun" in refused, refused
+    assert "in a notebook, whose kernel runs them, run a multirun" in refused, refused
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("rank_*.log"))
+    assert ast.literal_eval(outputs_of(notebook.cells[2])[-1]) == [2, 4]

@@ -53,10 +53,13 @@ def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
     own = {threading.current_thread(), *starter_threads()}  # (a fork starts starters of its own)
     others = [thread.name for thread in threading.enumerate() if thread not in own]
     if others:
+        fix = ("in a notebook, whose kernel runs them, run a multirun (hydra-zen: `launch(..., multirun=True)`) or "
+               "call `ddpw_runtime.Wrapper`" if "ipykernel" in sys.modules else
+               "start them inside the task, or run with -m")
         raise ThreadsBeforeTheRun(
             f"a plain run with a ddpw launcher goes on in a fork of this process (the program's own process "
             f"supervises the job), and the thread(s) {', '.join(others)} started before the run would not be "
-            "there; start them inside the task, or run with -m"
+            f"there; {fix}"
         )
     ours, theirs = socket.socketpair()
     parent = os.getpid()
