@@ -362,6 +362,36 @@ def test_calls_from_threads_that_end_find_the_rank_starter_again(tmp_path: Path)
     assert done.stdout.splitlines() == ["[(0, 9), (1, 9)]"] * 4, done.stdout + done.stderr
 
 
+AFTER_A_FORK_EXITS = """
+import os, sys
+import torch.distributed as dist
+from ddpw_runtime import Platform, Wrapper
+
+def starter():
+    dist.barrier()
+    return os.getppid()  # the rank starter that started this rank
+
+if __name__ == "__main__":
+    runner = Wrapper(Platform(n_procs_per_node=2), log_dir="logs")
+    first = runner.start(starter)
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # through Python's exit handlers
+    os.waitpid(pid, 0)
+    print(first == runner.start(starter), len(set(first)))
+"""
+
+
+def test_a_fork_that_exits_leaves_its_parents_rank_starter_alone(tmp_path: Path) -> None:
+    """A fork of the program exits through Python's exit handlers after a `Wrapper` call (as a script's own `os.fork()`
+    child may): the program's rank starter is its parent's, and the next call uses it. The fork's exit handlers closed
+    it (its channel is shared), and the next call started another."""
+    done = subprocess.run([sys.executable, "-c", AFTER_A_FORK_EXITS], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "True 1\n", done.stdout + done.stderr
+
+
 VALUES_FROM_A_SCRIPT = """
 import ddpw_runtime
 from ddpw_runtime import Platform, Wrapper
