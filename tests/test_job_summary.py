@@ -20,7 +20,7 @@ from ddpw_runtime.hydra_jobs.summary import failed_summary, rank_ranges, rank_st
 from ddpw_runtime.launch.outcome import failure
 from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RankResult
-from tests.helpers import APPS, run_app
+from tests.helpers import APPS, job_dirs, leftover, run_app, seen
 
 ESC = "\033["
 
@@ -61,6 +61,23 @@ def test_a_run_prints_a_start_line_and_a_summary_per_job_without_colour_on_a_pip
     assert table[1].split() == ["job", "status", "time", "rank", "0", "returned", "output", "dir", "overrides"]
     assert table[2].split()[:2] == ["#0", "COMPLETED"] and table[2].endswith("/0  behaviour=ok")
     assert table[3].split()[:2] == ["#1", "FAILED"] and "rank 1 failed: ValueError: rank asked..." in table[3]
+
+
+@pytest.mark.subprocess
+def test_a_sweep_whose_output_reader_went_away_runs_every_job(tmp_path: Path) -> None:
+    # `python train.py -m ... | head -1`, or `| less` quit: hydra-ddpw's console lines find no reader. Every job still
+    # runs (they failed with BrokenPipeError), and the summary file has them; nothing is left running.
+    proc = subprocess.Popen([sys.executable, str(APPS / "app.py"), "-m", "behaviour=ok,ok,ok"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader is gone
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    (summary,) = tmp_path.glob("multirun/*/*/sweep_summary.json")
+    assert [job["status"] for job in json.loads(summary.read_text())["jobs"]] == ["COMPLETED"] * 3, err
+    assert [leftover(seen(job)) for job in job_dirs(tmp_path)] == [[], [], []]
+    assert "Error executing job" not in err and "Exception ignored" not in err, err  # (Hydra's logging says its own)
 
 
 @pytest.mark.subprocess

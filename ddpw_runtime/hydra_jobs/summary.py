@@ -20,6 +20,7 @@ from typing import TextIO
 
 from ddpw_conf import Platform
 from ddpw_runtime.errors import JobTimedOut, RankFailure
+from ddpw_runtime.launch.console import show
 from ddpw_runtime.launch.outcome import signal_name
 from ddpw_runtime.launch.stacks import rank_ranges
 
@@ -145,4 +146,4 @@ class JobConsole:
                     f"{self.output_dir}/rank_<k>.log")
 
     def _print(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        show(text, self.out)

@@ -19,6 +19,7 @@ import atexit
 import json
 import logging
 import math
+import sys
 import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
@@ -33,6 +34,7 @@ from ddpw_runtime import _compat
 from ddpw_runtime.hydra_jobs.prepare import as_typed
 from ddpw_runtime.hydra_jobs.summary import PREFIX, one_line, shown_path
 from ddpw_runtime.launch import pickling
+from ddpw_runtime.launch.console import show
 from ddpw_runtime.launch.payload import read_pickled, write_atomically
 
 log = logging.getLogger(__name__)
@@ -256,4 +258,4 @@ class PrintSweepSummary(Callback):
             entries = json.loads(path.read_text())["jobs"]
         except (OSError, ValueError, KeyError):
             return
-        print(table(entries, path, Path.cwd()), flush=True)
+        show(table(entries, path, Path.cwd()), sys.stdout)  # (`| tee` may have ended by the same Ctrl-C)

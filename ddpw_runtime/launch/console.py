@@ -63,6 +63,17 @@ class _Lines:
             self.partial = b""
 
 
+def show(text: str, stream: TextIO) -> None:
+    """Print `text`, a line of hydra-ddpw's own, to `stream` (stdout). When what read it is gone (`| head`, or `less`
+    quit), the rest of this process's output to it goes nowhere, as Python advises, and the job goes on: its logs and
+    summary file keep what the console would have shown."""
+    try:
+        print(text, file=stream, flush=True)
+    except OSError:  # BrokenPipeError; EIO for a terminal that closed
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
 def _write_all(console: Console, data: bytes) -> None:
     with contextlib.suppress(OSError, ValueError):  # a console that went away: the log still gets everything
         if isinstance(console, int):
