@@ -552,6 +552,28 @@ def test_a_task_that_fails_because_ctrl_c_ended_its_peers_still_ends_as_interrup
     assert leftover(ranks) == []
 
 
+def test_more_ctrl_cs_while_a_multirun_stops_kill_at_once_and_every_jobs_end_is_still_recorded(tmp_path: Path) -> None:
+    """Ctrl-C while a multirun's job runs (its ranks ignore it: the stop would wait the whole grace), then several
+    more as an impatient user presses it: the job is killed at once, the console says its ranks were stopped, and
+    the summary has it INTERRUPTED and the next job NOT STARTED. (One that landed inside the stop's kill, or after
+    it, cut it short: `no rank was running`, and the job stayed RUNNING in the summary.)"""
+    proc = start_app(tmp_path, "-m", "behaviour=ignore_sigint,ok", "hydra.launcher.interrupt_grace_s=60")
+    assert proc.stderr is not None
+    ranks = _started(tmp_path, proc)
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.readline()
+    while err and "stopping job #0" not in err:
+        err += proc.stderr.readline()
+    for _ in range(5):
+        proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=30)[1]  # (not the grace: the second one kills at once)
+    assert proc.returncode == 130, err + rest
+    assert "Interrupted: every rank of job #0 was stopped." in rest, err + rest
+    (summary,) = tmp_path.glob("multirun/*/*/sweep_summary.json")
+    assert [job["status"] for job in json.loads(summary.read_text())["jobs"]] == ["INTERRUPTED", "NOT STARTED"]
+    wait_for(lambda: leftover(ranks) == [], timeout=10, what="the ranks to end")
+
+
 def test_a_second_sigterm_still_ends_with_143(tmp_path: Path) -> None:
     proc = start_app(tmp_path, "behaviour=wait")
     ranks = _started(tmp_path, proc)

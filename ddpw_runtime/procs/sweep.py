@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import FrameType
 from typing import NoReturn
 
 from hydra.core.utils import JobReturn, JobStatus
@@ -313,15 +314,28 @@ class _Sweep:
         """Ctrl-C or SIGTERM: pass it on to every running job and wait until each has ended; one line per job;
         raise what ends the program. A job process that has not ended `interrupt_grace_s` + `KILL_WAIT_S` later
         (its ranks had their grace and their kill by then: it is held, by a callback of the user's that blocks
-        with signals blocked, say), or at a second Ctrl-C or SIGTERM, is killed (`Children.stop`), and the rank
-        starter kills what it started; it counts as stopped by `signum`."""
+        with signals blocked, say) is killed (`Children.stop`); a second Ctrl-C or SIGTERM kills every job process
+        at once, wherever it lands, and raises nothing, so each job's end is still noted and the summary is right.
+        The rank starter kills what a killed job process started; it counts as stopped by `signum`."""
         self.stopped_by = signum
-        if self.running:
-            sys.stderr.write(signals.stopping_line(signum, sorted(r.job.idx for r in self.running.values())))
-            sys.stderr.flush()
-        self.children.stop(signum, self.options.interrupt_grace_s + KILL_WAIT_S, group=False)
-        lines = [signals.stopped_line(idx, end.stopped_by) for idx, end in sorted(self.ended.items()) if end.stopped_by]
-        sys.stderr.write("".join(lines) or signals.nothing_running(signum))  # (it may come as a job is started)
-        self._record_not_started()
+        before = {sig: signal.getsignal(sig) for sig in signals.STOPPING_SIGNALS}
+
+        def again(sig: int, frame: FrameType | None) -> None:  # kill at once: no exception cuts the stop short
+            self.children.send(signal.SIGKILL, group=False)
+
+        signals.handle(signals.STOPPING_SIGNALS, again)
+        try:
+            if self.running:
+                sys.stderr.write(signals.stopping_line(signum, sorted(r.job.idx for r in self.running.values())))
+                sys.stderr.flush()
+            self.children.stop(signum, self.options.interrupt_grace_s + KILL_WAIT_S, group=False)
+            lines = [signals.stopped_line(idx, end.stopped_by) for idx, end in sorted(self.ended.items())
+                     if end.stopped_by]
+            sys.stderr.write("".join(lines) or signals.nothing_running(signum))  # (it may come as a job is started)
+            self._record_not_started()
+        finally:
+            for sig, handler in before.items():
+                if handler is not None and signal.getsignal(sig) is again:
+                    signal.signal(sig, handler)
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
 
