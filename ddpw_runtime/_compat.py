@@ -81,6 +81,14 @@ def report_like_hydra(action: Callable[[], Any]) -> Any:
         raise SystemExit(1) from None
 
 
+def run_job(task_function: Callable[..., Any], *args: Any) -> Any:
+    """`task_function(*args)` in a frame named as Hydra's `run_job`, so that Hydra reports what it raises as it
+    reports a task's error in its own run: the traceback from the task on, and its hint of HYDRA_FULL_ERROR (for a
+    task that rank 0 of a plain run calls again, as the job restarts). Private: `run_and_report` prints the frames
+    below the first one named `run_job`, and the whole traceback when there is none. Fallback: the whole one."""
+    return task_function(*args)
+
+
 def forget_failed_process_group() -> None:
     """Undo what a failed `init_process_group` leaves behind: it used up a process-group name (torch
     counts them), so this process's next default group would get another name than its new peers' and

@@ -62,6 +62,20 @@ def test_report_like_hydra_prints_a_compact_error_alone_and_exits_1(capsys: pyte
     assert err.startswith("rank 1 (node 0) failed: ValueError: bad batch\n") and "test_compat.py" not in err
 
 
+def test_an_error_raised_under_run_job_is_reported_from_the_task_on_as_hydra_reports_a_jobs(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    def task(value: int) -> None:
+        raise ValueError(f"bad {value}")
+
+    assert _compat.run_job(lambda value: value + 1, 1) == 2
+    with pytest.raises(SystemExit):
+        _compat.report_like_hydra(lambda: _compat.run_job(task, 3))
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):\n") and ", in task\n" in err
+    assert "<lambda>" not in err and "run_and_report" not in err and "ValueError: bad 3" in err
+    assert "HYDRA_FULL_ERROR=1" in err  # Hydra's own hint: the error went the way of a job's
+
+
 def test_the_process_group_counter_that_a_failed_init_leaves_can_be_reset() -> None:
     from torch.distributed import distributed_c10d
 

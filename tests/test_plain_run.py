@@ -178,6 +178,16 @@ def test_a_failed_job_shows_its_root_cause_once_in_few_lines(tmp_path: Path) -> 
     assert "logs: logs/train/runs/" in proc.stdout  # where the logs are
 
 
+@pytest.mark.parametrize("restarts", ["0", "1"])
+def test_rank_0s_own_error_is_shown_as_hydra_shows_a_tasks_also_after_a_restart(tmp_path: Path, restarts: str) -> None:
+    proc = run_app(tmp_path, "behaviour=raise", "fail_rank=0", f"hydra.launcher.max_restarts={restarts}")
+    assert proc.returncode == 1
+    traceback = proc.stderr[proc.stderr.index("Traceback (most recent call last):"):]
+    assert traceback.splitlines()[1].startswith(f'  File "{APPS / "app.py"}"'), traceback  # from the task on
+    assert "hydra/_internal" not in traceback and "ddpw_runtime" not in traceback, traceback
+    assert "ValueError: rank asked to fail" in traceback and "HYDRA_FULL_ERROR=1" in traceback
+
+
 def test_a_killed_rank_is_named_with_its_signal(tmp_path: Path) -> None:
     proc = run_repo(tmp_path, "behaviour=kill")
     assert proc.returncode == 1

@@ -35,7 +35,7 @@ from ddpw_runtime.errors import RankStopped
 from ddpw_runtime.hydra_jobs.prepare import as_typed, command_line, hydra_config_of, job_check, pin_now, task_config
 from ddpw_runtime.hydra_jobs.task import append_to_job_files
 from ddpw_runtime.launch.engine import describe
-from ddpw_runtime.launch.payload import TaskCall, from_task
+from ddpw_runtime.launch.payload import TaskCall
 from ddpw_runtime.launch.plan import DUMP_SIGNAL, stacks_file
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankZero, RunEnded, TaskEnded
@@ -311,10 +311,11 @@ class RankZeroSide:
         while settled.restart:
             self._join()
             assert self.task is not None
-            try:
-                job_return.return_value, job_return.status = self.task(), JobStatus.COMPLETED
+            try:  # (as Hydra's run_job calls it, so that an error is shown as in Hydra's own run)
+                job_return.return_value = _compat.run_job(self.task.target, *self.task.args)
+                job_return.status = JobStatus.COMPLETED
             except Exception as exc:  # noqa: BLE001 - as Hydra's run_job takes a task's error
-                job_return.return_value, job_return.status = from_task(exc), JobStatus.FAILED
+                job_return.return_value, job_return.status = exc, JobStatus.FAILED
             settled = self._leave(job_return)
         if settled.stopped is not None:  # what the task raised meanwhile (a peer gone) is no cause
             _end_run(settled, None)
