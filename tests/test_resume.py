@@ -99,6 +99,42 @@ def test_a_sweep_killed_while_its_second_job_runs_resumes_keeping_the_first(tmp_
     assert {line.split()[1] for line in (folder / "ran_1").read_text().splitlines()} == {str(sweep / "1")}
 
 
+def test_a_sweep_in_a_dir_where_one_runs_now_is_refused_a_resume_beside_it_or_a_new_one(tmp_path: Path) -> None:
+    args = sweep_args(tmp_path, "hold=1")
+    folder = tmp_path / "runs"
+    (folder / "hold").touch()
+    proc = start_app(tmp_path, *args, app=APP)
+    wait_for(lambda: (folder / "holding_1").exists(), timeout=60, what="job #1 to run")
+    for also in (("hydra.launcher.resume=true",), ()):
+        beside = run_app(tmp_path, *args, *also, app=APP)
+        assert beside.returncode == 1
+        assert f"hydra.sweep.dir='{tmp_path / 'sw'}': a sweep runs in this dir now (process {proc.pid})" \
+            in beside.stderr, beside.stderr
+    assert [runs(folder, job) for job in range(4)] == [1, 1, 0, 0]  # neither ran a job
+    (folder / "hold").unlink()
+    assert proc.wait(timeout=60) == 0
+    after = run_app(tmp_path, *args, "hydra.launcher.resume=true", app=APP)  # the dir is free once it ended
+    assert after.returncode == 0, after.stderr
+    assert "4 jobs, 4 COMPLETED (4 kept)" in after.stdout and [runs(folder, job) for job in range(4)] == [1] * 4
+
+
+def test_a_sweep_dir_moved_since_resumes_there_and_one_named_by_another_config_is_refused(tmp_path: Path) -> None:
+    args = sweep_args(tmp_path, "fail_once=2")
+    assert run_app(tmp_path, *args, app=APP).returncode == 1
+    (tmp_path / "sw").rename(tmp_path / "moved")
+    resumed = run_app(tmp_path, *args, f"hydra.sweep.dir={tmp_path / 'moved'}", "hydra.launcher.resume=true", app=APP)
+    assert resumed.returncode == 0, resumed.stderr
+    assert not (tmp_path / "sw").exists()  # nothing ran where the sweep was
+    assert {e["output_dir"] for e in summary(tmp_path / "moved").values()} == {
+        str(tmp_path / "moved" / str(job)) for job in range(4)}
+    assert (tmp_path / "runs" / "ran_2").read_text().splitlines()[-1].endswith(str(tmp_path / "moved" / "2"))
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "other.yaml").write_text("defaults:\n  - resume\n  - _self_\n")
+    other = run_app(tmp_path, "--config-dir", str(tmp_path / "more"), "--config-name", "other", *args,
+                    f"hydra.sweep.dir={tmp_path / 'moved'}", "hydra.launcher.resume=true", app=APP)
+    assert other.returncode == 1 and "--config-name other (earlier: resume)" in other.stderr, other.stderr
+
+
 def test_fail_fast_stops_the_jobs_beside_the_failed_one_and_starts_no_more(tmp_path: Path) -> None:
     meet = tmp_path / "meet"
     meet.mkdir()

@@ -7,7 +7,10 @@ before (they run again in the same output dir).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +26,8 @@ from ddpw_runtime.hydra_jobs.sweep_summary import SweepRecord, SweepSummary, rea
 
 log = logging.getLogger(__name__)
 
+LOCK_FILE = ".sweep_lock"
+"""The file in a sweep dir that the process running a sweep in it holds (`_hold`)."""
 _AGAIN = ("run the earlier command again with hydra.launcher.resume=true, or start a new sweep (another "
           "hydra.sweep.dir, without resume)")
 
@@ -32,6 +37,7 @@ def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
     run's in the same sweep dir, once both are known to make the same jobs (a `ConfigError` naming what
     differs, before anything starts)."""
     sweep_dir = Path(str(config.hydra.sweep.dir))
+    _hold(sweep_dir)
     record = SweepRecord.of(config)
     if not options.resume:
         return SweepSummary(sweep_dir, record)
@@ -48,7 +54,46 @@ def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
     if differences := _differences(earlier[0], record):
         raise ConfigError("hydra.launcher.resume", True, "this sweep differs from the earlier run in "
                           f"hydra.sweep.dir={sweep_dir}: {'; '.join(differences)}; " + _AGAIN)
-    return SweepSummary(sweep_dir, record, earlier[1])
+    moved_from = Path(earlier[0].sweep_dir or record.sweep_dir)  # (copied or moved since: its jobs run here)
+    return SweepSummary(sweep_dir, record, [replace(e, output_dir=str(_moved(Path(e.output_dir), moved_from,
+                                                                               Path(record.sweep_dir))))
+                                            for e in earlier[1]])
+
+
+def _moved(path: Path, before: Path, now: Path) -> Path:
+    """`path`, inside the sweep dir `before`, at the same place inside `now`; elsewhere, as it is."""
+    return now / path.relative_to(before) if path.is_relative_to(before) else path
+
+
+_HELD: dict[Path, int] = {}
+"""The lock file of each sweep dir this process holds, open as long as it lives (`_hold`)."""
+
+
+def _hold(sweep_dir: Path) -> None:
+    """Hold `sweep_dir` for this process's sweeps: another sweep in it at the same time (a resume started beside the
+    run it resumes, or two resumes) would run the same jobs in the same dirs at once, and both would write its summary.
+    A POSIX record lock on `LOCK_FILE`: the kernel lets it go when the process ends, however it ends (SIGKILL too), and
+    a fork does not inherit it. A file system that has no locks (some network ones) holds nothing. `ConfigError`
+    naming the process that holds it."""
+    path = (sweep_dir / LOCK_FILE).absolute()
+    if path in _HELD:  # (a program that runs several sweeps in the same dir, one after another)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        holder = os.read(fd, 20).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        if error.errno not in (errno.EACCES, errno.EAGAIN):
+            return
+        raise ConfigError("hydra.sweep.dir", str(sweep_dir), f"a sweep runs in this dir now (process {holder}), and "
+                          "two would run the same jobs in the same dirs at once: wait for it to end (or stop it), "
+                          "then resume it with hydra.launcher.resume=true; or give this sweep another "
+                          "hydra.sweep.dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _HELD[path] = fd
 
 
 def _differences(earlier: SweepRecord, now: SweepRecord) -> list[str]:
@@ -60,6 +105,8 @@ def _differences(earlier: SweepRecord, now: SweepRecord) -> list[str]:
         found.append(f"hydra/sweeper {now.sweeper} (earlier: {earlier.sweeper})")
     if earlier.params != now.params:
         found.append(f"hydra.sweeper.params {now.params} (earlier: {earlier.params})")
+    if earlier.config_name and earlier.config_name != now.config_name:
+        found.append(f"--config-name {now.config_name} (earlier: {earlier.config_name})")
     return found
 
 

@@ -77,6 +77,10 @@ class SweepRecord:
     """The sweeper's class (`hydra.sweeper._target_`)."""
     params: Any = None
     """The sweeps the config gives the sweeper (`hydra.sweeper.params`), unresolved."""
+    config_name: str = ""
+    """The primary config's name (`--config-name`; "None" without one; "" in a summary from before it was kept)."""
+    sweep_dir: str = ""
+    """Where the sweep ran (absolute): a resume of a sweep dir moved since runs its jobs in their dirs there."""
 
     @staticmethod
     def of(config: DictConfig) -> SweepRecord:
@@ -84,7 +88,9 @@ class SweepRecord:
         params = OmegaConf.select(config, "hydra.sweeper.params")
         return SweepRecord(list(as_typed(config.hydra.overrides.task)),
                            str(OmegaConf.select(config, "hydra.sweeper._target_")),
-                           OmegaConf.to_container(params) if OmegaConf.is_config(params) else params)
+                           OmegaConf.to_container(params) if OmegaConf.is_config(params) else params,
+                           str(OmegaConf.select(config, "hydra.job.config_name")),
+                           str(Path(str(config.hydra.sweep.dir)).absolute()))
 
 
 def entry(job: int, overrides: list[str], output_dir: Path, duration_s: float, ret: JobReturn | None,
