@@ -113,9 +113,9 @@ def install() -> None:
     """Handle Ctrl-C and SIGTERM as a multirun's controller (the module docstring) from now on (main thread only),
     until `uninstall`."""
     if threading.current_thread() is threading.main_thread():
-        for sig in STOPPING_SIGNALS:
-            _before_install.setdefault(sig, signal.getsignal(sig))
-        handle(STOPPING_SIGNALS, _on_signal)
+        for sig in STOPPING_SIGNALS:  # (as the program had them: not as an interrupted sweep left them, `further`)
+            if _before_install.setdefault(sig, signal.getsignal(sig)) != signal.SIG_IGN:
+                signal.signal(sig, _on_signal)
 
 
 def uninstall() -> None:
@@ -141,7 +141,39 @@ def jobs_running() -> Iterator[None]:
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     if not _state["jobs running"]:
         sys.stderr.write(nothing_running(signum))
+    else:  # the launcher stops the jobs now (`further`): one more that comes before it is ready waits for it
+        for sig in STOPPING_SIGNALS:
+            if signal.getsignal(sig) is _on_signal:
+                signal.signal(sig, _hold_further)
     raise Interrupted() if signum == signal.SIGINT else Terminated()
+
+
+_further: list[int] = []
+"""The Ctrl-Cs and SIGTERMs that came after the one that stops the jobs, before the launcher's stop was ready."""
+
+
+def _hold_further(signum: int, frame: FrameType | None) -> None:
+    _further.append(signum)
+
+
+@contextmanager
+def further(kill: Callable[[], None]) -> Iterator[None]:
+    """While the launcher stops its jobs after a Ctrl-C or SIGTERM (`_on_signal` raised it): a further one calls `kill`
+    (at once, also for one that came before this block) and raises nothing, so that no exception cuts the stop short.
+    Then more are ignored: the program ends with the first one's exit code, and one that came as it ends (in its exit
+    handlers, say) would cut that short with a traceback. (A program that catches the sweep's `Interrupted` and goes
+    on gets its own handling back as its next sweep ends, `uninstall`.)"""
+    swapped = [sig for sig in STOPPING_SIGNALS if signal.getsignal(sig) in (_on_signal, _hold_further)]
+    try:
+        for sig in swapped:
+            signal.signal(sig, lambda signum, frame: kill())
+        if _further:
+            kill()
+        yield
+    finally:
+        for sig in swapped:
+            signal.signal(sig, signal.SIG_IGN)
+        _further.clear()
 
 
 def stopped_line(job: int, signum: int) -> str:

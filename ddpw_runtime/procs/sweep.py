@@ -18,7 +18,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import FrameType
 from typing import NoReturn
 
 from hydra.core.utils import JobReturn, JobStatus
@@ -318,13 +317,7 @@ class _Sweep:
         at once, wherever it lands, and raises nothing, so each job's end is still noted and the summary is right.
         The rank starter kills what a killed job process started; it counts as stopped by `signum`."""
         self.stopped_by = signum
-        before = {sig: signal.getsignal(sig) for sig in signals.STOPPING_SIGNALS}
-
-        def again(sig: int, frame: FrameType | None) -> None:  # kill at once: no exception cuts the stop short
-            self.children.send(signal.SIGKILL, group=False)
-
-        signals.handle(signals.STOPPING_SIGNALS, again)
-        try:
+        with signals.further(lambda: self.children.send(signal.SIGKILL, group=False)):
             if self.running:
                 sys.stderr.write(signals.stopping_line(signum, sorted(r.job.idx for r in self.running.values())))
                 sys.stderr.flush()
@@ -333,9 +326,5 @@ class _Sweep:
                      if end.stopped_by]
             sys.stderr.write("".join(lines) or signals.nothing_running(signum))  # (it may come as a job is started)
             self._record_not_started()
-        finally:
-            for sig, handler in before.items():
-                if handler is not None and signal.getsignal(sig) is again:
-                    signal.signal(sig, handler)
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
 
