@@ -4,12 +4,14 @@ driven by explicit fields, a Kubeflow PyTorchJob pod's environment and SkyPilot'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -391,12 +393,31 @@ def test_a_node_that_cannot_reach_node_0_names_the_address_and_port(tmp_path: Pa
     assert not job_dirs(tmp_path)  # it never ran a job of its own
 
 
+def _answer_as_a_web_server(listening: socket.socket) -> None:
+    """Answer every connection to `listening` with an HTTP 400 at once and close it, as a web server or proxy does."""
+    while True:
+        try:
+            peer, _ = listening.accept()
+        except OSError:
+            return
+        with peer, contextlib.suppress(OSError):
+            peer.settimeout(1)
+            peer.recv(100)
+            peer.sendall(b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+
+
 @pytest.mark.subprocess
-def test_a_node_that_reaches_another_program_on_node_0s_port_says_so_within_a_bound(tmp_path: Path) -> None:
-    """A program that holds node 0's port and never answers (torch's own store client would wait for it for ever)."""
+@pytest.mark.parametrize("answers", [False, True], ids=["never-answers", "answers-as-a-web-server"])
+def test_a_node_that_reaches_another_program_on_node_0s_port_says_so_within_a_bound(tmp_path: Path,
+                                                                                    answers: bool) -> None:
+    """A program that holds node 0's port and never answers (torch's own store client would wait for it for ever), or
+    answers something else (torch's client gives up a little after its timeout: the node ended as it did, and was
+    aborted, exit 134, about 1 run in 4)."""
     with socket.socket() as other_program:
         other_program.bind((HOST, 0))
         other_program.listen()
+        if answers:
+            threading.Thread(target=_answer_as_a_web_server, args=(other_program,), daemon=True).start()
         port = other_program.getsockname()[1]
         own, environ = _explicit(port, 1)
         one = _node(tmp_path, ["platform.n_nodes=2", "platform.n_procs_per_node=1", *own], environ)
@@ -404,7 +425,9 @@ def test_a_node_that_reaches_another_program_on_node_0s_port_says_so_within_a_bo
             _, err = one.communicate(timeout=60)
         finally:
             one.kill()
-    assert one.returncode == 1
+        with contextlib.suppress(OSError):
+            other_program.shutdown(socket.SHUT_RDWR)  # (ends the answering thread)
+    assert one.returncode == 1, err
     assert f"node 1 reached {HOST}:{port}, but what listens there did not answer as node 0's store within" in err
     assert "choose a free platform.master_port" in err
     assert not job_dirs(tmp_path)

@@ -221,7 +221,9 @@ class StoreSide:
 
         client = threading.Thread(target=store_client, name="ddpw-node-0-store", daemon=True)
         client.start()
-        client.join(_ANSWER_S)
+        # torch's own timeout, then as long again for it to give up: it takes a little past it, and a thread still in
+        # its client as the program ends aborts it (SIGABRT) when the client then fails
+        client.join(2 * _ANSWER_S)
         if not made or isinstance(made[0], Exception):
             why = f" ({str(made[0]).splitlines()[0]})" if made else ""
             raise NodeError(f"node {platform.node_rank} reached {where}, but what listens there did not answer as node "
