@@ -628,6 +628,27 @@ def test_a_failed_job_starts_again_in_the_same_output_dir_until_restarts_run_out
     assert [a["restart_count"] for a in _attempts(job_dirs(tmp_path)[-1], 1)] == [0, 1]
 
 
+def test_a_sweeps_process_killed_as_its_job_starts_again_leaves_no_private_folder(tmp_path: Path) -> None:
+    """The sweep's process SIGKILLed right as a failed job starts again: the job process, killed with it, had made the
+    new attempt's private folder (the payload for its ranks) and not yet told the rank starter, which removes what it
+    knows of (it was left behind every time)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = subprocess.Popen([sys.executable, str(APPS / "app.py"), "-m", "behaviour=raise", "+x=1,2",
+                             "hydra.launcher.max_restarts=1"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "TMPDIR": str(scratch)})
+    assert proc.stdout is not None
+    out = ""
+    while "starting the job again" not in out:
+        line = proc.stdout.readline()
+        assert line, out
+        out += line
+    proc.kill()
+    proc.communicate(timeout=30)
+    wait_for(lambda: not list(scratch.glob("ddpw-*")), timeout=30, what="the job's private folders to be removed")
+
+
 def test_a_time_limit_is_not_restarted(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "behaviour=hang", "platform.timeout_min=0.02", "hydra.launcher.max_restarts=2")
     assert proc.returncode == 1

@@ -66,6 +66,10 @@ class NodeJob:
     """Put before every console line of this job's ranks (a job's number when jobs run side by side)."""
     share: Share | None = None
     """The GPUs and CPU cores of its own, when jobs run side by side."""
+    scratch: str | None = None
+    """Where its private folders are made (None: the system's temporary folder). A multirun's job process makes them
+    in its own folder, which the rank starter removes also when the job process is killed before it could say which
+    (the sweep's process killed as the job starts again)."""
 
 
 def starter_for(platform: Platform) -> RankStarter:
@@ -90,7 +94,7 @@ class LocalJob:
         """The bound rendezvous socket's descriptor, on the node that hosts the store."""
         self.store_hosted = False
         """This process serves the job's store (`host_store`): rank 0 joins it like every rank."""
-        self.workdir = Path(tempfile.mkdtemp(prefix="ddpw-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix="ddpw-", dir=job.scratch))
         try:
             port = self.listener.getsockname()[1] if self.listener is not None else job.master_port
             self.plan: LaunchPlan = plan_local(platform, Path(job.log_dir).resolve(), self.workdir,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pickle
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
             payload: JobPayload = pickle.load(src)
         payload.state.enter({})
         hydra_context, task_function, config = pickle.loads(payload.hydra_job)
-        task = JobTask(task_function, payload.node_job, payload.idx)
+        task = JobTask(task_function, replace(payload.node_job, scratch=str(result.parent)), payload.idx)
         key, subkey = PreparedJob.dir_keys
         ret = run_job(hydra_context=hydra_context, task_function=task, config=config, job_dir_key=key,
                       job_subdir_key=subkey)
