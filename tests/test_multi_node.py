@@ -434,6 +434,21 @@ def test_a_node_that_reaches_another_program_on_node_0s_port_says_so_within_a_bo
 
 
 @pytest.mark.subprocess
+def test_the_time_limit_names_the_rank_outside_the_collective_on_another_node(tmp_path: Path) -> None:
+    """Rank 1, on node 1, is stuck loading a batch while rank 0, on node 0, waits for it in all_reduce: node 0's report
+    has every node's ranks and names rank 1 (each node showed only its own ranks, and so named no rank)."""
+    zero, one = _start_two(tmp_path, _explicit, "behaviour=hold_up", "platform.timeout_min=0.1")
+    err0 = zero.communicate(timeout=120)[1]
+    err1 = one.communicate(timeout=120)[1]
+    assert zero.returncode == 1 and one.returncode == 1, err0 + err1
+    assert "ran past its time limit (platform.timeout_min=0.1) and was stopped; where each rank was" in err0, err0
+    assert f"  rank 1: NOT IN THE COLLECTIVE, at load_batch ({APPS / 'app.py'}:" in err0, err0
+    assert "  rank 0: waiting in all_reduce, at hold_up (" in err0, err0
+    assert "node 0 shows where each rank was" in err1 or "the job was stopped on node 0" in err1, err1
+    assert "NOT IN THE COLLECTIVE" not in err1 and "Traceback" not in err1, err1
+
+
+@pytest.mark.subprocess
 def test_a_second_process_started_as_the_same_node_is_refused_and_the_job_goes_on(tmp_path: Path) -> None:
     zero, one, ranks = _two_running(tmp_path)
     port = int(ranks[0]["env"]["MASTER_PORT"])

@@ -11,17 +11,19 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ddpw_runtime.errors import NodeError, NodeLost, Terminated
+from ddpw_runtime.errors import JobTimedOut, NodeError, NodeLost, Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.job import Grace
 from ddpw_runtime.launch.outcome import root_cause
 from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.signals import held
+from ddpw_runtime.launch.stacks import shown_ranks
 from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
-from ddpw_runtime.nodes.channel import JobSpec, NodeChannel, NodeStop
+from ddpw_runtime.nodes.channel import JobSpec, NodeChannel, NodeEnd, NodeStop
 
 if TYPE_CHECKING:
     from ddpw_runtime.launch.job import LocalJob
@@ -166,6 +168,10 @@ class Nodes:
         watcher.start()
         try:
             yield
+        except JobTimedOut as here:  # node 0 shows where every node's ranks were; another node, its own
+            if channel.node != 0:
+                raise
+            raise with_every_node(here, [], channel.ends(self._ends_within_s)[0]) from None
         except (KeyboardInterrupt, Terminated):
             if channel.node == 0:  # the other nodes read why (the stop published) before node 0's store goes
                 channel.ends(self._ends_within_s)
@@ -196,6 +202,8 @@ class Nodes:
             return every
         errors = [end.error for end in ends.values() if end.error is not None]
         if errors:
+            if isinstance(errors[0], JobTimedOut):  # another node's time limit came first: this one's ranks too
+                raise with_every_node(errors[0], outcomes, ends)
             raise errors[0]
         if lost:  # (once this node's ranks had ended)
             raise NodeLost(NodeStop(lost[0], lost=True).text(), lost)
@@ -204,6 +212,30 @@ class Nodes:
             raise NodeError(f"node(s) {', '.join(map(str, missing))} sent no end of their ranks (their controller "
                             "ended, or lost node 0)")
         return every
+
+
+def with_every_node(timed_out: JobTimedOut, outcomes: list[RankOutcome], ends: dict[int, NodeEnd]) -> JobTimedOut:
+    """`timed_out` (one node's ranks at its time limit or stall) with where every other rank was: in `outcomes` and the
+    other nodes' `ends`, their ranks' places as they were stopped, or their own time limit's report. So the report
+    names the ranks that held the others up, on whichever node they ran."""
+    report = timed_out.report
+    if report is None:
+        return timed_out
+    places = {place.rank: place for place in report.places}
+    ended, recorded = set(report.ended), list(report.recorded)
+    for end in ends.values():
+        theirs = end.error.report if isinstance(end.error, JobTimedOut) else None
+        if theirs is not None:
+            places.update({place.rank: place for place in theirs.places if place.rank not in places})
+            ended.update(theirs.ended)
+            recorded.extend(theirs.recorded)
+    for outcome in [*outcomes, *(o for end in ends.values() for o in end.ranks)]:
+        if outcome.place is not None:
+            places.setdefault(outcome.rank, outcome.place)
+        ended.add(outcome.rank)
+    whole = replace(report, places=tuple(places[rank] for rank in sorted(places)),
+                    ended=tuple(sorted(ended - places.keys())), recorded=tuple(recorded))
+    return JobTimedOut(timed_out.timeout_min, shown_ranks(whole.places), whole, timed_out.stalled)
 
 
 def failed_by_itself(outcomes: list[RankOutcome]) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime import _compat
-from ddpw_runtime.errors import NodeError, Terminated
+from ddpw_runtime.errors import JobTimedOut, NodeError, Terminated
 from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
 from ddpw_runtime.launch.outcome import failure, root_cause
 from ddpw_runtime.launch.records import portable
@@ -133,6 +133,9 @@ def _follow(platform: Platform, options: LauncherOptions,
         return 128 + signal_of(stop), None
     except Exception as error:
         channel.end(NodeEnd(node, error=portable(error, NodeError)))
+        if isinstance(error, JobTimedOut) and not channel.lost:  # node 0 shows where every node's ranks were
+            sys.stderr.write(f"[ddpw] {error.head} (on this node, node {node}); node 0 shows where each rank was\n")
+            return 1, None
         raise
     if stopped is not None and stopped.node == node:
         stopped = None
