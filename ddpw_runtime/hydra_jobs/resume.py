@@ -23,6 +23,7 @@ from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime import _compat
 from ddpw_runtime.hydra_jobs.prepare import JobToRun
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepRecord, SweepSummary, read_summary
+from ddpw_runtime.launch.checks import check_not_under_torchrun
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
     run's in the same sweep dir, once both are known to make the same jobs (a `ConfigError` naming what
     differs, before anything starts)."""
     sweep_dir = Path(str(config.hydra.sweep.dir))
+    if options.runs_here:  # first: each copy of a program that torchrun runs several times is told so (not that another
+        check_not_under_torchrun(os.environ)  # copy holds the sweep dir)
     _hold(sweep_dir)
     record = SweepRecord.of(config)
     if not options.resume:
