@@ -81,8 +81,11 @@ def _hold(sweep_dir: Path) -> None:
     path = (sweep_dir / LOCK_FILE).absolute()
     if path in _HELD:  # (a program that runs several sweeps in the same dir, one after another)
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:  # (a dir this user cannot write to: the sweep itself says so, as it writes there)
+        return
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:
