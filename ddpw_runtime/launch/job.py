@@ -66,6 +66,10 @@ class NodeJob:
     """Put before every console line of this job's ranks (a job's number when jobs run side by side)."""
     share: Share | None = None
     """The GPUs and CPU cores of its own, when jobs run side by side."""
+    second_signal_kills: bool = True
+    """A second Ctrl-C or SIGTERM while the ranks have their interrupt grace kills them at once. Not in a multirun's
+    job process: what it gets is the sweep passing on the program's signal, or the same signal sent to every process
+    of the job (`pkill -f train.py`), both one interruption; the sweep kills it on the program's second."""
     scratch: str | None = None
     """Where its private folders are made (None: the system's temporary folder). A multirun's job process makes them
     in its own folder, which the rank starter removes also when the job process is killed before it could say which

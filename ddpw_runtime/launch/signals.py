@@ -78,6 +78,23 @@ def held() -> Iterator[None]:
 
 
 @contextmanager
+def ignored(ignore: bool = True) -> Iterator[None]:
+    """Ctrl-C and SIGTERM ignored for the block (with `ignore`; in the main thread, where Python runs handlers)."""
+    if not ignore or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOPPING_SIGNALS}
+    try:
+        for sig in STOPPING_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # (None: set outside Python, and left as is)
+                signal.signal(sig, handler)
+
+
+@contextmanager
 def sigterm_raises(handler: Callable[[int, FrameType | None], object] = raise_terminated) -> Iterator[None]:
     """While supervising, SIGTERM raises `Terminated` (in the main thread only; through `handler`, which may say so
     first) so the ranks are stopped with a grace period instead of the controller vanishing."""

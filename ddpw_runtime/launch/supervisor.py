@@ -24,7 +24,15 @@ from ddpw_runtime.launch.outcome import note_failures
 from ddpw_runtime.launch.payload import read_pickled
 from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.signals import held, killed_line, raise_terminated, send_to_group, signal_of, sigterm_raises
+from ddpw_runtime.launch.signals import (
+    held,
+    ignored,
+    killed_line,
+    raise_terminated,
+    send_to_group,
+    signal_of,
+    sigterm_raises,
+)
 from ddpw_runtime.launch.stacks import RankPlace, shown_ranks
 
 log = logging.getLogger(__name__)
@@ -176,12 +184,14 @@ class NodeRanks(Children):
 
     def interrupt(self, sig: int) -> None:
         """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace.interrupt_s` to finish (those
-        still starting, `STARTING_GRACE_S`), then kill them; a second Ctrl-C kills them at once. The console goes on
-        showing them meanwhile: what a task says as it stops (a checkpoint saved) is for the user to see."""
+        still starting, `STARTING_GRACE_S`), then kill them; a second Ctrl-C kills them at once (unless not
+        `NodeJob.second_signal_kills`: then it is ignored). The console goes on showing them meanwhile: what a task says
+        as it stops (a checkpoint saved) is for the user to see."""
         joining = [rank for rank in self.starting() if self.outside is not None and rank.pid == self.outside.pid]
         self.send(sig)
         start, grace = time.monotonic(), self.local.job.grace.interrupt_s
-        with suppress(KeyboardInterrupt, Terminated):  # a second Ctrl-C or SIGTERM (or a request): kill now
+        # a second Ctrl-C or SIGTERM (or a request): kill now
+        with suppress(KeyboardInterrupt, Terminated), ignored(not self.local.job.second_signal_kills):
             self.wait(start + min(STARTING_GRACE_S, grace), until=lambda: bool(self._requests))
             still = self.starting()
             self.send(signal.SIGKILL, to=still)

@@ -218,7 +218,7 @@ class _Sweep:
             self.across.publish_job(self.across.started(), int(job.platform.master_port or 0))
         grace = Grace(self.options.stop_grace_s, self.options.interrupt_grace_s)
         node_job = NodeJob(job.platform, job.output_dir, grace, max_restarts=self.options.max_restarts, share=share,
-                           leads_nodes=self.across is not None,
+                           leads_nodes=self.across is not None, second_signal_kills=False,
                            console_prefix=f"[job {job.idx}] " if self.schedule.devices is not None else "")
         job.pin()  # its output dir and ${now:...} as of its start, as Hydra's basic launcher resolves them
         self.summary.record(entry(job.idx, job.overrides, job.output_dir, 0.0, None, "RUNNING"))
