@@ -463,6 +463,14 @@ _HYDRA_DDPW_SAW_IT = ("[ddpw] Ctrl-C", "Interrupted", "ddpw_runtime", "hydra_ddp
 """What a run's output shows once hydra-ddpw handled its Ctrl-C, or once its code is on a traceback."""
 
 
+def _failed_in_hydras_composition(code: int | None, shown: str) -> bool:
+    """Whether a run failed in Hydra's composition of its config (the launcher options' configs are loaded there too),
+    before hydra-ddpw's handling of Ctrl-C ran: exit 1, an OmegaConf error, neither that handling nor its runtime on
+    the console."""
+    return code == 1 and "omegaconf.errors." in shown and not any(
+        mark in shown for mark in ("[ddpw] Ctrl-C", "Interrupted", "/ddpw_runtime/"))
+
+
 def test_ctrl_c_at_any_moment_of_the_start_ends_the_program_at_once_and_leaves_nothing(
     tmp_path: Path, private_tmp: Path
 ) -> None:
@@ -495,10 +503,13 @@ def test_ctrl_c_at_any_moment_of_the_start_ends_the_program_at_once_and_leaves_n
         assert list(private_tmp.iterdir()) == [], f"{moment:.3f} s"
     # Once hydra-ddpw handled it (130), no traceback through its code (one of a KeyboardInterrupt raised while rank 0
     # waited to join its job, or handed the job over, came with 130); rank 0's task interrupted shows its traceback, as
-    # without hydra-ddpw. (Before hydra-ddpw took over, as its modules are imported, Python's own -2 shows them.)
+    # without hydra-ddpw. (Before hydra-ddpw took over, as its modules are imported, Python's own -2 shows them; inside
+    # Hydra's composition, OmegaConf's half-made node may fail Hydra, exit 1, as without hydra-ddpw: on a slow machine
+    # one moment of the sweep lands there each time it is tried.)
     failed = [f"Ctrl-C {moment:.3f} s after the imports: exit {code} after {took:.1f} s\n{shown[-4000:]}"
               for moment, code, took, shown in runs
-              if code not in (130, -2) or took > 5 or code == 130 and re.search(r'File "[^"]*/ddpw_runtime/', shown)]
+              if code not in (130, -2) and not _failed_in_hydras_composition(code, shown) or took > 5
+              or code == 130 and re.search(r'File "[^"]*/ddpw_runtime/', shown)]
     assert not failed, "\n".join(failed)
 
 
