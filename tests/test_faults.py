@@ -537,6 +537,29 @@ def test_ctrl_c_that_a_ranks_set_up_drops_still_stops_it_before_its_task(tmp_pat
     assert not (tmp_path / "task_ran_0").exists()
 
 
+@pytest.mark.subprocess
+def test_ctrl_c_that_rank_0s_joining_drops_still_ends_a_plain_run_before_its_task(tmp_path: Path) -> None:
+    """A plain run's rank 0 (the program's own process) gets the Ctrl-C as it joins its job, inside code that drops the
+    KeyboardInterrupt: the run still ends at once, interrupted (130), without rank 0's task. (Rank 0 went on into its
+    task ignoring Ctrl-C, and the run waited its whole `interrupt_grace_s`: 1 run in 40 of the Ctrl-C sweep above.)"""
+    with started_with(signal.SIGINT, signal.SIG_DFL):
+        proc = subprocess.Popen(
+            [sys.executable, str(APPS / "rank_zero_drops_ctrl_c.py"), "hydra.launcher.interrupt_grace_s=300"],
+            cwd=tmp_path, env={**os.environ, "MARKS": str(tmp_path)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+        )
+    try:
+        wait_for(lambda: (tmp_path / "joining_0").exists(), timeout=60, what="rank 0 to join its job")
+        os.killpg(proc.pid, signal.SIGINT)  # a Ctrl-C typed in the terminal reaches the whole process group
+        _, err = proc.communicate(timeout=60)  # (not within the grace: rank 0 would be waiting in its task)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert not (tmp_path / "task_ran_0").exists()
+    assert not re.search(r'File "[^"]*/ddpw_runtime/', err), err
+
+
 def test_ctrl_c_before_any_rank_starts_exits_130_with_a_message(tmp_path: Path) -> None:
     proc = start_app(tmp_path, "-m", "behaviour=wait", "+slow=1,2,3", "hydra/sweeper=basic",
                      "hydra.sweeper.max_batch_size=3", "platform.spawn_method=spawn")

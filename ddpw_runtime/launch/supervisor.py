@@ -187,7 +187,6 @@ class NodeRanks(Children):
         still starting, `STARTING_GRACE_S`), then kill them; a second Ctrl-C kills them at once (unless not
         `NodeJob.second_signal_kills`: then it is ignored). The console goes on showing them meanwhile: what a task says
         as it stops (a checkpoint saved) is for the user to see."""
-        joining = [rank for rank in self.starting() if self.outside is not None and rank.pid == self.outside.pid]
         self.send(sig)
         start, grace = time.monotonic(), self.local.job.grace.interrupt_s
         # a second Ctrl-C or SIGTERM (or a request): kill now
@@ -195,9 +194,6 @@ class NodeRanks(Children):
             self.wait(start + min(STARTING_GRACE_S, grace), until=lambda: bool(self._requests))
             still = self.starting()
             self.send(signal.SIGKILL, to=still)
-            # An outside rank that was joining its group got the signal in torch's C++ set-up, which may drop the
-            # KeyboardInterrupt it raised; in its task now, it gets the signal once more.
-            self.send(sig, to=[rank for rank in joining if rank.alive and rank not in still])
             self.wait(start + grace, until=lambda: bool(self._requests))
         self.kill()
 

@@ -104,9 +104,13 @@ def _in_rank_zero(action: Callable[[], _T]) -> _T:
     and a second one raised while the first is handled showed its traceback."""
     ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (not where the program ignores Ctrl-C)
     if ours:
+        _interrupts.clear()
         signal.signal(signal.SIGINT, _interrupted_once)
     try:
-        return _compat.report_like_hydra(action)
+        done = _compat.report_like_hydra(action)
+        if _interrupts:  # one that code run meanwhile dropped (`_interrupted_once`)
+            raise KeyboardInterrupt
+        return done
     except KeyboardInterrupt:
         _ended_by(signal.SIGINT)
     finally:
@@ -114,9 +118,17 @@ def _in_rank_zero(action: Callable[[], _T]) -> _T:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # the task's Ctrl-C is Python's own
 
 
+_interrupts: list[int] = []
+"""The Ctrl-Cs that came in hydra-ddpw's part of rank 0 (in `_in_rank_zero`'s action)."""
+
+
 def _interrupted_once(signum: int, frame: FrameType | None) -> None:
-    """Ctrl-C in hydra-ddpw's part of rank 0: raise KeyboardInterrupt, and ignore the Ctrl-Cs that follow (the
-    supervisor has them too)."""
+    """Ctrl-C in hydra-ddpw's part of rank 0: raise KeyboardInterrupt, note it, and ignore the Ctrl-Cs that follow
+    (the supervisor has them too). Code run meanwhile may drop the exception (an extension module's import as rank 0
+    seeds numpy, which runs this handler inside an ABC's check and loses what it raised): rank 0 would then go on into
+    its task deaf to Ctrl-C, and the job would wait its whole grace. The note makes rank 0 stop as it joins its job,
+    and `_in_rank_zero` end the program as its action returns."""
+    _interrupts.append(signum)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
 
@@ -293,6 +305,9 @@ class RankZeroSide:
             self.rank = RankInThisProcess(message.plan, message.env, output=output)
             try:
                 self.rank.enter()
+                if _interrupts:  # one that its joining dropped (`_interrupted_once`)
+                    self.rank.leave()
+                    raise KeyboardInterrupt
                 Path(message.task_mark).touch(0o600)
                 return
             except BaseException as exc:  # rank 0 could not join (or was interrupted): the job's end says why
