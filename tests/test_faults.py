@@ -560,6 +560,30 @@ def test_ctrl_c_that_rank_0s_joining_drops_still_ends_a_plain_run_before_its_tas
     assert not re.search(r'File "[^"]*/ddpw_runtime/', err), err
 
 
+@pytest.mark.subprocess
+def test_ctrl_c_that_the_callers_rank_0_drops_as_it_joins_still_stops_it_before_its_task(tmp_path: Path) -> None:
+    """`Wrapper(caller_rank=True)`: the caller, rank 0, gets Ctrl-C as it joins its job, inside code that drops the
+    KeyboardInterrupt: the caller's task does not start, and KeyboardInterrupt ends the caller. (It went on into its
+    task, and no Ctrl-C after reached that task: the caller's handler raises only the first.)"""
+    driver = ("from ddpw_conf import Platform\n"
+              "from ddpw_runtime import Wrapper\n"
+              "import rank_zero_drops_ctrl_c\n"
+              "Wrapper(Platform(n_procs_per_node=2), log_dir='logs', caller_rank=True,\n"
+              "        interrupt_grace_s=300).start(rank_zero_drops_ctrl_c.task)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+           "MARKS": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (tmp_path / "joining_0").exists(), timeout=60, what="rank 0 to join its job")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)  # (not within the grace: rank 0 would be waiting in its task)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    assert not (tmp_path / "task_ran_0").exists()
+
+
 def test_ctrl_c_before_any_rank_starts_exits_130_with_a_message(tmp_path: Path) -> None:
     proc = start_app(tmp_path, "-m", "behaviour=wait", "+slow=1,2,3", "hydra/sweeper=basic",
                      "hydra.sweeper.max_batch_size=3", "platform.spawn_method=spawn")

@@ -37,6 +37,11 @@ def signal_of(stop: BaseException) -> int:
     return signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
 
 
+def raised_for(signum: int) -> BaseException:
+    """What Ctrl-C (SIGINT: KeyboardInterrupt) or SIGTERM (`Terminated`) raises in a process that supervises ranks."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
 def raise_terminated(signum: int, frame: FrameType | None) -> None:
     """A SIGTERM handler: raise `Terminated`."""
     raise Terminated()

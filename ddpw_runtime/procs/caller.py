@@ -21,7 +21,7 @@ from ddpw_runtime.launch.payload import TaskCall, from_task
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RankResult
-from ddpw_runtime.launch.signals import STOPPING_SIGNALS, handle, signal_of
+from ddpw_runtime.launch.signals import STOPPING_SIGNALS, handle, raised_for, signal_of
 from ddpw_runtime.launch.stacks import RankPlace, from_frame
 from ddpw_runtime.launch.supervisor import STOP_SIGNAL, NodeRanks, supervise
 from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack
@@ -115,6 +115,8 @@ class CallerRank:
         value = None
         try:
             self.rank.enter()
+            if self.interrupted is not None:  # one that its joining dropped (`_on_interrupt`)
+                raise raised_for(self.interrupted)
             value = task()
         except Exception as exc:
             from ddpw_runtime.rank.task_init import explained  # torch is loaded: the rank joined its job
@@ -196,8 +198,8 @@ class CallerRank:
         again = self.interrupted is not None
         self.interrupted = signum
         self._ranks.request_stop(signum)  # again: the ranks are killed at once
-        if not again:
-            raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+        if not again:  # (code that rank 0's joining runs may drop it: an extension module's import, `call`)
+            raise raised_for(signum)
 
 
 def with_rank_zero(timed_out: JobTimedOut, place: RankPlace | None) -> JobTimedOut:

@@ -33,7 +33,16 @@ from ddpw_runtime.launch.job_processes import children_of_this_process
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult, portable_pickle
-from ddpw_runtime.launch.signals import blocked, handle, held, killed_line, send_to_group, signal_of, stopped_line
+from ddpw_runtime.launch.signals import (
+    blocked,
+    handle,
+    held,
+    killed_line,
+    raised_for,
+    send_to_group,
+    signal_of,
+    stopped_line,
+)
 from ddpw_runtime.launch.starter import close_starters, starter_threads
 from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
 from ddpw_runtime.nodes.controller import Nodes
@@ -263,7 +272,7 @@ class RunSupervisor:
                                                                                                  "them")
             os.write(2, f"[ddpw] {what}: {who} and {self.grace.interrupt_s:g} s to end; {what} again ends {them} at "
                         "once\n".encode())
-        raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+        raise raised_for(signum)
 
     # ------------------------------------------------------------------ interruptions outside the job
     def _interrupt_rank_zero(self, sig: int) -> int:
