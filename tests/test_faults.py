@@ -585,6 +585,29 @@ def test_ctrl_c_that_the_callers_rank_0_drops_as_it_joins_still_stops_it_before_
     assert not (tmp_path / "task_ran_0").exists()
 
 
+@pytest.mark.subprocess
+def test_ctrl_c_that_code_in_the_sweeps_process_drops_still_stops_the_multirun(tmp_path: Path) -> None:
+    """The sweep's process gets Ctrl-C while its job runs, inside code that drops what the handler raised (a garbage
+    collector's callback; importlib's weakref callback as an import ends drops it too): the multirun still stops its
+    job and ends interrupted (130). (It went on with its job, and every later Ctrl-C waited for a stop that never
+    came.)"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+           "MARKS": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, str(APPS / "sweep_drops_ctrl_c.py"), "-m",
+                             "+hydra.callbacks.drops._target_=sweep_drops_ctrl_c.DropsCtrlC"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (tmp_path / "in_task_0").exists(), timeout=60, what="rank 0's task")
+        proc.send_signal(signal.SIGUSR2)
+        wait_for(lambda: (tmp_path / "waiting").exists(), timeout=60, what="the sweep to wait in the callback")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)  # (its job's tasks wait for ever)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Interrupted: every rank of job #0 was stopped." in err, err
+
+
 def test_ctrl_c_before_any_rank_starts_exits_130_with_a_message(tmp_path: Path) -> None:
     proc = start_app(tmp_path, "-m", "behaviour=wait", "+slow=1,2,3", "hydra/sweeper=basic",
                      "hydra.sweeper.max_batch_size=3", "platform.spawn_method=spawn")

@@ -154,6 +154,7 @@ def uninstall() -> None:
 def jobs_running() -> Iterator[None]:
     """While jobs run: the launcher reports an interruption."""
     _state["jobs running"] = True
+    _raised.clear()
     try:
         yield
     finally:
@@ -164,10 +165,29 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if not _state["jobs running"]:
         sys.stderr.write(nothing_running(signum))
     else:  # the launcher stops the jobs now (`further`): one more that comes before it is ready waits for it
+        _raised.append(signum)
         for sig in STOPPING_SIGNALS:
             if signal.getsignal(sig) is _on_signal:
                 signal.signal(sig, _hold_further)
-    raise Interrupted() if signum == signal.SIGINT else Terminated()
+    raise _stop_for(signum)
+
+
+def _stop_for(signum: int) -> BaseException:
+    return Interrupted() if signum == signal.SIGINT else Terminated()
+
+
+_raised: list[int] = []
+"""The Ctrl-C or SIGTERM that `_on_signal` raised while jobs ran, until the launcher's stop (`further`)."""
+
+
+def raise_dropped() -> None:
+    """Raise again the Ctrl-C or SIGTERM that `_on_signal` raised while jobs ran, if the launcher still waits for its
+    jobs: the code it landed in dropped it (CPython runs a handler wherever the main thread is, and loses what it
+    raises inside a weakref callback, such as importlib's as a module's import ends, or a garbage collector's
+    callback). The launcher would otherwise go on with its jobs, and every later one would wait for a stop that never
+    comes. Called between the launcher's waits."""
+    if _raised:
+        raise _stop_for(_raised[0])
 
 
 _further: list[int] = []
@@ -196,6 +216,7 @@ def further(kill: Callable[[], None]) -> Iterator[None]:
         for sig in swapped:
             signal.signal(sig, signal.SIG_IGN)
         _further.clear()
+        _raised.clear()
 
 
 def stopped_line(job: int, signum: int) -> str:

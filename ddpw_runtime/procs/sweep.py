@@ -181,10 +181,12 @@ class _Sweep:
         try:
             with signals.jobs_running():
                 while self.schedule.pending or self.running:
+                    signals.raise_dropped()
                     self._start_what_fits()
                     if not self.running:
                         break
                     while self.children.next_exit(None) is None:  # until a job ends (`_ended` notes how)
+                        signals.raise_dropped()
                         self._stop_for_a_silent_node()
         except (KeyboardInterrupt, Terminated) as stop:
             self._stop_all(signals.signal_of(stop))
