@@ -515,21 +515,28 @@ def test_ctrl_c_at_any_moment_of_the_start_ends_the_program_at_once_and_leaves_n
 
 
 @pytest.mark.subprocess
-def test_ctrl_c_that_a_ranks_set_up_drops_still_stops_it_before_its_task(tmp_path: Path) -> None:
-    """A rank gets the job's Ctrl-C while its set-up imports the task's module, which drops the KeyboardInterrupt (as
-    an import that catches everything, or a callback from C++, may): the rank stops before its task. (It went on into
-    its task, deaf to the interrupt, and the job waited its whole `interrupt_grace_s`.)"""
-    driver = ("from ddpw_conf import Platform\n"
-              "from ddpw_runtime import Wrapper\n"
-              "import swallowed_ctrl_c\n"
-              "Wrapper(Platform(n_procs_per_node=1, spawn_method='spawn'), log_dir='logs',\n"
-              "        interrupt_grace_s=120).start(swallowed_ctrl_c.task)\n")
+@pytest.mark.parametrize(("module", "wrapper", "marker"), [
+    pytest.param("swallowed_ctrl_c", "Platform(n_procs_per_node=1, spawn_method='spawn'), log_dir='logs'",
+                 "importing_0", id="a-rank-it-started"),
+    pytest.param("rank_zero_drops_ctrl_c", "Platform(n_procs_per_node=2), log_dir='logs', caller_rank=True",
+                 "joining_0", id="the-callers-rank-0"),
+])
+def test_ctrl_c_that_a_ranks_set_up_drops_still_stops_it_before_its_task(
+    tmp_path: Path, module: str, wrapper: str, marker: str
+) -> None:
+    """A rank gets the job's Ctrl-C as it sets up, inside code that drops the KeyboardInterrupt (as an import that
+    catches everything, or a callback from C++, may): a rank the Wrapper started, as its set-up imports the task's
+    module, or the caller's own rank 0 (`caller_rank=True`), as it joins its job. The rank stops before its task. (The
+    started rank went on into its task deaf to the interrupt, and the job waited its whole `interrupt_grace_s`; the
+    caller went on into its task, and no later Ctrl-C reached it: the caller's handler raises only the first.)"""
+    driver = (f"from ddpw_conf import Platform\nfrom ddpw_runtime import Wrapper\nimport {module}\n"
+              f"Wrapper({wrapper}, interrupt_grace_s=300).start({module}.task)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
            "MARKS": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-c", driver], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: (tmp_path / "importing_0").exists(), timeout=60, what="the rank to import the task's module")
+        wait_for(lambda: (tmp_path / marker).exists(), timeout=60, what="rank 0 to set up")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)  # (not within the grace: the rank would be waiting in its task)
     finally:
@@ -559,30 +566,6 @@ def test_ctrl_c_that_rank_0s_joining_drops_still_ends_a_plain_run_before_its_tas
     assert proc.returncode == 130, err
     assert not (tmp_path / "task_ran_0").exists()
     assert not re.search(r'File "[^"]*/ddpw_runtime/', err), err
-
-
-@pytest.mark.subprocess
-def test_ctrl_c_that_the_callers_rank_0_drops_as_it_joins_still_stops_it_before_its_task(tmp_path: Path) -> None:
-    """`Wrapper(caller_rank=True)`: the caller, rank 0, gets Ctrl-C as it joins its job, inside code that drops the
-    KeyboardInterrupt: the caller's task does not start, and KeyboardInterrupt ends the caller. (It went on into its
-    task, and no Ctrl-C after reached that task: the caller's handler raises only the first.)"""
-    driver = ("from ddpw_conf import Platform\n"
-              "from ddpw_runtime import Wrapper\n"
-              "import rank_zero_drops_ctrl_c\n"
-              "Wrapper(Platform(n_procs_per_node=2), log_dir='logs', caller_rank=True,\n"
-              "        interrupt_grace_s=300).start(rank_zero_drops_ctrl_c.task)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
-           "MARKS": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: (tmp_path / "joining_0").exists(), timeout=60, what="rank 0 to join its job")
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)  # (not within the grace: rank 0 would be waiting in its task)
-    finally:
-        proc.kill()
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
-    assert not (tmp_path / "task_ran_0").exists()
 
 
 @pytest.mark.subprocess
