@@ -1,7 +1,6 @@
-"""What the console shows of a job's ranks (`platform.console_ranks`), each rank's output also landing whole
-in its log file: a terminal of its own per rank copied to the console terminal (`TerminalCopy`), or its log
-followed onto a console that is not a terminal (`ConsoleEcho`). `freeze()` stops the console at once: what
-stopped ranks write afterwards stays in their logs (docs/architecture.md, "Console").
+"""What the console shows of a job's ranks (`platform.console_ranks`), whose output also lands whole in their logs: a
+terminal per rank copied to the console terminal (`TerminalCopy`), or the log followed onto any other console
+(`ConsoleEcho`). `freeze()` stops the console at once; later output stays in the logs (docs/architecture.md, "Console").
 """
 
 from __future__ import annotations
@@ -20,10 +19,7 @@ from typing import TextIO
 
 _CHUNK = 1 << 16
 _IDLE_WAIT_S = 0.05
-_DRAIN_WAIT_S = 2.0
-"""After a rank ended, how long its terminal copy waits for the last of its output (a process the
-rank started may still hold the terminal open)."""
-
+_DRAIN_WAIT_S = 2.0  # a terminal copy's wait for a rank's last output (a process it started may hold the terminal)
 
 Console = int | TextIO
 """Where console lines go: a file descriptor, or a stream without one (a notebook's `sys.stdout`)."""
@@ -38,14 +34,13 @@ def console_of(stream: TextIO) -> Console:
 
 
 class _Lines:
-    """One rank's output on the console: as it comes, or line by line after `prefix` (so ranks' lines do not mix);
-    `end()` ends a line the rank left open (a `printf` without a newline), so the console's next starts its own."""
+    """One rank's output on the console: as it comes, or whole lines after `prefix` (ranks' lines do not mix); `end()`
+    ends a line the rank left open (a `printf` without a newline), so the console's next starts its own."""
 
     def __init__(self, console: Console, prefix: str) -> None:
         self.console = console
         self.prefix = prefix.encode()
-        self.partial = b""
-        """The open line: with a prefix, held back; without one, its last byte (already written)."""
+        self.partial = b""  # the open line: with a prefix, held back; without one, its last byte (already written)
 
     def write(self, data: bytes) -> None:
         if not self.prefix:
@@ -64,9 +59,8 @@ class _Lines:
 
 
 def show(text: str, stream: TextIO) -> None:
-    """Print `text`, a line of hydra-ddpw's own, to `stream` (stdout). When what read it is gone (`| head`, or `less`
-    quit), the rest of this process's output to it goes nowhere, as Python advises, and the job goes on: its logs and
-    summary file keep what the console would have shown."""
+    """Print `text`, a line of hydra-ddpw's own, to `stream` (stdout). When its reader is gone (`| head`, `less` quit),
+    the rest goes nowhere, as Python advises, and the job goes on (its logs and summary file keep it)."""
     try:
         print(text, file=stream, flush=True)
     except OSError:  # BrokenPipeError; EIO for a terminal that closed
@@ -85,9 +79,8 @@ def _write_all(console: Console, data: bytes) -> None:
 
 
 class ConsoleEcho:
-    """Follows log files and copies what they get to the console, each rank's lines after
-    its prefix in `prefixes`. Reads in bounded chunks, so memory does not grow with the output; `stop()`
-    copies whatever is left (unless frozen), so nothing written before the ranks ended is missed."""
+    """Follows log files onto the console, each rank's lines after its prefix in `prefixes`, in bounded chunks;
+    `stop()` copies whatever is left (unless frozen), so nothing written before the ranks ended is missed."""
 
     def __init__(self, files: dict[int, Path], console: Console, prefixes: dict[int, str]) -> None:
         self.files = files
@@ -151,8 +144,8 @@ class ConsoleEcho:
 
 
 def _raw(fd: int) -> None:
-    """Make the terminal `fd` raw, as `tty.setraw` does for output (`termios` only: a user's `tty.py` beside the script
-    shadows the standard library's): bytes pass as written, the console terminal does its own translation."""
+    """Make terminal `fd` raw for output, as `tty.setraw` does (`termios` only: a user's `tty.py` beside the script
+    shadows the standard library's): bytes pass as written, the console terminal translates them."""
     attributes = termios.tcgetattr(fd)
     attributes[1] &= ~termios.OPOST
     attributes[3] &= ~(termios.ECHO | termios.ICANON | termios.IEXTEN | termios.ISIG)
@@ -160,8 +153,8 @@ def _raw(fd: int) -> None:
 
 
 class TerminalCopy:
-    """A pseudo-terminal for one rank's output (`slave_fd` becomes the rank's fds 1 and 2), copied to
-    the console terminal and appended to the rank's log file by a thread."""
+    """A pseudo-terminal for one rank's output (`slave_fd`: its fds 1 and 2), copied by a thread to the console
+    terminal and the rank's log."""
 
     def __init__(self, log_file: Path, console_fd: int, prefix: str) -> None:
         self.master_fd, self.slave_fd = os.openpty()
@@ -173,22 +166,19 @@ class TerminalCopy:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         self._log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._lines = _Lines(console_fd, prefix)
-        self._lock = threading.Lock()
-        """Held while output is copied: `freeze` copies what is left, then stops the console copy."""
+        self._lock = threading.Lock()  # held while output is copied: `freeze` copies what is left, then stops
         self._frozen = threading.Event()
         self._thread = threading.Thread(target=self._copy, name="ddpw-terminal", daemon=True)
         self._thread.start()
 
     def handed_over(self) -> None:
-        """The rank holds the terminal now: close this process's copy of its side, so the copy ends
-        when the rank (and whatever it started) has closed it."""
+        """The rank holds the terminal now: close this process's side, so the copy ends when the rank's do."""
         if self.slave_fd >= 0:
             os.close(self.slave_fd)
             self.slave_fd = -1
 
     def freeze(self) -> None:
-        """Copy to the console what the rank has written so far (its last output before it failed, say),
-        then stop copying there (the log still gets everything)."""
+        """Copy to the console what the rank wrote so far, then stop copying there (the log still gets everything)."""
         deadline = time.monotonic() + _DRAIN_WAIT_S  # a rank that keeps writing does not hold the freeze
         with self._lock:
             while time.monotonic() < deadline and self._copy_available():
@@ -228,7 +218,7 @@ class TerminalCopy:
         except OSError as exc:  # EIO: every holder of the rank's side has closed it
             if exc.errno != errno.EIO:
                 raise
-            data = b""
+            return None
         if not data:
             return None
         _write_all(self._log_fd, data)
@@ -238,20 +228,18 @@ class TerminalCopy:
 
 
 class ConsoleRanks:
-    """The console of one node's job (see the module docstring). `job_prefix` goes before every line (a job's
-    number when jobs run side by side); `[rank k]` too when `ranked` (more than one rank is shown)."""
+    """The console of one node's job. `job_prefix` goes before every line (a job's number when jobs run side by
+    side); `[rank k]` too when `ranked` (more than one rank is shown)."""
 
     def __init__(self, log_files: dict[int, Path], job_prefix: str = "", ranked: bool = False) -> None:
         console = console_of(sys.stdout)
-        # A copy of the console's descriptor: this process's own may be redirected later (a plain run's
-        # rank 0 takes it over), and this console must still reach the terminal.
+        # A copy of the console's fd: this process's own may be redirected later (a plain run's rank 0 takes it over).
         self._own_fd = os.dup(console) if isinstance(console, int) and log_files else None
         console = self._own_fd if self._own_fd is not None else console
         prefixes = {rank: job_prefix + (f"[rank {rank}] " if ranked else "") for rank in log_files}
         tty_fd = console if isinstance(console, int) and os.isatty(console) else None
-        self.terminals = {
-            rank: TerminalCopy(path, tty_fd, prefixes[rank]) for rank, path in log_files.items() if tty_fd is not None
-        }
+        self.terminals = {rank: TerminalCopy(path, tty_fd, prefixes[rank])
+                          for rank, path in log_files.items() if tty_fd is not None}
         self.echo = ConsoleEcho({} if tty_fd is not None else log_files, console, prefixes)
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()

@@ -1,7 +1,6 @@
-"""Where a job's ranks are, while they run: their stacks taken on the supervisor's side (`take_places`), a request
-answered (`python -m ddpw_runtime.launch.where RUN_DIR` asks through a file in the job's output dir, so it reaches a
-plain run's, a multirun job's and a SLURM node's supervisor alike), and a stall noticed
-(`platform.stall_timeout_min`). docs/results-logs-failures.md, "Hangs and time limits"."""
+"""Where a job's ranks are while they run: their stacks taken (`take_places`), a request answered (`python -m
+ddpw_runtime.launch.where RUN_DIR` writes a file in the job's output dir, which every kind of supervisor reads), a stall
+noticed (`platform.stall_timeout_min`). docs/results-logs-failures.md, "Hangs and time limits"."""
 
 from __future__ import annotations
 
@@ -21,10 +20,8 @@ from ddpw_runtime.launch.stacks import HangReport, RankPlace, from_dump, read_fr
 
 CHECK_S = 0.5
 """How often a job's supervisor looks for a request and for a stall while its ranks run."""
-_STACK_DUMP_WAIT_S = 0.2
-"""Longest wait for faulthandler to write the ranks' stacks (`DUMP_SIGNAL`)."""
-_STACK_DUMP_QUIET_S = 0.01
-"""A rank's stacks count as written once its stacks file grew and then did not change for this long."""
+_STACK_DUMP_WAIT_S = 0.2  # longest wait for faulthandler to write the ranks' stacks (`DUMP_SIGNAL`)
+_STACK_DUMP_QUIET_S = 0.01  # a stacks file that grew and then did not change for this long is written
 _STACK_DUMP_POLL_S = 0.002
 REQUEST = "where.request"
 """The file in a job's output dir that asks its supervisors where the ranks are (a pickled `WhereRequest`)."""
@@ -53,9 +50,8 @@ def answer_file(log_dir: Path, node: int | str) -> Path:
 
 
 def take_places(plan: LaunchPlan, pids: Mapping[int, int]) -> dict[int, RankPlace]:
-    """Where each running rank (`pids`: pid by rank) is now: each writes every thread's stack into its stacks file
-    (`DUMP_SIGNAL`), read back once written; a rank that wrote nothing in time is left out. A rank whose
-    flight-recorder dump exists (the rank made it when it started: it answers) dumps its recorder again."""
+    """Where each running rank (`pids`: pid by rank) is now, from the stacks it writes on `DUMP_SIGNAL` (a rank that
+    wrote nothing in time is left out); a rank whose flight-recorder dump exists (it answers) dumps it again."""
     files = {rank: stacks_file(plan.log_dir, rank) for rank in pids}
     before = {rank: file_size(path) for rank, path in files.items()}
     recorders = {rank: _version(recorder_file(plan.log_dir, rank)) for rank in pids}
@@ -70,12 +66,11 @@ def take_places(plan: LaunchPlan, pids: Mapping[int, int]) -> dict[int, RankPlac
 
 _SILENT = {"T": "stopped, as by SIGSTOP, Ctrl-Z or a debugger", "t": "stopped by a debugger",
            "D": "stuck in the kernel, in a call no signal interrupts (a hung file system, device or driver)"}
-"""Why a rank gives no stack, by the state of its process (`/proc/PID/stat`): one that cannot go on."""
+"""Why a rank gives no stack, by its process's state (`/proc/PID/stat`): it cannot go on."""
 
 
 def _silent_place(rank: int, pid: int) -> RankPlace | None:
-    """`rank`'s place when its process wrote no stack, as it cannot go on (`_SILENT`); None when it has ended or may
-    just have been slow to write it."""
+    """`rank`'s place when it wrote no stack as it cannot go on; None when it ended or may just have been slow."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except (OSError, IndexError):
@@ -91,8 +86,7 @@ def report_of(plan: LaunchPlan, why: str, places: Mapping[int, RankPlace]) -> Ha
 
 
 def drop_empty_stacks(plan: LaunchPlan) -> None:
-    """Remove the stacks files and flight-recorder dumps of this node's ranks that nothing was written to (no rank
-    was asked)."""
+    """Remove this node's ranks' stacks files and flight-recorder dumps that are empty (no rank was asked)."""
     for rank in plan.global_ranks:
         for path in (stacks_file(plan.log_dir, rank), recorder_file(plan.log_dir, rank)):
             if path.exists() and file_size(path) == 0:
@@ -100,7 +94,7 @@ def drop_empty_stacks(plan: LaunchPlan) -> None:
 
 
 def _version(path: Path) -> tuple[int, int, int] | None:
-    """What tells one write of `path` from the next (a dump replaces the file); None when it is missing."""
+    """What tells one write of `path` from the next (a dump replaces the file); None when missing."""
     try:
         found = path.stat()
     except OSError:
@@ -110,9 +104,8 @@ def _version(path: Path) -> tuple[int, int, int] | None:
 
 def _wait_for_dumps(files: Mapping[int, Path], before: Mapping[int, int],
                     recorders: Mapping[Path, tuple[int, int, int]]) -> None:
-    """Wait until every file in `files` grew past its size `before` and has then been quiet for
-    `_STACK_DUMP_QUIET_S` (faulthandler has written the stacks), and every flight-recorder dump in `recorders`
-    was written again (it differs from its version there), at most `_STACK_DUMP_WAIT_S`."""
+    """Wait (at most `_STACK_DUMP_WAIT_S`) until every file in `files` grew past its size `before`, then was quiet for
+    `_STACK_DUMP_QUIET_S`, and every dump in `recorders` differs from its version there."""
     start = time.monotonic()
     last, changed_at = dict(before), start
     while time.monotonic() - start < _STACK_DUMP_WAIT_S:
@@ -127,23 +120,20 @@ def _wait_for_dumps(files: Mapping[int, Path], before: Mapping[int, int],
 
 
 class Watch:
-    """What a job's supervisor looks at while the ranks of `plan` run (`check`, every `CHECK_S`): a request for
-    where they are, answered on the console and in the output dir; and, with `platform.stall_timeout_min`, a
-    stall: no rank wrote to its log and no rank's stack moved (two looks half the time apart) for that long,
-    reported once per stall. `take`: where each running rank is now; `prefix`: put before its console lines."""
+    """What a job's supervisor looks at while the ranks of `plan` run (`check`, every `CHECK_S`): a request for where
+    they are (answered on the console and in the output dir), and with `platform.stall_timeout_min` a stall (no log
+    line and no stack moved, two looks half the time apart), reported once per stall. `take`: where each running rank
+    is now; `prefix`: put before its console lines."""
 
     def __init__(self, plan: LaunchPlan, take: Callable[[], dict[int, RankPlace]], prefix: str = "") -> None:
         self.plan = plan
         self.take = take
         self.prefix = prefix
-        self.due = time.monotonic() + CHECK_S
-        """When the next check is (monotonic)."""
+        self.due = time.monotonic() + CHECK_S  # when the next check is
         minutes = plan.platform.stall_timeout_min
         self.stall_s = None if minutes is None else minutes * 60.0
-        self.stalled: HangReport | None = None
-        """The last stall's report (cleared when the job moves again)."""
-        self.stopped_job = False
-        """Whether a stall stopped the job (`platform.stop_on_stall`)."""
+        self.stalled: HangReport | None = None  # the last stall's report (cleared when the job moves again)
+        self.stopped_job = False  # whether a stall stopped the job (`platform.stop_on_stall`)
         earlier = read_pickled(plan.log_dir / REQUEST, WhereRequest)  # an earlier run's (in this dir) is not for it
         self._answered = earlier.token if earlier is not None else None
         self._sizes = self._log_sizes()
@@ -151,8 +141,7 @@ class Watch:
         self._look: dict[int, RankPlace] | None = None
 
     def check(self) -> bool:
-        """Answer a request, look for a stall (when due); whether the job stalled and is to be stopped
-        (`platform.stop_on_stall`)."""
+        """Answer a request, look for a stall (when due); whether the job stalled and is to be stopped."""
         now = time.monotonic()
         if now < self.due:
             return False

@@ -18,8 +18,8 @@ from ddpw_runtime.launch.stacks import HangReport, rank_ranges
 
 
 def root_cause(outcomes: Iterable[RankOutcome]) -> RankOutcome | None:
-    """The rank whose failure explains the job's: among the failed ranks, those that failed on their own,
-    then those whose failure does not merely say a peer went away, then the earliest; None when none failed."""
+    """The rank whose failure explains the job's: among the failed ranks, those that failed on their own, then those
+    whose failure does not merely say a peer went away, then the earliest; None when none failed."""
     failed = [o for o in outcomes if o.failed]
     if not failed:
         return None
@@ -29,8 +29,8 @@ def root_cause(outcomes: Iterable[RankOutcome]) -> RankOutcome | None:
 
 
 def failure(outcomes: Sequence[RankOutcome]) -> RankFailure | None:
-    """The `RankFailure` of a job whose ranks ended as `outcomes` (any order, any nodes), naming the root
-    cause with its traceback (or its exit and the end of its log); None when every rank returned."""
+    """The `RankFailure` of a job whose ranks ended as `outcomes` (any order, any nodes), naming the root cause with
+    its traceback (or its exit and the end of its log); None when every rank returned."""
     cause = root_cause(outcomes)
     if cause is None:
         return None
@@ -50,9 +50,8 @@ def failure(outcomes: Sequence[RankOutcome]) -> RankFailure | None:
 
 
 def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure | None:
-    """When the job failed because `cause`'s collective timed out: the `RankFailure` of the rank(s) that were not
-    in it (where their stacks show them when the job was stopped), with the ranks that waited as secondary; None
-    when it did not, or when every rank looked at waited."""
+    """When `cause`'s collective timed out: the `RankFailure` of the rank(s) not in it (where their stacks showed
+    them), the ranks that waited as secondary; None otherwise, or when every rank looked at waited."""
     if not cause.timed_out_in_collective:
         return None
     places = tuple(place for place in (o.where() for o in sorted(outcomes, key=lambda o: o.rank)) if place)
@@ -71,24 +70,17 @@ def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure
     awaited = report.awaited
     calls = [str(awaited)] if awaited is not None else sorted({p.call for p in report.places if p.waiting and p.call})
     return RankFailure(
-        rank=culprit.rank,
-        node=culprit.node,
-        exit_code=culprit.exit_code,
-        error_type="NotInCollective",
+        rank=culprit.rank, node=culprit.node, exit_code=culprit.exit_code, error_type="NotInCollective",
         error_message=f"rank{'s' if len(waiting) > 1 else ''} {rank_ranges(waiting)} waited for it in "
                       f"{', '.join(calls) or 'a collective'} until the collective timed out; it was at {place.where()}",
-        log_file=culprit.log_file,
-        outcomes=sorted(outcomes, key=lambda o: o.rank),
-        hang=report,
+        log_file=culprit.log_file, outcomes=sorted(outcomes, key=lambda o: o.rank), hang=report,
         waiting_error=f"rank {cause.rank}: "
-                      f"{cause.error.headline if cause.error is not None else timeout_line(cause.log_file)}",
-    )
+                      f"{cause.error.headline if cause.error is not None else timeout_line(cause.log_file)}")
 
 
 def _mismatched(outcomes: Sequence[RankOutcome], cause: RankOutcome, report: HangReport) -> RankFailure | None:
-    """When every rank looked at waited in a collective as `cause`'s timed out, but not all in the same one
-    (`all_reduce` on one rank, `broadcast` on another): the `RankFailure` of a rank in the collective fewest ranks were
-    in (`cause` among those as few), `CollectiveMismatch`; None when they all waited in the same one."""
+    """When every rank looked at waited as `cause`'s collective timed out, but not all in the same one: the
+    `CollectiveMismatch` of a rank in the collective fewest ranks were in (`cause` first); None otherwise."""
     places = {place.rank: place for place in report.places if place.waiting}
     by_call: dict[str, list[int]] = {}
     for rank, place in places.items():
@@ -111,9 +103,8 @@ def _mismatched(outcomes: Sequence[RankOutcome], cause: RankOutcome, report: Han
 
 def _ended_early(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure | None:
     """When `cause` failed only because a peer went away, and peers had returned from their tasks by then: the first of
-    them, as the rank that failed the job (`EndedEarly`). Its task ended while `cause` still waited for it in a
-    collective: the ranks did not enter the same collectives (uneven data: more batches on one rank, an early
-    return). None otherwise."""
+    them failed the job (`EndedEarly`), as its task ended while `cause` still waited for it in a collective (uneven
+    data: more batches on one rank, an early return). None otherwise."""
     if not cause.is_secondary or cause.result is None or cause.error is None:
         return None
     failed_at = cause.result.finished_at
@@ -132,8 +123,8 @@ def _ended_early(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFai
 
 
 def describe_exit(code: int | None, returned: bool = False) -> tuple[str, str]:
-    """(type, message) for a rank that ended without an exception of its own; `returned`: its task had returned
-    (its value sent), so its exit went wrong as it ended (`procs/rank.py`, `_end_as_python_does`)."""
+    """(type, message) for a rank that ended without an exception of its own; `returned`: its task had returned (its
+    value sent), so its exit went wrong as it ended (`procs/rank.py`, `_end_as_python_does`)."""
     if code is None:
         return "RankLost", "the rank ended without an exit status"
     if returned and code == -signal.SIGALRM:
@@ -157,8 +148,8 @@ def signal_name(number: int) -> str:
 
 
 _RAISED_BY_A_STOP = ("KeyboardInterrupt", "SystemExit", "ddpw_runtime.errors.RankStopped")
-"""What a rank's task raises when the job stops it (Ctrl-C; a task's own SIGTERM handler that exits; rank 0 in the
-user's process)."""
+"""What a rank's task raises when the job stops it (Ctrl-C; its own SIGTERM handler that exits; rank 0 in the user's
+process)."""
 
 
 def _ends_a_line(fd: int) -> bool:
@@ -167,14 +158,13 @@ def _ends_a_line(fd: int) -> bool:
 
 
 def note_failures(outcomes: Iterable[RankOutcome]) -> None:
-    """Write what each failed rank raised at the end of its log (ranks do not print it themselves, so
-    the console, which echoes some logs while the job runs, never shows the errors that only follow
-    from the root cause)."""
+    """Write what each failed rank raised at the end of its log (ranks do not print it themselves, so the console,
+    which echoes some logs, never shows the errors that only follow from the root cause)."""
     for outcome in outcomes:
         if outcome.error is None or outcome.log_file is None:
             continue
         with suppress(OSError), open(outcome.log_file, "a+", encoding="utf-8", errors="backslashreplace") as log:
-            if log.tell() and not _ends_a_line(log.fileno()):  # (its last write had no newline: `print(.., end="")`)
+            if log.tell() and not _ends_a_line(log.fileno()):  # its last write had no newline: `print(.., end="")`
                 log.write("\n")
             # Stopped (Ctrl-C, or another rank's failure) when what it raised is the stop's; a rank the stop reached
             # after it had raised an error of its own failed.

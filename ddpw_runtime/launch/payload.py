@@ -1,5 +1,5 @@
-"""What the controller hands to the ranks of one job (`RankPayload`), through a file only the user can
-read, and where the ranks put their results. Data only (no torch): rank processes import it too."""
+"""What the controller hands to the ranks of one job (`RankPayload`), through a file only the user can read, and where
+the ranks put their results. Data only (no torch): rank processes import it too."""
 
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ class TaskCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def pack(self) -> bytes:
-        """Serialised for every rank (`pickling`: the script's functions by reference, a notebook's by value); a
-        TypeError naming the part that cannot be (the target, or which argument) when one cannot."""
+        """Serialised for every rank (`pickling`); a TypeError naming the part that cannot be (target, or argument)."""
         try:
             return pickling.dumps(self)
         except Exception as error:
@@ -35,7 +34,9 @@ class TaskCall:
                 try:
                     pickling.dumps(value)
                 except Exception as cause:  # noqa: BLE001 - whatever pickling raised, it is named with its part
-                    raise TypeError(f"the task's {name} ({_short_repr(value)}) cannot be sent to the ranks "
+                    text = repr(value)
+                    short = text if len(text) <= 80 else text[:77] + "..."
+                    raise TypeError(f"the task's {name} ({short}) cannot be sent to the ranks "
                                     f"({type(cause).__name__}: {cause}): make it inside the task, or pass what it is "
                                     "made from") from error
             raise
@@ -45,14 +46,8 @@ class TaskCall:
         return self.target(*self.args, **self.kwargs)
 
 
-def _short_repr(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def from_task(exc: BaseException) -> BaseException:
-    """`exc` with the frames above the task (the runtime that called it through `TaskCall`) dropped from
-    its traceback, so the traceback starts at the task."""
+    """`exc` with the frames above the task (the runtime's `TaskCall`) dropped, so its traceback starts at the task."""
     tb = exc.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code is TaskCall.__call__.__code__:
@@ -64,7 +59,7 @@ def from_task(exc: BaseException) -> BaseException:
 _T = TypeVar("_T")
 
 JOB_ENV = "DDPW_JOB"
-"""The variable that names a rank's job (its private folder) in its environment and its descendants'."""
+"""The variable that names a rank's job (its private folder) in its and its descendants' environment."""
 
 
 @dataclass
@@ -72,8 +67,7 @@ class RankPayload:
     """What every rank of a job needs: the plan, the task (`TaskCall.pack`) and the launching process's state."""
 
     plan: LaunchPlan
-    task: bytes
-    """`TaskCall.pack()`; unpickled after the process state (with Hydra's) is entered."""
+    task: bytes  # `TaskCall.pack()`; unpickled after the process state (with Hydra's) is entered
     state: ProcessState
     result_dir: str
 
@@ -86,10 +80,9 @@ class RankPayload:
         return Path(self.result_dir) / f"rank_{rank}.in_task"
 
     def job_environment(self, own_process: bool = False) -> dict[str, str]:
-        """The job's variables for every rank: its name (`JOB_ENV`), and its private folder as TMPDIR, so what a
-        killed rank leaves there goes with the folder (the folder itself: Unix socket paths must stay short). A rank in
-        the user's `own_process` keeps the program's TMPDIR: what it makes there is that process's after the job too
-        (`multiprocessing`'s temporary folder, which it removes as it exits)."""
+        """The job's variables for every rank: its name (`JOB_ENV`), and its private folder as TMPDIR, so what a killed
+        rank leaves there goes with it (the folder itself: Unix socket paths must stay short). A rank in the user's
+        `own_process` keeps its TMPDIR: what it makes there outlives the job (`multiprocessing`'s temporary folder)."""
         return {JOB_ENV: self.result_dir, **({} if own_process else {"TMPDIR": self.result_dir})}
 
 

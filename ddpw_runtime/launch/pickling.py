@@ -2,16 +2,15 @@
 rank's value or error): cloudpickle, with two differences that keep the user's script the user's.
 
 - **The script's own functions and classes travel by reference**, as in a process torchrun or multiprocessing starts:
-  in every rank they are the script's `__main__` objects, not copies (cloudpickle copies everything of `__main__`). So
-  a spawn-context DataLoader, or `mp.spawn` of a function of the script, pickles them as without hydra-ddpw. A process
-  that does not run the script yet (a fresh interpreter: `spawn_method=spawn`, a SLURM node, a starter of a CUDA
-  build) imports it as `__mp_main__` first, as multiprocessing's spawn does, so its `if __name__ == "__main__":` block
-  does not run again. Only a script with such a block is imported again; the functions of one without it (which would
-  run Hydra again), of a notebook or of `python -c`, and those defined inside the guarded block (which that import
-  does not run), travel by value, as before.
+  in every rank they are the script's `__main__` objects, not copies (cloudpickle copies all of `__main__`), so a
+  spawn-context DataLoader or `mp.spawn` pickles them as without hydra-ddpw. A process not running the script yet (a
+  fresh interpreter: `spawn_method=spawn`, a SLURM node, a CUDA build's starter) imports it as `__mp_main__` first, as
+  multiprocessing's spawn does, so its `if __name__ == "__main__":` block does not run again. Functions of a script
+  without that block (importing it would run Hydra again), of a notebook or `python -c`, and those defined inside the
+  block, travel by value, as before.
 - **What travels by value keeps its file and line**: code objects go as `marshal` writes them (every process of a job
-  runs the same Python), so a traceback, a stack dump, pdb or a profiler name the user's file and line, whatever
-  cloudpickle's release writes in their place (3.1.3 writes `<dynamic-code>`).
+  runs the same Python), so tracebacks, stack dumps, pdb and profilers name the user's file and line (cloudpickle
+  3.1.3 writes `<dynamic-code>`).
 
 Data only (no torch): rank processes import it too."""
 
@@ -32,27 +31,24 @@ from typing import Any
 
 import cloudpickle
 
-_MAIN_NAMES = ("__main__", "__mp_main__")
-"""The names of the user's script as a module: where it runs (`__main__`), and where another process imported it."""
+_MAIN_NAMES = ("__main__", "__mp_main__")  # the user's script as a module: where it runs, where another imported it
 
 
 @dataclass(frozen=True)
 class MainScript:
-    """The user's script, as another process finds it: its file (`python train.py`), or its module
-    (`python -m pkg.train`)."""
+    """The user's script, as another process finds it: a file (`python train.py`) or module (`python -m pkg.train`)."""
 
     path: str | None = None
     module: str | None = None
 
     @staticmethod
     def of_this_process() -> MainScript | None:
-        """This process's `__main__` (also when this process imported it as `__mp_main__`), when another process
-        may import it (it guards its run with `if __name__ == "__main__":`); None for a notebook, `python -c`, or
-        a script without that guard."""
+        """This process's `__main__` (also as `__mp_main__`), when another process may import it (it guards its run
+        with `if __name__ == "__main__":`); None for a notebook, `python -c`, or a script without that guard."""
         main = sys.modules.get("__main__")
         spec = getattr(main, "__spec__", None)
         path = getattr(main, "__file__", None)
-        if not isinstance(path, str) or not _guards_its_run(os.path.abspath(path)):
+        if not isinstance(path, str) or not _guarded_lines(os.path.abspath(path)):  # importing it would run it
             return None
         if spec is not None and spec.name not in _MAIN_NAMES:
             return MainScript(module=spec.name.removesuffix(".__main__"))
@@ -68,7 +64,7 @@ class MainScript:
 
     def enter(self) -> types.ModuleType:
         """This process's `__main__`, made this script first if it is not (imported as `__mp_main__`, as
-        multiprocessing's spawn does, and its folder put on the import path as Python does for a script)."""
+        multiprocessing's spawn does, its folder on the import path as Python puts it for a script)."""
         current = sys.modules.get("__main__")
         if current is not None and self.is_running(current):
             return current
@@ -84,11 +80,6 @@ class MainScript:
         module.__dict__.update(content)
         sys.modules["__main__"] = sys.modules["__mp_main__"] = module
         return module
-
-
-def _guards_its_run(path: str) -> bool:
-    """Whether the script at `path` has a top-level `if __name__ == "__main__":`, so importing it runs nothing."""
-    return bool(_guarded_lines(path))
 
 
 @functools.cache
@@ -110,8 +101,8 @@ def _guarded_lines(path: str) -> tuple[tuple[int, int], ...]:
 
 
 def _defined_in_the_guard(obj: Any) -> bool:
-    """Whether function `obj` is defined inside its script's `if __name__ == "__main__":` block, which another
-    process's import of the script does not run (so it travels by value)."""
+    """Whether function `obj` is defined inside its script's `if __name__ == "__main__":` block (which another
+    process's import does not run)."""
     code = getattr(obj, "__code__", None)
     if not isinstance(code, types.CodeType):
         return False
@@ -120,8 +111,8 @@ def _defined_in_the_guard(obj: Any) -> bool:
 
 
 def main_object(script: MainScript, qualname: str, unwrap: int) -> Any:
-    """The object named `qualname` in `script` (the script made this process's `__main__` first if it is not),
-    followed `unwrap` times through `__wrapped__` (a task function under `@hydra.main`)."""
+    """The object named `qualname` in `script` (made this process's `__main__` first), followed `unwrap` times through
+    `__wrapped__` (a task function under `@hydra.main`)."""
     found: Any = script.enter()
     for part in qualname.split("."):
         found = getattr(found, part)

@@ -14,12 +14,10 @@ from ddpw_runtime.launch.devices import Share
 LOOPBACK = "127.0.0.1"
 
 DUMP_SIGNAL = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1
-"""What asks a rank for every thread's Python stack (faulthandler writes them to its `stacks_file`): a
-real-time signal no library uses, where there are such signals, so a task's own SIGUSR1 handler (a
-checkpoint on signal) is never run by hydra-ddpw."""
+"""What asks a rank for every thread's Python stack (faulthandler writes them to its `stacks_file`): a real-time signal
+no library uses, where there are such, so a task's own SIGUSR1 handler (a checkpoint on signal) never runs for it."""
 RECORDER_PREFIX = "fr_rank_"
-"""The name of a rank's flight-recorder dump in the job's output dir, less its rank (torch's
-`TORCH_FR_DUMP_TEMP_FILE` is such a prefix)."""
+"""A rank's flight-recorder dump in the job's output dir, less its rank (torch's `TORCH_FR_DUMP_TEMP_FILE`)."""
 
 
 def stacks_file(log_dir: Path, rank: int | str) -> Path:
@@ -41,8 +39,7 @@ class LaunchPlan:
     world_size: int
     ranks_per_node: int
     backend: str
-    device: str
-    """torch device type of each rank: 'cpu', 'cuda' or 'mps'."""
+    device: str  # torch device type of each rank: 'cpu', 'cuda' or 'mps'
     master_addr: str
     master_port: int
     init_method: str
@@ -51,15 +48,12 @@ class LaunchPlan:
     console_ranks: list[int] = field(default_factory=list)
     groups: list[list[int]] = field(default_factory=list)
     makes_group: bool = True
-    """Whether each rank gets the job's process group before its task runs (False with
-    `platform.ipc_groups=None`: the task makes its own, as under torchrun)."""
+    """Whether each rank gets the job's process group before its task runs (False with `platform.ipc_groups=None`: the
+    task makes its own, as under torchrun)."""
     run_id: str = ""
-    max_restarts: int = 0
-    """How many times the job may be started again (torchrun's `--max-restarts`)."""
-    restart_count: int = 0
-    """How many times it has been started again before this run (0: its first run)."""
-    share: Share | None = None
-    """The GPUs and CPU cores of its own, when jobs run side by side (None: the machine's)."""
+    max_restarts: int = 0  # how many times the job may be started again (torchrun's `--max-restarts`)
+    restart_count: int = 0  # how many times it was started again before this run (0: its first run)
+    share: Share | None = None  # its own GPUs and CPU cores, when jobs run side by side (None: the machine's)
 
     @property
     def global_ranks(self) -> list[int]:
@@ -106,9 +100,9 @@ def free_port(host: str) -> int:
 def plan_local(platform: Platform, log_dir: Path, rendezvous_dir: Path, run_id: str, node_rank: int = 0,
                master_addr: str | None = None, master_port: int | None = None, max_restarts: int = 0,
                restart_count: int = 0, share: Share | None = None) -> LaunchPlan:
-    """The plan for node `node_rank` of a validated `platform`: rendezvous on `platform.master_addr`, else
-    `master_addr`, else loopback; port `platform.master_port`, else `master_port`, else a free one; a `file`
-    rendezvous in `rendezvous_dir`; with `share`, only its GPUs and cores."""
+    """The plan for node `node_rank` of a validated `platform`: address `platform.master_addr`, else `master_addr`, else
+    loopback; port `platform.master_port`, else `master_port`, else a free one; a `file` rendezvous in `rendezvous_dir`;
+    with `share`, only its GPUs and cores."""
     addr = platform.master_addr or master_addr or LOOPBACK
     port = platform.master_port or master_port or free_port(addr if platform.n_nodes == 1 else "")
     init_method = f"file://{rendezvous_dir / 'rendezvous'}" if platform.ipc_protocol == "file" else f"tcp://{addr}:{port}"

@@ -1,8 +1,7 @@
-"""The typed messages processes of a job exchange over a Unix socket pair (`Channel`): a controller and its rank
-starter (`StartRank`/`StartJob`/`Adopt` answered by `RankStarted`, `EndJob` by `JobEnded`, then `RankExited`;
-`Preload` unanswered), and a plain run's supervisor and rank 0 (`JobStarting` answered by `RankZero`, `TaskEnded` by
-`JobSettled`, `RunEnded` last). The starter knows a job (`job`) by its private folder, where its payload and results
-are; `request` numbers a request, for its answer. Data only (no torch)."""
+"""The typed messages a job's processes exchange over a Unix socket pair (`Channel`): a controller and its rank starter
+(`StartRank`/`StartJob`/`Adopt` answered by `RankStarted`, `EndJob` by `JobEnded`, then `RankExited`; `Preload`
+unanswered), a plain run's supervisor and rank 0 (`JobStarting` answered by `RankZero`, `TaskEnded` by `JobSettled`,
+`RunEnded` last). `job`: the job's private folder (payload, results); `request` numbers a request. Data only."""
 
 from __future__ import annotations
 
@@ -60,9 +59,8 @@ class Channel:
 
 
 class StartRank(NamedTuple):
-    """Start local rank `local_rank` of `job` from its payload at `payload_path`. Attached descriptors follow,
-    in this order: the rendezvous socket when `listen_fd` (the rank that hosts the store), the rank's terminal
-    when `terminal` (a console rank on a terminal console)."""
+    """Start local rank `local_rank` of `job` from its payload at `payload_path`. Attached, in order: the rendezvous
+    socket when `listen_fd` (the rank hosts the store), the rank's terminal when `terminal` (a console rank)."""
 
     request: int
     job: str
@@ -73,9 +71,9 @@ class StartRank(NamedTuple):
 
 
 class StartJob(NamedTuple):
-    """Fork a job process (a Hydra job of a multirun, `procs/job.py`) that runs
-    `run(payload_path, channel, starter_pid, preload)` and exits with what it returns; its own channel to the starter
-    serves its ranks. `run` travels by reference (a module-level function): the starter imports no job process code."""
+    """Fork a job process (a multirun's Hydra job, `procs/job.py`) that runs `run(payload_path, channel, starter_pid,
+    preload)` and exits with what it returns; its own channel to the starter serves its ranks. `run` travels by
+    reference (a module-level function): the starter imports no job process code."""
 
     request: int
     payload_path: str
@@ -83,9 +81,8 @@ class StartJob(NamedTuple):
 
 
 class Adopt(NamedTuple):
-    """Count process `pid` (started elsewhere: a plain run's rank 0, the user's own process) as one of
-    `job`'s, so what it starts is found and stopped with the job's processes; answered once it counts (it is in the
-    job's cgroup), before that process is told to go on: what it forks from then on is the job's."""
+    """Count process `pid` (started elsewhere: a plain run's rank 0, the user's own process) as one of `job`'s, so what
+    it starts is stopped with the job; answered once it is in the job's cgroup, before it is told to go on."""
 
     request: int
     job: str
@@ -99,9 +96,8 @@ class Preload(NamedTuple):
 
 
 class EndJob(NamedTuple):
-    """Every rank of `job` has ended: stop whatever they started (processes in new sessions included, see
-    `job_processes.py`), but not those in `release` (adopted ones, and ranks already left behind), which are let go
-    first."""
+    """Every rank of `job` has ended: stop whatever they started (new sessions too, `job_processes.py`), but not those
+    in `release` (adopted ones, ranks already left behind), which are let go first."""
 
     request: int
     job: str
@@ -130,9 +126,8 @@ class RankExited(NamedTuple):
 
 
 class JobStarting(NamedTuple):
-    """From rank 0's process: the job's task is about to run there. `task` is the task (a packed `TaskCall`)
-    the other ranks run, `state` rank 0's process state they take on, `log_dir` the job's output dir, `overrides`
-    the job's overrides as typed (a job across machines: every other node compares its own)."""
+    """From rank 0's process: the job's task is about to run there. `task`: the packed `TaskCall` the other ranks run;
+    `state`: rank 0's process state they take on; `overrides`: as typed (every other node compares its own)."""
 
     task: bytes
     state: ProcessState
@@ -152,16 +147,15 @@ class RankZero(NamedTuple):
 
 
 class TaskEnded(NamedTuple):
-    """From rank 0's process: its task ended as `result` (None: it was stopped, or interrupted), and it
-    left the process group."""
+    """From rank 0's process: its task ended as `result` (None: stopped or interrupted); it left the process group."""
 
     result: RankResult | None
 
 
 class JobSettled(NamedTuple):
-    """To rank 0's process, in answer to `TaskEnded` (or instead of `RankZero` when the job cannot start):
-    how the job ended. `error` (pickled, or None) is the job's failure when it is not rank 0's own error;
-    `restart`: a new attempt follows (a `RankZero`); `stopped`: the signal that interrupted the job."""
+    """To rank 0's process, answering `TaskEnded` (or instead of `RankZero` when the job cannot start): how the job
+    ended. `error`: the job's failure (pickled) when it is not rank 0's own; `restart`: a `RankZero` follows;
+    `stopped`: the signal that interrupted the job."""
 
     error: bytes | None
     restart: bool = False
@@ -169,7 +163,6 @@ class JobSettled(NamedTuple):
 
 
 class RunEnded(NamedTuple):
-    """From rank 0's process: Hydra's run is over; `threads` names the non-daemon threads still running,
-    which keep the program alive."""
+    """From rank 0's process: Hydra's run is over; `threads`: the non-daemon threads that keep the program alive."""
 
     threads: tuple[str, ...]

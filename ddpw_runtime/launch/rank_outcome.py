@@ -1,5 +1,5 @@
-"""How one rank of a job ended (`RankOutcome`), as plain data every supervising process and node hands on; the rule
-that names a failed job's root cause among them is `outcome.py`'s."""
+"""How one rank of a job ended (`RankOutcome`), as plain data every supervising process and node hands on (the root
+cause among them: `outcome.py`)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,13 @@ from ddpw_runtime.launch.records import COLLECTIVE_TIMEOUT_MARKERS, RaisedError,
 from ddpw_runtime.launch.stacks import RankPlace, ends_in_a_dump, from_crash_report, from_traceback
 
 _LOG_TAIL_LINES = 20
-_CRASH_REPORT = "Fatal Python error"
-"""How faulthandler starts the report it writes into a rank's log when the rank crashes."""
+_CRASH_REPORT = "Fatal Python error"  # how faulthandler's report in a crashed rank's log starts
 _BEFORE_CRASH_LINES = 5
-_OWN_FRAME = f"{os.sep}ddpw_runtime{os.sep}"
-"""In a crash report's frame: hydra-ddpw's code, which says nothing of the crash."""
-_MODULES_LINE = "Extension modules:"
-"""faulthandler's list of the extension modules loaded, a line of hundreds of names."""
+_OWN_FRAME = f"{os.sep}ddpw_runtime{os.sep}"  # hydra-ddpw's frames in a crash report, which say nothing of the crash
+_MODULES_LINE = "Extension modules:"  # faulthandler's list of loaded extension modules: hundreds of names
 _LOG_END_BYTES = 1 << 16
-"""How much of the end of a dead rank's log is read for why it died (NCCL's watchdog writes its timeout there, then
-its C++ stack traces, before it aborts the process)."""
+"""How much of a dead rank's log end is read for why it died (NCCL's watchdog writes its timeout, then C++ stack
+traces, before it aborts the process)."""
 
 
 @dataclass
@@ -29,19 +26,15 @@ class RankOutcome:
 
     rank: int
     node: int
-    result: RankResult | None
-    """What the rank sent back; None when it sent nothing (killed, crashed, exited early)."""
+    result: RankResult | None  # what the rank sent back; None when it sent nothing (killed, crashed, exited early)
     exit_code: int | None
-    """Its exit code (negative: the signal that killed it); None for a rank that ran in the caller's
-    own process, or whose end was never seen."""
-    stopped: bool = False
-    """The launcher stopped it: it was still running when the job was stopped or interrupted."""
-    signals_sent: frozenset[int] = frozenset()
-    """The signals the launcher sent to the job's ranks (they explain exits by those signals)."""
+    """Its exit code (negative: the signal that killed it); None for a rank in the caller's process, or whose end was
+    never seen."""
+    stopped: bool = False  # the launcher stopped it: it still ran when the job was stopped or interrupted
+    signals_sent: frozenset[int] = frozenset()  # what the launcher sent the job's ranks (explains exits by them)
     ended_at: float = field(default_factory=time.time)
     log_file: str | None = None
-    place: RankPlace | None = None
-    """Where it was when the job was stopped, from its stack (None: it had ended)."""
+    place: RankPlace | None = None  # where it was when the job was stopped, from its stack (None: it had ended)
 
     @property
     def error(self) -> RaisedError | None:
@@ -55,10 +48,9 @@ class RankOutcome:
 
     @property
     def own_failure(self) -> bool:
-        """Whether the rank failed by itself rather than being stopped by the launcher. A rank counted
-        as stopped may have died on its own before its end was seen (a segfault or SIGKILL whose peer's
-        "connection closed" came in first): with no result, an exit no signal the launcher sent explains
-        is its own failure."""
+        """Whether the rank failed by itself rather than being stopped by the launcher. A rank counted as stopped may
+        have died on its own before its end was seen (a segfault whose peer's "connection closed" came first): with no
+        result, an exit no signal the launcher sent explains is its own failure."""
         if self.result is not None and not self.result.ok:
             return True
         if self.result is None and self.exit_code is not None and -self.exit_code not in self.signals_sent:
@@ -67,26 +59,28 @@ class RankOutcome:
 
     @property
     def timed_out_in_collective(self) -> bool:
-        """Whether it failed because a collective it waited in timed out (gloo's error, or NCCL's watchdog in its
-        log)."""
+        """Whether a collective it waited in timed out (gloo's error, or NCCL's watchdog in its log)."""
         if self.error is not None:
             return self.error.is_collective_timeout
         return self.result is None and timeout_line(self.log_file) is not None
 
     def where(self) -> RankPlace | None:
-        """Where it was: where it waited, for a rank whose collective timed out (its traceback; a stack taken
-        later shows it handling the error); else its stack when the job was stopped, or where it raised; for a rank
-        that died (NCCL's watchdog aborts a rank whose collective timed out), where its crash report shows it."""
+        """Where it was: for a rank whose collective timed out, where it waited (its traceback; a later stack shows it
+        handling the error); else its stack when the job was stopped, or where it raised; for a rank that died (NCCL's
+        watchdog aborts it), where its crash report shows it."""
         if self.error is not None and (self.place is None or self.error.is_collective_timeout):
             return from_traceback(self.rank, self.error.traceback)
-        if self.place is None and self.result is None:
-            return from_crash_report(self.rank, _crash_report(self.log_file))
+        if self.place is None and self.result is None:  # the last crash report at the end of its log
+            lines = _log_end(self.log_file).splitlines()
+            start = _report_start(lines)
+            return from_crash_report(self.rank, lines[start:] if start is not None else [])
         return self.place
 
     @property
     def is_secondary(self) -> bool:
         """Whether its failure only says that another rank went away first."""
         return self.error is not None and self.error.is_secondary
+
 
 def timeout_line(log_file: str | None) -> str | None:
     """The last line of a dead rank's log that says its collective timed out (NCCL's watchdog); None if none does."""
@@ -107,10 +101,9 @@ def _log_end(log_file: str | None) -> str:
 
 
 def log_tail(log_file: str | None) -> str:
-    """What a rank that died without a traceback left at the end of its log: the lines it wrote just before it crashed
-    (what C++ code says as it aborts, the task's own last words) and the crash report faulthandler wrote (a segfault's
-    Python stack, or the stacks a rank ended by `AT_EXIT_S` dumps, down to the frame that called the task or the
-    handler: below it are hydra-ddpw and what started it), else its last lines."""
+    """What a rank that died without a traceback left at the end of its log: the lines just before it crashed (C++
+    code's or the task's last words) and faulthandler's crash report (a segfault's, or the stacks of a rank ended by
+    `AT_EXIT_S`) down to the frame that called the task or handler (hydra-ddpw's below); else its last lines."""
     lines = _log_end(log_file).splitlines()
     start = _report_start(lines)
     if start is None:
@@ -125,15 +118,8 @@ def log_tail(log_file: str | None) -> str:
     return "\n".join([*before, *crash[:_LOG_TAIL_LINES]])
 
 
-def _crash_report(log_file: str | None) -> list[str]:
-    """The lines of the last crash report faulthandler wrote at the end of a rank's log ([] when there is none)."""
-    lines = _log_end(log_file).splitlines()
-    start = _report_start(lines)
-    return lines[start:] if start is not None else []
-
-
 def _report_start(lines: list[str]) -> int | None:
     """Where the last crash report in a rank's log `lines` starts: faulthandler's fatal error (a segfault, an abort),
-    or the dump of stacks that ends the log (a rank ended by `AT_EXIT_S`'s SIGALRM); None when there is none."""
+    or the stacks dump that ends the log (a rank ended by `AT_EXIT_S`'s SIGALRM); None when there is none."""
     starts = [i for i, line in enumerate(lines) if line.startswith(_CRASH_REPORT)]
     return starts[-1] if starts else ends_in_a_dump(lines)

@@ -1,7 +1,6 @@
-"""What each rank's flight recorder (torch's record of the collectives a rank entered, per process group, with
-their sequence numbers) held when the job was looked at: read from the `fr_rank_<k>` dumps next to the rank logs,
-which a rank writes when its stacks are taken or its collective timed out (and NCCL on its timeout). Data only (no
-torch): a dump is read as plain data, never as objects it could name."""
+"""What each rank's flight recorder (torch's record of the collectives it entered, per process group, with their
+sequence numbers) held: read from the `fr_rank_<k>` dumps next to the rank logs, written when a rank's stacks are taken
+or its collective timed out. Data only (no torch): a dump is read as plain data, never as objects it could name."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from typing import Any
 
 from ddpw_runtime.launch.plan import recorder_file
 
-_DEFAULT_GROUP_DESC = "default_pg"
-"""How torch describes the default process group in its records."""
+_DEFAULT_GROUP_DESC = "default_pg"  # how torch describes the default process group
 
 
 @dataclass(frozen=True)
@@ -34,13 +32,12 @@ class Collective:
 
 @dataclass(frozen=True)
 class Recorded:
-    """What rank `rank`'s flight recorder held: the last collective it entered in each process group, the newest
-    last, and all it held (point-to-point operations left out)."""
+    """What rank `rank`'s flight recorder held (point-to-point operations left out): the last collective it entered in
+    each process group, the newest last, and every one it held, oldest first."""
 
     rank: int
     last: tuple[Collective, ...] = ()
     entered: tuple[Collective, ...] = ()
-    """Every collective it held, oldest first."""
 
     @property
     def newest(self) -> Collective | None:
@@ -60,16 +57,14 @@ class _PlainData(pickle.Unpickler):
 
 
 def recorded_in(log_dir: Path, ranks: Iterable[int]) -> tuple[Recorded, ...]:
-    """What the flight recorders of `ranks` held, from their dumps in `log_dir` (ranks without a readable dump
-    left out)."""
+    """What the flight recorders of `ranks` held, from their dumps in `log_dir` (those not readable left out)."""
     found = (read(rank, recorder_file(log_dir, rank)) for rank in sorted(ranks))
     return tuple(recorded for recorded in found if recorded is not None)
 
 
 def read(rank: int, path: Path) -> Recorded | None:
-    """What rank `rank`'s flight recorder held, from its dump at `path` (torch's pickled dump: `entries`, each with
-    its `process_group` (name, description), `collective_seq_id`, `profiling_name` `gloo:all_reduce`); None when
-    there is none or it cannot be read."""
+    """What rank `rank`'s flight recorder held, from torch's pickled dump at `path` (`entries`, each with its
+    `process_group` (name, desc), `collective_seq_id`, `profiling_name` `gloo:all_reduce`); None if unreadable."""
     try:
         with open(path, "rb") as src:
             dump = _PlainData(src).load()

@@ -14,19 +14,17 @@ from ddpw_runtime.launch import pickling
 
 SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "DistStoreError",
                      "DistNetworkError", "ProcessGroupGloo", "Socket Timeout")
-"""Words of the failures that ranks see only because another rank went away first (gloo's lost
-connections, store timeouts); such a failure is never the root cause while another failure exists."""
+"""Words of failures ranks see only because another rank went away first (gloo's lost connections, store timeouts):
+never the root cause while another failure exists."""
 
 COLLECTIVE_TIMEOUT_MARKERS = ("Timed out waiting", "Watchdog caught collective operation timeout")
 """Words of a collective's timeout: gloo's (the rank raises), NCCL's watchdog (in the log of the rank it aborts)."""
 
-_TEXT_LIMIT = 20_000
-"""Longest `repr()` text kept for a value that cannot travel."""
+_TEXT_LIMIT = 20_000  # longest `repr()` text kept for a value that cannot travel
 
 
 def portable_pickle(obj: Any) -> bytes | None:
-    """`obj` pickled (`pickling.dumps`), or None when it cannot
-    be pickled or the pickle cannot be loaded again (odd constructors fail only when loading)."""
+    """`obj` pickled (`pickling.dumps`), or None when it cannot be, or not loaded again (odd constructors fail then)."""
     try:
         blob = pickling.dumps(obj)
         pickle.loads(blob)
@@ -36,8 +34,7 @@ def portable_pickle(obj: Any) -> bytes | None:
 
 
 def portable(exc: BaseException, as_text: type[Exception] = RuntimeError) -> BaseException:
-    """`exc` if it survives the trip to another process, else an `as_text` error with its type, message and
-    traceback as text."""
+    """`exc` if it survives the trip to another process, else an `as_text` error with its type, message, traceback."""
     if portable_pickle(exc) is not None:
         return exc
     text = traceback_text(exc).rstrip()
@@ -53,8 +50,7 @@ def message_of(exc: BaseException) -> str:
         return f"<its message could not be read: str() raised {why}>"
 
 
-_IMPORTED_SCRIPT = "__mp_main__."
-"""How a class of the user's script is named where another process imported the script (launch/pickling.py)."""
+_IMPORTED_SCRIPT = "__mp_main__."  # a class of the user's script where another process imported it (pickling.py)
 
 
 def qualified_name(cls: type) -> str:
@@ -65,8 +61,8 @@ def qualified_name(cls: type) -> str:
 
 
 def traceback_text(exc: BaseException) -> str:
-    """`exc`'s traceback as Python prints it in the script's own process (where a class of the script is named
-    without a module), also where the script was imported (as `__mp_main__`)."""
+    """`exc`'s traceback as Python prints it in the script's own process, also where the script was imported (as
+    `__mp_main__`): a class of the script is named without a module."""
     return "".join(part.removeprefix(_IMPORTED_SCRIPT) for part in traceback.format_exception(exc))
 
 
@@ -117,13 +113,12 @@ class RankResult:
     error: RaisedError | None = None
     value_pickle: bytes | None = None
     value_text: str | None = None
-    """repr() of a return value that could not be pickled (then `value_pickle` is None), or whose class
-    the launching process may not be able to import."""
-    value_type: str = ""
-    """The qualified name of the return value's class."""
+    """repr() of a return value that could not be pickled (`value_pickle` None), or whose class the launching process
+    may not import."""
+    value_type: str = ""  # the qualified name of the return value's class
     imported: tuple[str, ...] = ()
-    """The torch modules this rank imported that the process it was forked from did not hold: the rank
-    starter imports them once, so that the next jobs' ranks find them loaded (see `protocol.Preload`)."""
+    """The torch modules this rank imported that the process it was forked from did not hold: the starter imports them
+    once, for the next jobs' ranks (`protocol.Preload`)."""
     finished_at: float = field(default_factory=time.time)
 
     @property
@@ -133,9 +128,8 @@ class RankResult:
 
     @staticmethod
     def success(rank: int, value: Any, loaded_by_task: Collection[str] = ()) -> RankResult:
-        """A result carrying `value`, or its repr() when it cannot be pickled. When the value's class comes
-        from a module in `loaded_by_task` (one the task itself loaded, which the launching process may not
-        be able to import), its repr() travels too, for the launching process to show instead."""
+        """A result carrying `value`, or its repr() when it cannot be pickled; its repr() too when its class comes from
+        a module in `loaded_by_task` (the launching process may not import it, and then shows that)."""
         kind = qualified_name(type(value))
         try:  # not `portable_pickle`: loading a large value again here would double its cost
             blob = pickling.dumps(value)
@@ -150,8 +144,7 @@ class RankResult:
         return RankResult(rank, error=RaisedError.of(exc))
 
     def value(self) -> Any:
-        """The rank's return value; its repr() text when it could not travel or cannot be rebuilt here (a
-        class this process cannot import)."""
+        """The rank's return value; its repr() text when it could not travel or cannot be rebuilt here."""
         if self.value_pickle is None:
             return self.value_text
         try:

@@ -1,6 +1,5 @@
-"""Where each rank of a job is (`RankPlace`), read from the stack dumps ranks write when asked
-(faulthandler, on `DUMP_SIGNAL`), from a traceback or from a live frame; and which ranks hold up the others
-(`HangReport`): those outside the collective that the others wait in. Data only (no torch)."""
+"""Where each rank of a job is (`RankPlace`), from the stacks ranks dump when asked (faulthandler, `DUMP_SIGNAL`), a
+traceback or a live frame; and which ranks hold up the others (`HangReport`). Data only (no torch)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import re
 import sysconfig
 import traceback
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -19,20 +18,16 @@ _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call
 _DUMP_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)$')
 _TRACEBACK_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)$')
 _FRAMES_SHOWN = 3
-_COLLECTIVES = ("/torch/distributed/", "/torch/nn/parallel/distributed.py")
-"""Where a rank's Python stack is when it waits for the other ranks: torch.distributed (its collectives, barrier,
-rendezvous) and DDP's own collectives."""
+_COLLECTIVES = ("/torch/distributed/", "/torch/nn/parallel/distributed.py")  # waiting for the other ranks (and DDP's)
 _BACKWARD = ("/torch/autograd/graph.py", "_engine_run_backward")
-"""The frame (file, function) of autograd's C++ engine running `backward()`, where DDP all-reduces the gradients
-from hooks that leave no Python frame: a rank held there while a collective times out waits in that all-reduce."""
-_WRAPPER = "/torch/distributed/c10d_logger.py"
-"""Where torch wraps its collectives (a frame `wrapper` outside the one the task called)."""
+"""Autograd's C++ engine running `backward()` (file, function), where DDP all-reduces the gradients from hooks that
+leave no Python frame: a rank held there while a collective times out waits in that all-reduce."""
+_WRAPPER = "/torch/distributed/c10d_logger.py"  # torch's `wrapper` frame around the collective the task called
 _HERE = Path(__file__).resolve().parents[2]
 _NOT_THE_USERS = (*(str(_HERE / part) for part in ("ddpw_runtime", "ddpw_conf", "hydra_plugins/hydra_ddpw_launcher")),
                   sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], "/site-packages/",
                   "/dist-packages/", "<frozen ")
-"""Code that is not the user's: hydra-ddpw itself (its launcher plugin too: a multirun's ranks are forked inside its
-`setup`), Python's standard library and installed packages."""
+"""Not the user's code: hydra-ddpw (its plugin too: a multirun's ranks fork inside its `setup`), stdlib, packages."""
 
 
 @dataclass(frozen=True)
@@ -69,8 +64,7 @@ class RankPlace:
     rank: int
     frames: tuple[Frame, ...] = ()
     silent: str = ""
-    """Why a rank that runs gave no stack (stopped, or stuck in the kernel: it cannot go on, so it holds the others up);
-    '' when it gave one."""
+    """Why a running rank gave no stack (stopped, or stuck in the kernel: it holds the others up); '' if it gave one."""
 
     @property
     def waiting(self) -> bool:
@@ -86,8 +80,8 @@ class RankPlace:
         return "backward (DDP's gradient all-reduce)" if inside[-1].in_backward else inside[-1].function
 
     def where(self) -> str:
-        """Where the rank was, the user's frames first: `load_batch (train.py:57) <- train (train.py:80)`, then
-        the innermost frame when it is not the user's (`, inside _next_data (.../dataloader.py:1320)`)."""
+        """Where the rank was: its user's frames (`load_batch (train.py:57) <- train (train.py:80)`), then the innermost
+        frame when it is not the user's (`, inside _next_data (.../dataloader.py:1320)`)."""
         if self.silent:
             return f"an unknown place (it gave no stack: {self.silent})"
         users = [frame for frame in self.frames if frame.is_users][:_FRAMES_SHOWN]
@@ -106,14 +100,10 @@ class HangReport:
 
     why: str
     places: tuple[RankPlace, ...]
-    stacks: str = ""
-    """Where every thread's full stack is (the ranks' `stacks_rank_<k>.txt`)."""
-    ended: tuple[int, ...] = field(default=())
-    """Ranks that had ended (nothing to look at)."""
-    recorded: tuple[Recorded, ...] = ()
-    """What the ranks' flight recorders held (their last collectives), where they were dumped."""
-    recorder: str = ""
-    """Where the ranks' flight-recorder dumps are (`fr_rank_<k>`)."""
+    stacks: str = ""  # where every thread's full stack is (the ranks' `stacks_rank_<k>.txt`)
+    ended: tuple[int, ...] = ()  # ranks that had ended (nothing to look at)
+    recorded: tuple[Recorded, ...] = ()  # what the ranks' flight recorders held, where they were dumped
+    recorder: str = ""  # where the ranks' flight-recorder dumps are (`fr_rank_<k>`)
 
     @property
     def waiting(self) -> list[int]:
@@ -135,10 +125,9 @@ class HangReport:
 
     @property
     def awaited(self) -> Collective | None:
-        """The collective the waiting ranks were held up in, by their flight recorders, in the process group of the
-        first one's last collective: the first that a rank holding them up did not enter (NCCL's ranks enqueue the
-        collectives that follow before it completes), else the furthest that a waiting rank entered (None: no
-        waiting rank's was dumped)."""
+        """The collective the waiting ranks were held up in (by their flight recorders, in the group of the first one's
+        last collective): the first a rank holding them up did not enter (NCCL's ranks enqueue the next ones before it
+        completes), else the furthest a waiting rank entered (None: no waiting rank's was dumped)."""
         newest = [record.newest for rank in self.waiting if (record := self.record(rank)) and record.newest]
         if not newest:
             return None
@@ -154,9 +143,8 @@ class HangReport:
                     furthest)
 
     def lines(self) -> list[str]:
-        """One line per rank, those that held the others up first: `rank 2: NOT IN THE COLLECTIVE, at ...`, each
-        with the collective its flight recorder last entered when it was dumped (`; collectives: last entered
-        barrier #4, not all_reduce #5`)."""
+        """One line per rank, those that held the others up first (`rank 2: NOT IN THE COLLECTIVE, at ...`), with what
+        its dumped flight recorder last entered (`; collectives: last entered barrier #4, not all_reduce #5`)."""
         culprits = self.culprits
         lines = []
         for place in sorted(self.places, key=lambda place: (place.rank not in culprits, place.rank)):
@@ -186,8 +174,8 @@ class HangReport:
 
 
 def from_dump(rank: int, text: str) -> RankPlace | None:
-    """Where `rank` was, from the last faulthandler dump in `text`: the thread that got the dump signal (its main
-    thread, where the task runs); None when `text` holds no dump."""
+    """Where `rank` was, from the last faulthandler dump in `text` (the thread that got the signal: its main thread);
+    None when `text` holds no dump."""
     lines = text.splitlines()
     dump = last_dump(lines)
     if not dump:
@@ -196,8 +184,7 @@ def from_dump(rank: int, text: str) -> RankPlace | None:
 
 
 def last_dump(lines: list[str]) -> list[int]:
-    """Where each thread's stack starts in the last faulthandler dump in `lines` (thread blocks with only frames and
-    blank lines between); [] when there is none."""
+    """Where each thread's stack starts in the last faulthandler dump in `lines` ([] when there is none)."""
     starts = [i for i, line in enumerate(lines) if _THREAD.match(line)]
     dump = starts[-1:]
     for start in reversed(starts[:-1]):
@@ -208,8 +195,7 @@ def last_dump(lines: list[str]) -> list[int]:
 
 
 def ends_in_a_dump(lines: list[str]) -> int | None:
-    """Where the faulthandler dump that ends `lines` starts (a rank ended by a signal it dumps its stacks on); None
-    when they end otherwise."""
+    """Where the faulthandler dump that ends `lines` starts (a rank ended by a signal it dumps on), else None."""
     dump = last_dump(lines)
     return dump[0] if dump and _only_frames(lines[dump[-1] + 1:]) else None
 
@@ -220,14 +206,13 @@ def _only_frames(lines: list[str]) -> bool:
 
 
 def from_crash_report(rank: int, lines: list[str]) -> RankPlace | None:
-    """Where `rank` was when it crashed, from the report faulthandler wrote (its `lines`): its main thread, the last
-    one listed (faulthandler lists the newest thread first); None when the report shows no thread."""
+    """Where `rank` was when it crashed, from faulthandler's report `lines`: its main thread, listed last (newest
+    first); None when the report shows no thread."""
     starts = [i for i, line in enumerate(lines) if _THREAD.match(line)]
     return _thread_place(rank, lines, starts[-1]) if starts else None
 
 
 def _thread_place(rank: int, lines: list[str], start: int) -> RankPlace:
-    """Where `rank` was, from the frames of the thread whose dump starts at `lines[start]`."""
     return RankPlace(rank, _frames(itertools.takewhile(bool, map(_DUMP_FRAME.match, lines[start + 1:]))))
 
 
@@ -242,7 +227,7 @@ def _frames(matches: Iterable[re.Match[str] | None]) -> tuple[Frame, ...]:
 
 def from_frame(rank: int, frame: FrameType | None) -> RankPlace:
     """Where `rank` is, given its main thread's innermost live frame."""
-    walked = traceback.walk_stack(frame) if frame is not None else ()  # (walk_stack(None) walks the caller's)
+    walked = traceback.walk_stack(frame) if frame is not None else ()  # walk_stack(None) walks the caller's
     return RankPlace(rank, tuple(Frame(f.f_code.co_filename, line, f.f_code.co_name) for f, line in walked))
 
 

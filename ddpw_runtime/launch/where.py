@@ -2,10 +2,9 @@
 
     python -m ddpw_runtime.launch.where RUN_DIR
 
-RUN_DIR is a job's output dir, or a folder above it (a sweep's dir): every job under it that is running answers
-(a plain run's, a multirun job's and a SLURM job's supervisor alike, within a second). The command prints one line
-per rank; each rank writes every thread's stack to `stacks_rank_<k>.txt` next to its log, and the job's console
-shows the same lines. Exit code 0 when a job answered, 1 when none did."""
+RUN_DIR is a job's output dir, or a folder above it (a sweep's dir): every running job under it answers within a
+second. It prints one line per rank (the job's console shows the same); each rank writes every thread's stack to
+`stacks_rank_<k>.txt` next to its log. Exit code 0 when a job answered, 1 when none did."""
 
 from __future__ import annotations
 
@@ -19,12 +18,10 @@ from pathlib import Path
 from ddpw_runtime.launch.hangs import CHECK_S, REQUEST, WhereAnswer, WhereRequest, answer_file
 from ddpw_runtime.launch.payload import read_pickled, write_atomically
 
-_ANSWER_WAIT_S = 10 * CHECK_S
 
-
-def ask(run_dir: Path, wait_s: float = _ANSWER_WAIT_S) -> dict[Path, list[WhereAnswer]]:
-    """Ask every job under `run_dir` (a folder holding rank logs) where its ranks are; each job's answers, one per
-    node, as they came within `wait_s` seconds (jobs that are not running give none)."""
+def ask(run_dir: Path, wait_s: float = 10 * CHECK_S) -> dict[Path, list[WhereAnswer]]:
+    """Ask every job under `run_dir` where its ranks are; each job's answers (one per node) that came within `wait_s`
+    seconds (jobs that are not running give none)."""
     jobs = sorted({log.parent for log in Path(run_dir).rglob("rank_*.log")})
     token = uuid.uuid4().hex
     for job in jobs:
