@@ -1,12 +1,10 @@
-"""`ConfigError`, and what every error of hydra-ddpw whose message says it all has in common (`CompactError`).
+"""`ConfigError`, and `CompactError`: the base of every hydra-ddpw error whose message says it all.
 
-Hydra prints an error's message alone when it is a `hydra.errors.CompactHydraException` (a plain class, so a
-real base is needed), and importing that imports all of Hydra, which a script that only uses `Wrapper` would
-pay for nothing. So `CompactError(...)` gives, where Hydra is loaded (the only processes where Hydra reports
-errors), an instance of a subclass that also derives from `CompactHydraException` (made once per class, same
-name, module and docstring), as `OSError(errno, ...)` gives a `FileNotFoundError`; elsewhere the class itself.
-`except` and `isinstance` behave the same either way, and a pickled error is made again as what the
-receiving process can report.
+Hydra prints only the message of a `hydra.errors.CompactHydraException`, but importing it imports all of Hydra,
+which a script that only uses `Wrapper` should not pay for. So where Hydra is loaded, `CompactError(...)` gives an
+instance of a subclass that also derives from `CompactHydraException` (made once per class, same name, module and
+docstring), as `OSError(errno, ...)` gives a `FileNotFoundError`; elsewhere the class itself. `except` and
+`isinstance` behave the same either way, and a pickled error is made again as what the receiving process can report.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ _REPORTED_BY_HYDRA: dict[type, type] = {}
 
 
 class CompactError(Exception):
-    """An error whose message holds everything worth showing: Hydra prints it as one line, without a
-    traceback (see the module docstring for how, without importing Hydra)."""
+    """An error whose message holds everything worth showing: Hydra prints it as one line, without a traceback."""
 
     def __new__(cls: type[_E], *args: Any, **kwargs: Any) -> _E:
         hydra_errors = sys.modules.get("hydra.errors")
@@ -37,8 +34,8 @@ class CompactError(Exception):
         return super().__new__(cls, *args, **kwargs)
 
     def __reduce__(self) -> Any:
-        # Made again without calling a constructor (so every subclass pickles, whatever its arguments), as the
-        # class whose constructor made the error, not Hydra's subclass of it.
+        # Made again without a constructor call (so every subclass pickles, whatever its arguments), as the class
+        # whose constructor made the error, not Hydra's subclass of it.
         return (_remade, (type(self).__dict__.get("made_as", type(self)), self.args, self.__dict__))
 
 
@@ -50,8 +47,7 @@ def _remade(cls: type[_E], args: tuple[Any, ...], state: dict[str, Any]) -> _E:
 
 
 class ConfigError(CompactError, ValueError):
-    """A configuration value that cannot run, found before any process starts. The message always names the
-    key, the value that was given and what to do instead."""
+    """A config value that cannot run, found before any process starts: names the key, the value and the fix."""
 
     def __init__(self, key: str, value: Any, fix: str) -> None:
         self.key, self.value, self.fix = key, value, fix
@@ -60,9 +56,8 @@ class ConfigError(CompactError, ValueError):
 
 def check_known(prefix: str, node: Mapping[str, Any], known: Collection[str], owner: str, noun: str = "field",
                 not_ours: str = "") -> None:
-    """Raise `ConfigError` for the first key of `node` that `owner` does not have (`prefix` + the key is its
-    full name): the nearest of the `known` names first (a typo, a part of the name, or the name with more to
-    it), then all of them (but `_target_`), then `not_ours`."""
+    """Raise `ConfigError` for the first key of `node` not in `known` (`prefix` + key is its full name): the nearest
+    known name, then all of them (but `_target_`), then `not_ours`."""
     for key in node:
         if key not in known:
             full = f"{prefix}{key}"
@@ -73,8 +68,7 @@ def check_known(prefix: str, node: Mapping[str, Any], known: Collection[str], ow
 
 
 def nearest_guess(word: str, names: Sequence[str]) -> str:
-    """`did you mean ...? ` naming the nearest of `names` to `word` (a typo, a part of the name, or the name
-    with more to it), or "" when none or too many are near."""
+    """`did you mean ...? ` naming the nearest of `names` to `word` (a typo, a part, or more), or "" if none or many."""
     nearest = (difflib.get_close_matches(word, names, n=1)
                or [name for name in names if word.lower() in name or name in word.lower()])
     return f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
@@ -104,8 +98,7 @@ def check_number(key: str, value: Any, fix: str, positive: bool = False) -> None
 
 
 def _number_as_text(value: Any) -> str:
-    """What a number that came as text needs (a value quoted in YAML or on the command line, or read with
-    `${oc.env:...}`, which gives strings), for a check's fix; "" for any other value."""
+    """A fix's addition for a number that came as text (quoted, or read with `${oc.env:...}`); else ""."""
     try:
         float(value if isinstance(value, str) else "-")
     except ValueError:
@@ -121,8 +114,7 @@ def check_choice(key: str, value: Any, choices: Sequence[str], alternative: str 
 
 
 def check_match(key: str, value: Any, pattern: re.Pattern[str], fix: str, optional: bool = False) -> None:
-    """Raise `ConfigError` (with `fix`) unless `value` is a string `pattern` matches whole (or None, if
-    `optional`). Whole: `match` with `$` also accepts a trailing newline, which would add a line to an
-    sbatch script."""
+    """Raise `ConfigError` (with `fix`) unless `value` is a string `pattern` matches whole (or None, if `optional`).
+    Whole: `match` with `$` also accepts a trailing newline, which would add a line to an sbatch script."""
     if not (optional and value is None) and (not isinstance(value, str) or not pattern.fullmatch(value)):
         raise ConfigError(key, value, fix)

@@ -8,14 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
-from ddpw_conf.errors import (
-    ConfigError,
-    check_bool,
-    check_int,
-    check_known,
-    check_match,
-    nearest_guess,
-)
+from ddpw_conf.errors import ConfigError, check_bool, check_int, check_known, check_match, nearest_guess
 from ddpw_conf.platform import Device, Platform, check_duration, platform_from_config
 
 _Options = TypeVar("_Options", bound="LauncherOptions")
@@ -33,8 +26,8 @@ _CONFIG_KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 @dataclass
 class LauncherOptions:
-    """What every ddpw launcher takes under `hydra.launcher`. The job's resources are not here but in
-    the job config's `platform` node, so they can be swept."""
+    """What every ddpw launcher takes under `hydra.launcher`; the job's resources are in the job config's
+    `platform` node, so they can be swept."""
 
     dry_run: bool = False
     """Print each job's platform and launch plan instead of starting anything."""
@@ -43,14 +36,12 @@ class LauncherOptions:
     interrupt_grace_s: float = 10.0
     """Seconds the ranks get after Ctrl-C or SIGTERM (passed on to them) before they are killed."""
     max_restarts: int = 0
-    """How many times a failed job is started again (locally, as torchrun's `--max-restarts`; on SLURM,
-    a job that was preempted or reached its time limit is requeued)."""
+    """How many times a failed job is started again (as torchrun's `--max-restarts`; on SLURM: requeued)."""
     platform_key: str = PLATFORM_KEY
     """The job config's node that holds the Platform: `platform`, or `ddpw_platform` with the
-    `hydra/launcher=ddpw_*_own_platform` options, for apps whose config has a `platform` of its own."""
+    `hydra/launcher=ddpw_*_own_platform` options (apps with a `platform` of their own)."""
     resume: bool = False
-    """Go on with the sweep whose `hydra.sweep.dir` this is: its COMPLETED jobs are kept, the others run
-    (docs/sweeps.md, "Resuming a sweep")."""
+    """Go on with the sweep in `hydra.sweep.dir`: its COMPLETED jobs are kept, the others run (docs/sweeps.md)."""
     fail_fast: bool = False
     """The first failed job stops the jobs running beside it, no more start, and the sweep fails."""
 
@@ -59,8 +50,7 @@ class LauncherOptions:
 
     @classmethod
     def from_mapping(cls: type[_Options], options: Mapping[str, Any]) -> _Options:
-        """These options from `hydra.launcher` as Hydra gives them (plain values or config nodes); an
-        unknown key is refused with the known ones."""
+        """These options from `hydra.launcher` as Hydra gives them; an unknown key is refused."""
         from omegaconf import OmegaConf
 
         check_known("hydra.launcher.", options, {f.name for f in fields(cls)}, "hydra.launcher", "option")
@@ -72,8 +62,7 @@ class LauncherOptions:
         """Raise `ConfigError` for a (validated) platform that cannot run with these options."""
 
     def platform_of(self, config: Any) -> Platform:
-        """The Platform of a job's config (with or without its `hydra` node): its `platform_key` node. A
-        config without that node is refused (a mistyped key would otherwise run the default platform)."""
+        """The Platform of a job's config: its `platform_key` node, which must be there (not the default)."""
         from omegaconf import OmegaConf
 
         absent = object()
@@ -90,7 +79,7 @@ class LauncherOptions:
     @contextmanager
     def naming_platform_keys(self) -> Iterator[None]:
         """A `ConfigError` about the platform raised in the block names its key as the user types it
-        (`ddpw_platform.n_nodes` rather than `platform.n_nodes`, when that is the platform's node)."""
+        (`ddpw_platform.n_nodes`, when that is the platform's node)."""
         try:
             yield
         except ConfigError as error:
@@ -99,8 +88,7 @@ class LauncherOptions:
             raise ConfigError(self.platform_key + error.key[len(PLATFORM_KEY):], error.value, error.fix) from None
 
     def validate(self, where: str = "hydra.launcher.") -> LauncherOptions:
-        """Raise `ConfigError` for an option that cannot run (its key is `where` + the option's name);
-        returns self."""
+        """Raise `ConfigError` for an option that cannot run (its key: `where` + its name); returns self."""
         for key in ("dry_run", "resume", "fail_fast"):
             check_bool(f"{where}{key}", getattr(self, key))
         for key in ("interrupt_grace_s", "stop_grace_s"):
@@ -120,9 +108,8 @@ class LocalLauncherConf(LauncherOptions):
 
     _target_: str = LOCAL_LAUNCHER
     max_parallel_jobs: int | None = None
-    """Jobs of a sweep that may run side by side, each on devices of its own: an integer, or null for
-    as many as fit: GPU jobs get GPUs of their own, CPU jobs that set `platform.n_cpus_per_node` cores of
-    their own; a CPU job that does not (or an MPS job) takes the whole machine. 1: one after another."""
+    """Jobs of a sweep that run side by side, each on devices of its own (null: as many as fit): GPU jobs get
+    GPUs, CPU jobs with `platform.n_cpus_per_node` cores; other CPU and MPS jobs take the whole machine."""
 
     def validate(self, where: str = "hydra.launcher.") -> LocalLauncherConf:
         """Raise `ConfigError` for an option that cannot run; returns self."""
@@ -132,8 +119,7 @@ class LocalLauncherConf(LauncherOptions):
         return self
 
     def validate_platform(self, platform: Platform) -> None:
-        """Raise `ConfigError` for a (validated) platform that cannot run with these options: a job across machines
-        (`platform.n_nodes` > 1) is not started again after a failure (yet)."""
+        """Raise `ConfigError` for a (validated) platform that cannot run: a job across machines is not restarted."""
         if platform.n_nodes > 1 and self.max_restarts:
             raise ConfigError("hydra.launcher.max_restarts", self.max_restarts, "a job across machines "
                               f"(platform.n_nodes={platform.n_nodes}) is not started again yet; use 0")
@@ -153,14 +139,13 @@ SLURM_MANAGED_KEYS: dict[str, str | None] = {
     "constraint": "hydra.launcher.constraint", "exclude": "hydra.launcher.exclude",
     "output": None, "error": None, "array": None, "signal": None, "open_mode": None,
 }
-"""sbatch options the launcher sets itself, each with the key that sets it (None: no key, the launcher
-alone); refused in `platform.slurm_additional_parameters`, where they would contradict the launcher."""
+"""sbatch options the launcher sets itself, each with the key that sets it (None: none); refused in
+`platform.slurm_additional_parameters`."""
 
 
 @dataclass
 class SlurmLauncherConf(LauncherOptions):
-    """Options of `hydra/launcher=ddpw_slurm`: each job runs on SLURM nodes, submitted with submitit (its
-    resources are in the job config's `platform` node)."""
+    """Options of `hydra/launcher=ddpw_slurm`: each job runs on SLURM nodes, submitted with submitit."""
 
     _target_: str = SLURM_LAUNCHER
     interrupt_grace_s: float = 30.0
@@ -182,15 +167,14 @@ class SlurmLauncherConf(LauncherOptions):
     array_parallelism: int = 256
     """At most this many jobs of one job array run at once."""
     signal_delay_s: int = 90
-    """SLURM warns a job (USR2) this many seconds before its time limit; with `max_restarts` > 0
-    the ranks then get SIGTERM to save a checkpoint, and the job is requeued."""
+    """SLURM warns a job (USR2) this many seconds before its time limit; with `max_restarts` > 0 the ranks then
+    get SIGTERM to save a checkpoint, and the job is requeued."""
 
     runs_here: ClassVar[bool] = False
     """No: the ranks run on SLURM nodes."""
 
     def validate(self, where: str = "hydra.launcher.") -> SlurmLauncherConf:
-        """Raise `ConfigError` for an option that cannot run or would add lines or options to the
-        sbatch script; returns self."""
+        """Raise `ConfigError` for an option that cannot run or would add to the sbatch script; returns self."""
         super().validate()
         check_bool("hydra.launcher.fire_and_forget", self.fire_and_forget)
         for key, pattern, example in (
@@ -235,8 +219,7 @@ class SlurmLauncherConf(LauncherOptions):
 
 
 def selected_options(launcher: Mapping[str, Any] | None) -> LauncherOptions | None:
-    """The options of the selected launcher (the `hydra.launcher` node) when it is a ddpw launcher,
-    else None."""
+    """The options of the selected launcher (the `hydra.launcher` node) when it is a ddpw launcher, else None."""
     if launcher is None:
         return None
     kinds: dict[str, type[LauncherOptions]] = {LOCAL_LAUNCHER: LocalLauncherConf, SLURM_LAUNCHER: SlurmLauncherConf}

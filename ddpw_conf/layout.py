@@ -1,7 +1,5 @@
-"""`Layout`: how the ranks of a job split into data-, tensor- and pipeline-parallel groups.
-
-Pure dataclass and validation; each rank builds the groups with torch's `DeviceMesh`.
-"""
+"""`Layout`: how the ranks of a job split into data-, tensor- and pipeline-parallel groups, and its checks (each rank
+builds the groups with torch's `DeviceMesh`)."""
 
 from __future__ import annotations
 
@@ -16,8 +14,8 @@ AXES = ("pipeline", "data", "tensor")
 
 @dataclass
 class Layout:
-    """Sizes of the parallel axes; their product is the world size. `data` left unset (null) takes whatever
-    `tensor` and `pipeline` leave (the default: every rank data-parallel)."""
+    """Sizes of the parallel axes; their product is the world size. `data` unset (null) takes whatever `tensor` and
+    `pipeline` leave (the default: every rank data-parallel)."""
 
     data: int | None = None
     tensor: int = 1

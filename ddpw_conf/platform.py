@@ -1,5 +1,4 @@
-"""The `Platform` schema: where and how many ranks a job runs, and how they talk; every check of it.
-Never imports torch."""
+"""The `Platform` schema (where and how many ranks a job runs, and how they talk) and every check of it; no torch."""
 
 from __future__ import annotations
 
@@ -30,15 +29,13 @@ _SLURM_KEY = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*([.:][A-Za-z_]\w*)")
 MAX_WORLD_SIZE = 4096
 MAX_TIMEOUT_MIN = 100 * 365 * 24 * 60
-"""The longest `timeout_min`, `collective_timeout_min` and `stall_timeout_min`, and the launcher's graces (100 years).
-torch adds a timeout to the time since 1970 in nanoseconds, a signed 64-bit count that overflows in 2262 (past it,
-measured with torch 2.13, collectives hang or fail at once); the launcher's own waits and SLURM's time limit (minutes,
-32 bits) end below that too."""
+"""The longest timeout and grace (100 years): torch adds a timeout to the time since 1970 in nanoseconds, a signed
+64-bit count that overflows in 2262 (past it, with torch 2.13, collectives hang or fail at once); the launcher's own
+waits and SLURM's time limit (minutes, 32 bits) end below that too."""
 
 
 def check_duration(key: str, value: Any, fix: str, unit: str = "minutes", positive: bool = True) -> None:
-    """Raise `ConfigError` unless `value` is a number of `unit` (minutes or seconds) > 0 (>= 0 unless `positive`; else
-    `fix`) and at most `MAX_TIMEOUT_MIN`."""
+    """Raise `ConfigError` unless `value` is a number of `unit` > 0 (>= 0 unless `positive`) up to `MAX_TIMEOUT_MIN`."""
     check_number(key, value, fix, positive)
     if value > (most := MAX_TIMEOUT_MIN * (60 if unit == "seconds" else 1)):
         raise ConfigError(key, value, f"use at most {most} {unit} (100 years): torch and the launcher add it to clocks "
@@ -68,11 +65,8 @@ class Device(Enum):
 
 @dataclass
 class Platform:
-    """Where a distributed job runs and how its ranks are laid out.
-
-    Field names follow the `ddpw` package's Platform, plus `n_procs_per_node` (ranks per node) and
-    `console_ranks` (whose output the console shows).
-    """
+    """Where a distributed job runs and how its ranks are laid out. Field names follow the `ddpw` package's Platform,
+    plus `n_procs_per_node` (ranks per node) and `console_ranks` (whose output the console shows)."""
 
     name: str = "ddpw"
     device: str = "cpu"
@@ -86,26 +80,25 @@ class Platform:
     spawn_method: str = "forkserver"
     ipc_protocol: str = "tcp"
     master_addr: str | None = None
-    """Where the ranks meet: node 0's address. None: loopback on one node; across machines, what the platform
-    the node runs on says (docs/multi-node.md)."""
+    """Where the ranks meet: node 0's address. None: loopback on one node; across machines, what the platform the
+    node runs on says (docs/multi-node.md)."""
     master_port: int | None = None
-    """The rendezvous port. None: a free one on one node; across machines, what the platform says, else
-    `DEFAULT_PORT` (29500, as torchrun's), which every node agrees on."""
+    """The rendezvous port. None: a free one on one node; across machines, what the platform says, else 29500."""
     node_rank: int | None = None
-    """This machine's node, in a job across machines without SLURM (0 hosts the rendezvous and decides for the
-    job). None: what the platform the node runs on says."""
+    """This machine's node in a job across machines without SLURM (0 hosts the rendezvous). None: what the platform
+    the node runs on says."""
     join_timeout_min: float = 10
     """How long the nodes of a job across machines wait for each other (torchrun's rendezvous join timeout)."""
     ipc_groups: list[list[int]] | None = field(default_factory=list)
-    """Partition of the ranks into groups (`[]`: the world only); None: hydra-ddpw initialises no
-    process group and the task makes its own (`init_process_group()`, as under torchrun)."""
+    """Partition of the ranks into groups (`[]`: the world only); None: hydra-ddpw makes no process group and the
+    task makes its own (`init_process_group()`, as under torchrun)."""
     backend: str | None = None
     seed: int = 1889
     timeout_min: float = 2880
     collective_timeout_min: float = 30
     stall_timeout_min: float | None = None
-    """How long the job may go without a rank writing a line or moving (its Python stack) before the console
-    says where each rank is, once per stall; None: never."""
+    """How long the job may go without a rank writing a line or moving (its Python stack) before the console says
+    where each rank is, once per stall; None: never."""
     stop_on_stall: bool = False
     """Stop a stalled job (`JobTimedOut`) instead of going on after the report."""
     slurm_additional_parameters: dict[str, Any] = field(default_factory=dict)
@@ -117,8 +110,7 @@ class Platform:
     """Data / tensor / pipeline parallel sizes; the default is every rank data-parallel."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Platform:
-        """A `ConfigError` naming the nearest field for a keyword `Platform` does not have (not the plain `TypeError`
-        of a dataclass)."""
+        """A `ConfigError` naming the nearest field for an unknown keyword (not a dataclass's `TypeError`)."""
         check_known("platform.", kwargs, {f.name for f in fields(cls)}, "Platform")
         return super().__new__(cls)
 
@@ -136,8 +128,8 @@ class Platform:
     def uses_gpus(self) -> bool:
         """Whether each rank is bound to a CUDA GPU."""
         kind, gpus = self.device_kind, self.n_gpus_per_node
-        # `is_int` first: this runs before `validate` (the engine asks it to count GPUs), so a bad
-        # count must reach `validate`'s ConfigError rather than fail here with a TypeError.
+        # `is_int` first: this runs before `validate` (the engine counts GPUs), so a bad count must reach
+        # `validate`'s ConfigError rather than fail here with a TypeError.
         return kind is Device.GPU or (kind is Device.SLURM and is_int(gpus) and gpus > 0)
 
     @property
@@ -182,13 +174,11 @@ class Platform:
         print(self.summary())
 
     def validate(self, gpus_available: int | None = None) -> Platform:
-        """Check every field; raise `ConfigError` naming the key, the value and the fix. `gpus_available`:
-        the number of CUDA GPUs on this node, when known. Returns self."""
+        """Check every field (`ConfigError`); `gpus_available`: this node's CUDA GPUs, when known. Returns self."""
         self._validate_names()
         kind = self.device_kind
         if kind is Device.GPU and gpus_available == 0:  # first: no count of GPUs can make it run here
-            # Blame the key the user set: an explicit backend=nccl, else device=gpu itself.
-            if self.backend == "nccl":
+            if self.backend == "nccl":  # blame the key the user set: an explicit backend=nccl, else device=gpu
                 raise ConfigError("platform.backend", "nccl", "CUDA is not available on this machine (no GPU found) "
                                   "and nccl needs CUDA GPUs; use platform.device=cpu with backend=gloo (or unset)")
             raise ConfigError("platform.device", self.device, "CUDA is not available on this machine (no GPU found); "
@@ -252,9 +242,8 @@ class Platform:
                               f"{self.ranks_per_node} rank(s) per node so each rank gets the same number of CPUs")
         check_int("platform.mem_per_node", self.mem_per_node, 0)
         for key in ("timeout_min", "collective_timeout_min", "stall_timeout_min", "join_timeout_min"):
-            if (value := getattr(self, key)) is None and key == "stall_timeout_min":
-                continue
-            check_duration(f"platform.{key}", value, "use a positive number of minutes, such as 60 or 0.5")
+            if (value := getattr(self, key)) is not None or key != "stall_timeout_min":
+                check_duration(f"platform.{key}", value, "use a positive number of minutes, such as 60 or 0.5")
         if timedelta(minutes=self.collective_timeout_min) < timedelta(milliseconds=1):
             raise ConfigError("platform.collective_timeout_min", self.collective_timeout_min, "torch counts this "
                               "timeout in whole milliseconds and this is less than one, so every wait would fail at "
@@ -335,17 +324,16 @@ class Platform:
                               "use a mapping such as {reservation: maint}")
         for key, value in params.items():
             check_match("platform.slurm_additional_parameters", key, _SLURM_KEY,
-                        "keys are sbatch option names without dashes, such as 'reservation' or "
-                        "'gres'")
+                        "keys are sbatch option names without dashes, such as 'reservation' or 'gres'")
             if not isinstance(value, (str, int, float, bool)) or any(c in str(value) for c in "\n\r\0"):
                 raise ConfigError(f"platform.slurm_additional_parameters.{key}", value, "values are single-line "
                                   "strings or numbers; a line break would add lines to the sbatch script")
 
 
 def platform_from_config(node: Any, not_ours: str = "") -> Platform:
-    """A `Platform` from a config node (a `platform` node, a mapping, or None for the defaults); unknown
-    keys, at any level, raise `ConfigError`, and `not_ours` is added to the error when the node is not a
-    mapping or has a key `Platform` does not have (it may be an app's own node of that name)."""
+    """A `Platform` from a config node (a `platform` node, a mapping, or None for the defaults); unknown keys, at any
+    level, raise `ConfigError`, with `not_ours` added when the node is not a mapping or has a key `Platform` lacks
+    (it may be an app's own node of that name)."""
     from omegaconf import DictConfig
 
     if node is None:
@@ -361,8 +349,7 @@ def platform_from_config(node: Any, not_ours: str = "") -> Platform:
 
 
 def _resolved(node: Any) -> Any:
-    """`node` as plain data, its interpolations resolved; `ConfigError` naming the key whose value is missing (`???`) or
-    cannot be resolved (an environment variable that is not set, a key that is not there), with the value as written."""
+    """`node` as plain data, resolved; `ConfigError` naming a key whose value is missing or cannot be resolved."""
     from omegaconf import OmegaConf
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
@@ -379,8 +366,7 @@ def _resolved(node: Any) -> Any:
 
 
 def _as_written(data: Any, key: str) -> Any:
-    """The value at the end of the full key `key` (`a.b[0].c`) in `data` (a node's unresolved container, whose own key
-    is somewhere at the start of `key`); None when it cannot be found."""
+    """The value at full key `key` (`a.b[0].c`, the node's own key somewhere at its start) in `data`, or None."""
     parts = [part for part in re.split(r"[.\[\]]", key) if part]
     for start in range(len(parts)):
         found = data

@@ -1,7 +1,6 @@
-"""The configs of the launcher options (`hydra/launcher=ddpw_*`, package `_global_`), made when an app
-loads one through the plugin's config source (`_options_source.py`); docs/architecture.md ("Hydra") says
-what each brings and why. The empty `ddpw` node is what configs written for hydra-ddpw 0.1 list in their
-defaults."""
+"""The configs of the launcher options (`hydra/launcher=ddpw_*`, package `_global_`), made when an app loads one
+through the plugin's config source (docs/architecture.md, "Hydra"); the empty `ddpw` node is what configs written for
+hydra-ddpw 0.1 list in their defaults."""
 
 from __future__ import annotations
 
@@ -27,16 +26,14 @@ LAUNCHERS: dict[str, tuple[Any, Platform, str]] = {
 """Each launcher option: its options schema, the `platform` node it brings, its plain-run callback."""
 
 OWN_PLATFORM = ("_own_platform", "ddpw_platform")
-"""The twin of each launcher option for apps with a `platform` of their own: its name's ending, and the
-key it brings the platform node under."""
+"""The twin of each launcher option for apps with a `platform` of their own: its name's ending, and its platform key."""
 
 OPTIONS = (*LAUNCHERS, *(name + OWN_PLATFORM[0] for name in LAUNCHERS))
 """Every `hydra/launcher` option: each of `LAUNCHERS`, and its twin for apps with a `platform` of their own."""
 
 
 def option_config(name: str) -> DictConfig:
-    """A fresh copy of the config of `name` (`ddpw`, or one of `OPTIONS`); its `hydra.launcher` is a
-    structured config, so what is merged into it is type-checked."""
+    """A fresh copy of the config of `name` (`ddpw` or one of `OPTIONS`); its `hydra.launcher` is type-checked."""
     return copy.deepcopy(_made(name))
 
 
