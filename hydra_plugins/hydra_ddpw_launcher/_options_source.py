@@ -1,10 +1,9 @@
-"""Where Hydra finds hydra-ddpw's launcher options: a config source (`ddpw://`, appended to every app's
-search path) that makes an option's config (`ddpw_conf.store.option_config`) when an app loads it, not when
-Hydra discovers plugins, so apps that never select a ddpw launcher do not pay for it.
+"""Where Hydra finds hydra-ddpw's launcher options: a config source (`ddpw://`, appended to every app's search path)
+that makes an option's config (`ddpw_conf.store.option_config`) when an app loads it, not when Hydra discovers plugins.
 
-The module's name starts with `_`, so Hydra's plugin scan never executes it again (`config.py` hands its
-classes to the scan): Hydra keeps the config source's class in its state, which is pickled for every
-rank, and a class re-created by a second scan would no longer pickle by reference.
+The module's name starts with `_`, so Hydra's plugin scan never executes it again (`config.py` hands its classes to
+the scan): Hydra keeps the config source's class in its state, pickled for every rank, and a class re-created by a
+second scan would no longer pickle by reference.
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ TREE: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "hydra": (("launcher",), ()),
     "hydra/launcher": ((), LAUNCHER_OPTIONS),
 }
-"""Each group this source holds: its subgroups and its configs (`ddpw` at the top is the empty node that
-defaults lists written for hydra-ddpw 0.1 name)."""
+"""Each group this source holds: its subgroups and its configs (`ddpw`: the empty node of hydra-ddpw 0.1's defaults)."""
 
 
 def _group_and_name(config_path: str) -> tuple[str, str]:

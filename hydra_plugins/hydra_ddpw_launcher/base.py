@@ -20,8 +20,7 @@ if TYPE_CHECKING:  # the options and the runtime are imported when a launcher is
     from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary
 
 class DdpwLauncher(Launcher):
-    """A Hydra launcher whose `hydra.launcher.*` options become a `LauncherOptions` (each launcher's own
-    subclass, made by its constructor)."""
+    """A Hydra launcher whose `hydra.launcher.*` options become its own `LauncherOptions`, made by its constructor."""
 
     options: LauncherOptions
     # Set by `setup`, which Hydra calls before any `launch`.
@@ -32,8 +31,8 @@ class DdpwLauncher(Launcher):
     """The sweep's summary: one for the whole sweep, whose batches come one launch at a time."""
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        """Keep what `launch` needs, and the sweep's summary (with `hydra.launcher.resume`, the earlier
-        run's, once checked); from now on Ctrl-C and SIGTERM end the sweep cleanly (130, 143)."""
+        """Keep what `launch` needs and the sweep's summary (on a resume, the earlier run's, once checked); from now
+        on Ctrl-C and SIGTERM end the sweep cleanly (130, 143)."""
         from ddpw_runtime.hydra_jobs.resume import open_summary
         from ddpw_runtime.launch import signals
 
@@ -44,9 +43,8 @@ class DdpwLauncher(Launcher):
         self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        """Check the options and prepare every job of the batch that runs (nothing starts before all are
-        checked; on a resume, jobs COMPLETED before are kept), then run them (`run_jobs`); one JobReturn
-        per job, in order."""
+        """Check the options and prepare every job of the batch that runs (nothing starts before all are checked; on
+        a resume, jobs COMPLETED before are kept), then run them; one JobReturn per job, in order."""
         from ddpw_runtime.hydra_jobs.prepare import prepare_jobs
         from ddpw_runtime.hydra_jobs.resume import plan_launch
 
@@ -55,6 +53,5 @@ class DdpwLauncher(Launcher):
         return launch.returns(self.run_jobs(jobs) if jobs else [])
 
     def run_jobs(self, jobs: list[PreparedJob]) -> list[JobReturn]:
-        """Run the prepared jobs (`ddpw_runtime.hydra_jobs.prepare.PreparedJob`), each noted in the
-        sweep's `summary` as it ends."""
+        """Run the prepared jobs, each noted in the sweep's `summary` as it ends."""
         raise NotImplementedError

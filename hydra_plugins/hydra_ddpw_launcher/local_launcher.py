@@ -26,8 +26,8 @@ class DdpwLocalLauncher(DdpwLauncher):
         self.options = LocalLauncherConf.from_mapping(options)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        """Keep what `launch` needs; the sweep's checks and this launcher compose each job's config
-        once between them (`ddpw_runtime.hydra_jobs.compose_once`); the rank starter starts now."""
+        """Keep what `launch` needs; the sweep's checks and this launcher compose each job's config once between
+        them (`compose_once`); the rank starter starts now."""
         from ddpw_runtime.hydra_jobs.compose_once import compose_once
         from ddpw_runtime.procs.sweep import start_starter_early
 
