@@ -1,7 +1,7 @@
-"""Each job's config composed once, not twice: Hydra's sweepers compose every job's config to check the
-batch (`Sweeper.validate_batch_is_legal`) and throw it away, then the launcher composes it again (tens of
-milliseconds a job). `ComposedOnce` stands in for the sweep's config loader and keeps what the check
-composed for the launcher; what no launch took is dropped at the end of each launch.
+"""Each job's config composed once, not twice: Hydra's sweepers compose every job's config to check the batch
+(`Sweeper.validate_batch_is_legal`) and throw it away, then the launcher composes it again (tens of ms a job).
+`ComposedOnce` stands in for the sweep's config loader and keeps what the check composed for the launcher; what no
+launch took is dropped at the end of each launch.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from omegaconf import DictConfig
 
 
 class ComposedOnce:
-    """A config loader that keeps the job configs it composed until the launcher takes them; every
-    other attribute is the wrapped loader's."""
+    """A config loader that keeps the job configs it composed until the launcher takes them; else the wrapped one."""
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader

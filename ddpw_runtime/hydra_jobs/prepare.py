@@ -1,6 +1,6 @@
-"""Preparing the jobs of a launch, the same for every ddpw launcher: each job's config composed once, its id
-and number, its `platform` read and checked (every job before the first starts), and its output dir and
-`${now:...}` values pinned when it starts (docs/architecture.md, "Pinned per job, when it starts")."""
+"""Preparing the jobs of a launch, for every ddpw launcher: each job's config composed once, numbered, its `platform`
+read and checked (every job before the first starts), its output dir and `${now:...}` values pinned when it starts
+(docs/architecture.md, "Pinned per job, when it starts")."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from ddpw_runtime.launch.checks import check
 
 @dataclass
 class JobToRun:
-    """A job of a launch to prepare: its number, its overrides, and where it ran before (a resumed sweep's
-    job runs in the same output dir, whatever `${now:...}` gives now)."""
+    """A job of a launch to prepare: its number, its overrides, and where it ran before (a resumed sweep's job runs
+    in the same output dir, whatever `${now:...}` gives now)."""
 
     idx: int
     overrides: list[str]
@@ -50,9 +50,8 @@ class PreparedJob:
     """`run_job`'s output dir keys for a job of a sweep: a subdir of the sweep dir."""
 
     def pin(self) -> None:
-        """Resolve the job's output dir (its `dir_keys`, as `run_job` takes them, written back as plain
-        values) and every `${now:...}` of its task config now, once (later calls change nothing). Sets
-        `HydraConfig` for a moment: call it where the job holds the process's state."""
+        """Resolve the job's output dir (its `dir_keys`, written back as plain values) and every `${now:...}` of its
+        task config, once. Sets `HydraConfig` for a moment: call it where the job holds the process's state."""
         if not self.pinned:
             values = _dir_values(self.config)
             if self.earlier_output_dir is not None:
@@ -71,8 +70,7 @@ class PreparedJob:
 
 
 def job_check(options: LauncherOptions, platform: Platform) -> None:
-    """Every check of a job's platform with these launcher options (and, for ranks on this machine,
-    against its GPUs); an error names the platform's keys as the user types them."""
+    """Every check of a job's platform with these options (and GPUs); errors name its keys as the user types them."""
     with options.naming_platform_keys():
         check(platform, here=options.runs_here)
         options.validate_platform(platform)
@@ -80,9 +78,8 @@ def job_check(options: LauncherOptions, platform: Platform) -> None:
 
 def prepare_jobs(hydra_context: HydraContext, config: DictConfig, to_run: Sequence[JobToRun],
                  options: LauncherOptions) -> list[PreparedJob]:
-    """What every ddpw launcher does first: check its options, then every job of the batch that runs,
-    composed (once, see `compose_once`), numbered, its platform read and checked (a `ConfigError` if it
-    cannot run); jobs submitted elsewhere are pinned now, jobs that run here as each starts."""
+    """Check the options, then every job of the batch that runs: composed (once), numbered, its platform read and
+    checked (`ConfigError`); jobs submitted elsewhere are pinned now, jobs that run here as each starts."""
     options.validate()
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
@@ -102,9 +99,8 @@ def prepare_jobs(hydra_context: HydraContext, config: DictConfig, to_run: Sequen
 
 def prepared(config: DictConfig, idx: int, overrides: list[str], options: LauncherOptions, pin: bool = True,
              earlier_output_dir: Path | None = None) -> PreparedJob:
-    """One composed job config made a `PreparedJob`: platform read and checked with `options`, output
-    dir (`earlier_output_dir` where it ran before) and `${now:}` pinned (with `pin`; else `PreparedJob.pin`
-    does it when the job starts)."""
+    """One composed job config made a `PreparedJob`: platform read and checked with `options`; output dir
+    (`earlier_output_dir` where it ran before) and `${now:}` pinned with `pin` (else `PreparedJob.pin` does it)."""
     with hydra_config_of(config):
         platform = options.platform_of(config)
     job_check(options, platform)
@@ -144,24 +140,23 @@ def task_config(config: DictConfig) -> DictConfig:
 
 
 def as_typed(overrides: Any) -> tuple[str, ...]:
-    """Hydra's `overrides` (a list in its config, `hydra.overrides.task`) as typed: an interpolation in one
-    (`${oc.env:LOCAL_RANK}`, which only a rank can resolve) is kept, not resolved."""
+    """Hydra's `overrides` (such as `hydra.overrides.task`) as typed: an interpolation in one (`${oc.env:LOCAL_RANK}`,
+    which only a rank can resolve) is kept, not resolved."""
     typed = OmegaConf.to_container(overrides, resolve=False)
     assert isinstance(typed, list)
     return tuple(typed)
 
 
 def command_line(hydra: Any, task: Sequence[str] | None = None) -> tuple[str, ...]:
-    """Every override of the command line, as typed: the task's (`task`, or else `hydra.overrides.task`), then
-    Hydra's own (`hydra.run.dir=...`); `hydra` is Hydra's config (`config.hydra`, `HydraConfig.get()`). The nodes
-    of a job across machines compare theirs."""
+    """Every override of the command line, as typed: the task's (`task`, else `hydra.overrides.task`), then Hydra's
+    own; `hydra` is Hydra's config (`config.hydra`, `HydraConfig.get()`). The nodes of a job across machines compare
+    theirs."""
     return (as_typed(hydra.overrides.task) if task is None else tuple(task)) + as_typed(hydra.overrides.hydra)
 
 
 def pin_now(config: DictConfig) -> None:
-    """Resolve every value of the task's config that uses `${now:...}` once, here: Hydra's `now`
-    resolver caches its result in the config, and the cache travels with it, so every rank (and the
-    job's `.hydra/config.yaml`) gets the same time instead of the time it happens to read it."""
+    """Resolve every `${now:...}` of the task's config once, here: Hydra's `now` resolver caches its result in the
+    config, which travels with it, so every rank (and `.hydra/config.yaml`) gets the same time."""
     plain = OmegaConf.to_container(config, resolve=False)
     assert isinstance(plain, dict)
     for path in _paths_using_now({key: value for key, value in plain.items() if key != "hydra"}):
@@ -169,10 +164,7 @@ def pin_now(config: DictConfig) -> None:
 
 
 def _paths_using_now(node: Any, prefix: str = "") -> list[str]:
-    if isinstance(node, dict):
-        items: Any = node.items()
-    elif isinstance(node, list):
-        items = enumerate(node)
-    else:
+    if not isinstance(node, (dict, list)):
         return [prefix] if isinstance(node, str) and "${now:" in node else []
+    items = node.items() if isinstance(node, dict) else enumerate(node)
     return [path for key, value in items for path in _paths_using_now(value, f"{prefix}.{key}" if prefix else str(key))]

@@ -1,7 +1,6 @@
-"""A sweep and its earlier run (`hydra.launcher.resume=true`, docs/sweeps.md "Resuming a sweep"): the
-sweep's summary opened new or, on a resume, from the earlier run's `sweep_summary.json`, after checking
-that both make the same jobs; then, launch by launch (a sweeper may launch its jobs in batches), which jobs
-are kept (COMPLETED before: their JobReturn comes back as kept, they are not run) and where the others ran
+"""A sweep and its earlier run (`hydra.launcher.resume=true`, docs/sweeps.md): the sweep's summary, new or, on a
+resume, the earlier run's once both are known to make the same jobs; then, launch by launch (a sweeper may launch in
+batches), which jobs are kept (COMPLETED before: their JobReturn comes back, they do not run) and where the others ran
 before (they run again in the same output dir).
 """
 
@@ -34,12 +33,11 @@ _AGAIN = ("run the earlier command again with hydra.launcher.resume=true, or sta
 
 
 def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
-    """The summary of the sweep whose master config is `config`: new, or with `options.resume` the earlier
-    run's in the same sweep dir, once both are known to make the same jobs (a `ConfigError` naming what
-    differs, before anything starts)."""
+    """The summary of the sweep whose master config is `config`: new, or with `options.resume` the earlier run's in
+    the same sweep dir, once both are known to make the same jobs (else a `ConfigError` naming what differs)."""
     sweep_dir = Path(str(config.hydra.sweep.dir))
-    if options.runs_here:  # first: each copy of a program that torchrun runs several times is told so (not that another
-        check_not_under_torchrun(os.environ)  # copy holds the sweep dir)
+    if options.runs_here:  # first: each copy of a program torchrun runs is told so (not that another holds the dir)
+        check_not_under_torchrun(os.environ)
     _hold(sweep_dir)
     record = SweepRecord.of(config)
     if not options.resume:
@@ -73,11 +71,9 @@ _HELD: dict[Path, int] = {}
 
 
 def _hold(sweep_dir: Path) -> None:
-    """Hold `sweep_dir` for this process's sweeps: another sweep in it at the same time (a resume started beside the
-    run it resumes, or two resumes) would run the same jobs in the same dirs at once, and both would write its summary.
-    A POSIX record lock on `LOCK_FILE`: the kernel lets it go when the process ends, however it ends (SIGKILL too), and
-    a fork does not inherit it. A file system that has no locks (some network ones) holds nothing. `ConfigError`
-    naming the process that holds it."""
+    """Hold `sweep_dir` for this process's sweeps, else `ConfigError` naming its holder: two sweeps in it at once would
+    run the same jobs in the same dirs. A POSIX record lock on `LOCK_FILE`: the kernel drops it when the process ends,
+    however it ends (SIGKILL too), and a fork does not inherit it; a file system without locks holds nothing."""
     path = (sweep_dir / LOCK_FILE).absolute()
     if path in _HELD:  # (a program that runs several sweeps in the same dir, one after another)
         return
@@ -138,9 +134,9 @@ class Launch:
 
 def plan_launch(summary: SweepSummary, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
                 dry_run: bool = False) -> Launch:
-    """Which jobs of a launch are kept and which run (without a resume, every job runs). A job whose
-    overrides differ from the earlier run's job of that number refuses the launch (`ConfigError`) before
-    any of its jobs starts; each kept job gets its entry now (not in a dry run) and a line in the log."""
+    """Which jobs of a launch are kept and which run. A job whose overrides differ from the earlier run's job of that
+    number refuses the launch (`ConfigError`) before any starts; each kept job gets its entry (not in a dry run) and
+    a line in the log."""
     launch = Launch(list(range(initial_job_idx, initial_job_idx + len(job_overrides))))
     for idx, overrides in zip(launch.numbers, job_overrides, strict=True):
         if (before := summary.entries.get(idx)) is None:

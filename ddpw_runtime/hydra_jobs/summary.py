@@ -3,9 +3,8 @@
     [ddpw] job #0 started: 2 ranks on cpu, output dir outputs/2026-11-22/13-29-00
     [ddpw] job #0 COMPLETED in 4.1 s: ranks 0-1 ok; logs outputs/2026-11-22/13-29-00/rank_<k>.log
 
-A failed job's summary gives the root cause in one line and each rank's status and exit code; the root
-cause's traceback is in the job's error, which Hydra prints once. Plain text, coloured only on a
-terminal that supports it (see `use_colour`).
+A failed job's summary gives the root cause in one line and each rank's status and exit code (the traceback is in
+the job's error, which Hydra prints once). Coloured only on a terminal that supports it (`use_colour`).
 """
 
 from __future__ import annotations
@@ -54,11 +53,9 @@ def shown_path(path: Path, base: Path) -> str:
 
 
 def rank_statuses(failure: RankFailure) -> dict[int, str]:
-    """Each rank's status in a failed job, with its exit code: `FAILED` (the root cause; when a collective timed
-    out, `NOT IN THE COLLECTIVE` for the ranks that held it up and `waited in the collective`; `ENDED EARLY` for a rank
-    whose task returned while its peers waited for it), `ok`,
-    `failed too` (a failure after the root cause, such as a lost connection), `stopped` (by the
-    launcher), `killed` (by a signal it did not send) or `exited`."""
+    """Each rank's status in a failed job, with its exit code: `FAILED` (the root cause; `NOT IN THE COLLECTIVE` and
+    `waited in the collective` when a collective timed out; `ENDED EARLY` for a task that returned while its peers
+    waited), `ok`, `failed too` (after the root cause), `stopped` (by the launcher), `killed` or `exited`."""
     statuses = {}
     hang = failure.hang
     for outcome in failure.outcomes:
@@ -91,8 +88,7 @@ def _head(colour: bool, job: int, what: str, *colours: str) -> str:
 
 
 def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: str, colour: bool = False) -> str:
-    """The lines printed when a job failed: the cause in one line and, for a `RankFailure`, each rank's
-    status and exit code."""
+    """The lines printed when a job failed: the cause in one line and, for a `RankFailure`, each rank's status."""
     head = f"{_head(colour, job, 'FAILED', 'red', 'bold')} after {duration_s:.1f} s: "
     lines = [head + one_line(error)]
     if isinstance(error, RankFailure):
@@ -129,21 +125,16 @@ class JobConsole:
 
     @contextmanager
     def shown(self) -> Iterator[None]:
-        """Print the job's start line, and as the block ends its summary: completed (every rank returned), or failed
-        with the error the block raises (raised on)."""
+        """Print the job's start line, and as the block ends its summary: completed, or failed (raised on)."""
         ranks = f"{self.world_size} rank" + ("s" if self.world_size != 1 else "")
-        self._print(f"{_head(self.colour, self.job, 'started')}: {ranks} on {self.device}, output dir "
-                    f"{self.output_dir}")
+        show(f"{_head(self.colour, self.job, 'started')}: {ranks} on {self.device}, output dir {self.output_dir}",
+             self.out)
         started = time.monotonic()
         try:
             yield
         except Exception as error:
-            self._print(failed_summary(self.job, error, time.monotonic() - started, self.output_dir, self.colour))
+            show(failed_summary(self.job, error, time.monotonic() - started, self.output_dir, self.colour), self.out)
             raise
         ranks = ("ranks " if self.world_size > 1 else "rank ") + rank_ranges(list(range(self.world_size)))
-        self._print(f"{_head(self.colour, self.job, 'COMPLETED', 'green', 'bold')} in "
-                    f"{time.monotonic() - started:.1f} s: {ranks} {_style(self.colour, 'ok', 'green')}; logs "
-                    f"{self.output_dir}/rank_<k>.log")
-
-    def _print(self, text: str) -> None:
-        show(text, self.out)
+        show(f"{_head(self.colour, self.job, 'COMPLETED', 'green', 'bold')} in {time.monotonic() - started:.1f} s: "
+             f"{ranks} {_style(self.colour, 'ok', 'green')}; logs {self.output_dir}/rank_<k>.log", self.out)

@@ -1,7 +1,6 @@
-"""What a multirun did, job by job: `sweep_summary.json` in the sweep dir, rewritten as each job starts
-and ends (an interrupted sweep keeps what it did, and a resume reads it: `resume.py`), each COMPLETED
-job's JobReturn kept beside it (`.job_returns/<job>.pkl`), and a table of it on the console when the
-sweep ends.
+"""What a multirun did, job by job: `sweep_summary.json` in the sweep dir, rewritten as each job starts and ends (an
+interrupted sweep keeps what it did; a resume reads it), each COMPLETED job's JobReturn kept beside it
+(`.job_returns/<job>.pkl`), and a table of it on the console when the sweep ends.
 
     [ddpw] sweep summary: 3 jobs, 2 COMPLETED, 1 FAILED (multirun/2026-11-23/10-00-00/sweep_summary.json)
       job  status     time   rank 0 returned  output dir  overrides
@@ -9,8 +8,8 @@ sweep ends.
       #1   FAILED     1.2 s  ValueError: ...  1           lr=0.01
       same in every job: epochs=10 platform.n_procs_per_node=2
 
-The table shows the overrides that differ between jobs (those of every job, once, below it) and numbers
-to 4 significant digits; the JSON keeps every job's overrides and the values as they are.
+The table shows the overrides that differ between jobs (those of every job once, below it) and numbers to 4
+significant digits; the JSON keeps every job's overrides and the values as they are.
 """
 
 from __future__ import annotations
@@ -54,9 +53,8 @@ class JobEntry:
     job: int
     overrides: list[str]
     status: str
-    """COMPLETED, FAILED, INTERRUPTED / TERMINATED (stopped by Ctrl-C / SIGTERM), STOPPED (by another job's
-    failure, `fail_fast`), NOT STARTED; while a job runs, RUNNING (on SLURM: SUBMITTED), which a sweep
-    whose process was killed leaves behind."""
+    """COMPLETED, FAILED, INTERRUPTED / TERMINATED (Ctrl-C / SIGTERM), STOPPED (by another job's failure,
+    `fail_fast`), NOT STARTED; while a job runs, RUNNING (on SLURM: SUBMITTED), left behind if the sweep is killed."""
     duration_s: float
     return_value: Any
     """Rank 0's return value: as it is when JSON can hold it, else its `repr()`; None when it failed."""
@@ -95,8 +93,7 @@ class SweepRecord:
 
 def entry(job: int, overrides: list[str], output_dir: Path, duration_s: float, ret: JobReturn | None,
           stopped_by: str | None = None) -> JobEntry:
-    """The entry of a job that ended with `ret` (None: it was stopped or never started, `stopped_by` says
-    which)."""
+    """The entry of a job that ended with `ret` (None: stopped or never started, as `stopped_by` says)."""
     if ret is None or stopped_by is not None:
         return JobEntry(job, overrides, stopped_by or "INTERRUPTED", round(duration_s, 3), None, str(output_dir))
     failed = ret.status is not JobStatus.COMPLETED
@@ -119,8 +116,7 @@ def _as_json(value: Any) -> Any:
 
 
 def _finite(value: Any) -> Any:
-    """`value` with each float that JSON has no number for (nan, inf, -inf), in lists and dicts too, written as a
-    string, as Python writes it ("nan", "inf", "-inf"): the file stays JSON that any reader takes."""
+    """`value` with each nan or infinite float, nested ones too, as a string ("nan", "inf"): JSON any reader takes."""
     if isinstance(value, float) and not math.isfinite(value):
         return repr(float(value))
     if isinstance(value, dict):
@@ -131,8 +127,8 @@ def _finite(value: Any) -> Any:
 
 
 class SweepSummary:
-    """The entries of one sweep's jobs, kept in `sweep_dir / FILE_NAME` with the sweep's record (callable
-    from any thread); `earlier`: the entries a resumed sweep starts from, each kept until its job's new one."""
+    """The entries of one sweep's jobs, kept in `sweep_dir / FILE_NAME` with the sweep's record (callable from any
+    thread); `earlier`: the entries a resumed sweep starts from, each kept until its job's new one."""
 
     written_here: ClassVar[set[Path]] = set()
     """The summaries this process wrote (an earlier run's, left as it was, is not shown as this run's)."""
@@ -144,8 +140,7 @@ class SweepSummary:
         self._lock = threading.Lock()
 
     def record(self, job_entry: JobEntry, ret: JobReturn | None = None) -> None:
-        """Add (or replace) a job's entry and rewrite the file, atomically; `ret`, the JobReturn of a
-        COMPLETED job, is kept first (`kept_return` reads it back)."""
+        """Add (or replace) a job's entry and rewrite the file, atomically; keep `ret` first if it COMPLETED."""
         if ret is not None and job_entry.status == JobStatus.COMPLETED.name and not job_entry.kept:
             self._keep(job_entry.job, ret)
         with self._lock:
@@ -173,8 +168,7 @@ class SweepSummary:
 
 
 def read_summary(sweep_dir: Path) -> tuple[SweepRecord, list[JobEntry]] | None:
-    """The record and job entries of the summary in `sweep_dir`, or None where there is none (or one of
-    a hydra-ddpw release before resume, without a record)."""
+    """The record and job entries of the summary in `sweep_dir`, or None where there is none with a record."""
     try:
         data = json.loads((Path(sweep_dir) / FILE_NAME).read_text())
         known = {f.name for f in fields(JobEntry)}
@@ -185,8 +179,7 @@ def read_summary(sweep_dir: Path) -> tuple[SweepRecord, list[JobEntry]] | None:
 
 
 def fail_fast_line(failed: int, stopped: list[int], not_started: list[int]) -> str:
-    """The line that says job #`failed` stops the sweep (`hydra.launcher.fail_fast`): the jobs it stops
-    and those that never start."""
+    """The line that says job #`failed` stops the sweep (`fail_fast`): the jobs it stops and those never started."""
     numbers = [", ".join(f"#{idx}" for idx in idxs) for idxs in (stopped, not_started)]
     return (f"{PREFIX} job #{failed} failed (hydra.launcher.fail_fast=true): "
             + (f"stopping job(s) {numbers[0]}; " if stopped else "")
@@ -223,8 +216,7 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
 
 
 def _shown(value: Any) -> str:
-    """A return value as the table shows it: floats to `_DIGITS` significant digits (a whole one as `2.0`, as Python
-    shows it, not as the int `2`), nested ones too."""
+    """A return value as the table shows it: floats, nested ones too, to `_DIGITS` digits (`2.0`, not `2`)."""
     if isinstance(value, float):
         text = format(value, f".{_DIGITS}g")
         return text + ".0" if text.lstrip("-").isdigit() else text
@@ -236,9 +228,8 @@ def _shown(value: Any) -> str:
 
 
 class PrintSweepSummary(Callback):
-    """Hydra callback (brought by the `hydra/launcher=ddpw_*` options): prints the sweep summary when a
-    multirun ends, also when it ends by a failed job (Hydra's sweepers raise the first job error), Ctrl-C
-    or SIGTERM: then as the program exits, after Hydra's report."""
+    """Hydra callback (brought by `hydra/launcher=ddpw_*`): prints the sweep summary when a multirun ends; when it
+    ends by a failed job (Hydra's sweepers raise its error), Ctrl-C or SIGTERM, as the program exits."""
 
     path: Path | None = None
     """Where the summary is, until it is printed."""

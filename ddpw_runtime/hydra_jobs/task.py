@@ -1,6 +1,5 @@
-"""The task Hydra's `run_job` calls in a controller, the same for the local launcher and every SLURM
-node: the user's task on every rank of this node, rank 0's value as the job's. And the JobReturn
-that carries every rank's value."""
+"""The task Hydra's `run_job` calls in a controller (local launcher and every SLURM node): the user's task on every
+rank of this node, rank 0's value as the job's; and the JobReturn that carries every rank's value."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ from ddpw_runtime.launch.payload import TaskCall
 
 @dataclass
 class DdpwJobReturn(JobReturn):
-    """Hydra's JobReturn of a distributed job: `return_value` is rank 0's value, `rank_values` every
-    rank's, by rank."""
+    """Hydra's JobReturn of a distributed job: `return_value` is rank 0's value, `rank_values` every rank's."""
 
     rank_values: list[Any] = field(default_factory=list)
 
@@ -37,15 +35,13 @@ class DdpwJobReturn(JobReturn):
 
 
 def raise_job_error(ret: JobReturn) -> NoReturn:
-    """Fail the sweep with the error of a FAILED JobReturn, as Hydra's sweepers do: reading its
-    `return_value` logs the job's overrides and raises the error."""
+    """Fail the sweep with a FAILED JobReturn's error, as Hydra's sweepers do (reading `return_value` raises it)."""
     raise ret.return_value  # reading it raises; for a FAILED JobReturn nothing is ever returned
 
 
 def append_to_job_files() -> None:
-    """Make this process's logging file handlers append from now on (a `mode: w` job log was emptied when
-    the job began): rank 0 of the job, a process of its own, writes to the same files meanwhile, and
-    neither may write over the other's lines."""
+    """Make this process's logging file handlers append from now on (a `mode: w` job log was emptied as the job
+    began): rank 0, a process of its own, writes to the same files meanwhile, and neither may overwrite the other."""
     loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
                                       if isinstance(lg, logging.Logger))]
     for handler in {id(h): h for lg in loggers for h in lg.handlers}.values():
@@ -55,10 +51,10 @@ def append_to_job_files() -> None:
 
 
 class JobTask:
-    """What `run_job` calls: runs the user's task on every rank of this node (`job`, in the job's output dir)
-    and returns rank 0's value; every rank's value is kept in `values`. It carries the user's function's name
-    and `__wrapped__`, so callbacks see the user's task. `announce`: print the job's start line and summary;
-    `around_ranks`: a context entered while the ranks run (the SLURM node's preemption handling)."""
+    """What `run_job` calls: runs the user's task on every rank of this node (`job`, in the job's output dir) and
+    returns rank 0's value (every rank's in `values`); it carries the user's function's name and `__wrapped__`, so
+    callbacks see the user's task. `announce`: print the job's start line and summary; `around_ranks`: a context
+    entered while the ranks run (the SLURM node's preemption handling)."""
 
     def __init__(self, task_function: TaskFunction, job: NodeJob, idx: int, announce: bool = True,
                  around_ranks: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
