@@ -1,6 +1,5 @@
-"""What the nodes of a SLURM job send back (`NodeOutcome`), and how the submitting side turns them into
-one JobReturn: rank 0's value, or the root cause of a failure on any node (the same rule as on one
-node, `launch/outcome.py`, over the ranks of every node), or how SLURM ended the job."""
+"""What the nodes of a SLURM job send back (`NodeOutcome`), and how the submitting side makes them one JobReturn:
+rank 0's value, the root cause of a failure on any node (`launch/outcome.py`'s rule), or how SLURM ended the job."""
 
 from __future__ import annotations
 
@@ -64,10 +63,10 @@ def state_error(job_id: str, state: str, logs: str, restarts: int) -> SlurmJobEr
 
 def job_failure(n_nodes: int, state: str, outcomes: dict[int, NodeOutcome], node_errors: dict[int, str],
                 ended: SlurmJobError) -> BaseException | None:
-    """Why a SLURM job failed, or None: a rank's own failure on any node first; else a node's own error
-    (its time limit), a node controller that raised (`node_errors`: their text), how SLURM ended the
-    job (`ended`: cancelled, timed out, out of memory; what the ranks saw then follows from it); a
-    rank that only lost its peers; nodes that sent nothing."""
+    """Why a SLURM job failed, or None, in this order: a rank's own failure on any node; a node's own error (its
+    time limit); a node controller that raised (`node_errors`: their text); how SLURM ended the job (`ended`:
+    cancelled, timed out, out of memory: what the ranks saw follows from it); a rank that only lost its peers;
+    nodes that sent nothing."""
     ranks: Sequence[RankOutcome] = [rank for node in outcomes.values() for rank in node.ranks]
     cause = root_cause(ranks)
     errors = [node.error for _, node in sorted(outcomes.items()) if node.error is not None]
@@ -90,8 +89,7 @@ def job_failure(n_nodes: int, state: str, outcomes: dict[int, NodeOutcome], node
 
 def job_return(ret: JobReturn, n_nodes: int, state: str, outcomes: dict[int, NodeOutcome], node_errors: dict[int, str],
                ended: SlurmJobError) -> tuple[JobReturn, list[Any]]:
-    """The JobReturn of one SLURM job and every rank's value. `ret` is node 0's JobReturn when it sent
-    one, else a FAILED shell; see `job_failure` for the rest."""
+    """The JobReturn of one SLURM job and every rank's value; `ret`: node 0's JobReturn, else a FAILED shell."""
     made = job_failure(n_nodes, state, outcomes, node_errors, ended)
     if made is not None or ret.status is not JobStatus.COMPLETED:
         ret.status = JobStatus.FAILED

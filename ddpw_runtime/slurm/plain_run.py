@@ -1,7 +1,6 @@
-"""A plain run (no `-m`) with `hydra/launcher=ddpw_slurm` is refused before anything starts, with the
-command that works: `-m`, which submits the run's job (a sweep of one) and waits for it (a plain run would
-have to submit its task from a callback and end without running it: Hydra has no public way to do that).
-"""
+"""A plain run (no `-m`) with `hydra/launcher=ddpw_slurm` is refused before anything starts, naming `-m`, which
+submits the job (a sweep of one) and waits for it (a plain run would have to submit its task from a callback and end
+without running it: Hydra has no public way to do that)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The sbatch side of a SLURM job: submitit's parameters from a job's platform and the launcher options,
-the script they make, the rendezvous the nodes use, and the plan a dry run prints. Submits nothing."""
+"""The sbatch side of a SLURM job: submitit's parameters from a job's platform and the launcher options, the script
+they make, the rendezvous the nodes use, and the plan a dry run prints. Submits nothing."""
 
 from __future__ import annotations
 
@@ -27,31 +27,29 @@ _GPU_KEYS = {"gres", "gpus", "gpus_per_task", "gpus_per_node"}
 
 def check_ports(platforms: Sequence[tuple[int, Platform]]) -> None:
     """Refuse, before anything is submitted, jobs of one sweep (`(job number, platform)`) that set the same
-    `platform.master_port`: SLURM may run them on one node at the same time, where all but one would fail on
-    the taken port. Left unset, each job gets a port of its own."""
+    `platform.master_port`: SLURM may run them on one node at the same time, where all but one would fail."""
     jobs_of: defaultdict[int, list[int]] = defaultdict(list)
     for idx, platform in platforms:
         if platform.master_port is not None and platform.ipc_protocol == "tcp":
             jobs_of[platform.master_port].append(idx)
     for port, jobs in jobs_of.items():
         if len(jobs) > 1:
-            raise ConfigError(
-                "platform.master_port", port,
-                f"jobs {', '.join(f'#{idx}' for idx in jobs)} of this sweep set it, and SLURM may run them on one "
-                f"node at the same time, where all but one would fail: leave platform.master_port unset (null), so "
-                f"that each job gets a port of its own (a free one on one node, {PORT_BASE} + its SLURM job id % "
-                f"{PORT_SPAN} across nodes)")
+            raise ConfigError("platform.master_port", port, f"jobs {', '.join(f'#{idx}' for idx in jobs)} of this "
+                              "sweep set it, and SLURM may run them on one node at the same time, where all but one "
+                              "would fail: leave platform.master_port unset (null), so that each job gets a port of "
+                              f"its own (a free one on one node, {PORT_BASE} + its SLURM job id % {PORT_SPAN} across "
+                              "nodes)")
 
 
 def node_platform(platform: Platform) -> Platform:
-    """The platform the nodes run: `n_cpus_per_node` filled in with what the job asks SLURM for (the
-    given value, else one CPU per rank), so the ranks split exactly the CPUs they were given."""
+    """The platform the nodes run: `n_cpus_per_node` as the job asks SLURM for it (as given, else one CPU per rank),
+    so the ranks split exactly the CPUs they were given."""
     return replace(platform, n_cpus_per_node=platform.n_cpus_per_node or platform.ranks_per_node)
 
 
 def sbatch_parameters(platform: Platform, options: SlurmLauncherConf) -> dict[str, Any]:
-    """submitit's `SlurmExecutor` parameters for a job of `platform` (validated): one task per node
-    (the node's controller, which starts the node's ranks) holding all the node's CPUs and GPUs."""
+    """submitit's `SlurmExecutor` parameters for a job of `platform` (validated): one task per node (the node's
+    controller, which starts its ranks) holding all the node's CPUs and GPUs."""
     extra = dict(platform.slurm_additional_parameters)
     params: dict[str, Any] = {
         "job_name": platform.name,
@@ -61,9 +59,7 @@ def sbatch_parameters(platform: Platform, options: SlurmLauncherConf) -> dict[st
         "cpus_per_task": node_platform(platform).n_cpus_per_node,
         "signal_delay_s": options.signal_delay_s,
         "array_parallelism": options.array_parallelism,
-        # A node controller that dies takes the job's other nodes with it, instead of leaving their
-        # ranks waiting for peers that are gone.
-        "srun_args": ["--kill-on-bad-exit=1"],
+        "srun_args": ["--kill-on-bad-exit=1"],  # a dead node controller takes the other nodes, not left waiting
     }
     if platform.partition is not None:  # else the cluster's default partition
         params["partition"] = platform.partition
@@ -83,23 +79,22 @@ def sbatch_parameters(platform: Platform, options: SlurmLauncherConf) -> dict[st
 
 def sbatch_script(params: dict[str, Any], folder: Path, array_size: int = 1) -> str:
     """The sbatch script submitit submits for `params` (a job array when `array_size` > 1) from its absolute
-    `folder`, with the command each node task runs as submitit's `SlurmExecutor` writes it."""
+    `folder`, with each node task's command as submitit's `SlurmExecutor` writes it."""
     command = " ".join([shlex.quote(sys.executable), f"-u -m {_compat.SUBMITIT_ENTRY}", shlex.quote(str(folder))])
     return _compat.sbatch_script(command, folder, array_size if array_size > 1 else None, **params)
 
 
 def rendezvous(platform: Platform, first_host: str, job_id: str) -> tuple[str | None, int | None]:
-    """Where the ranks of a job meet, as `run_ranks` takes it (`master_addr`, `master_port`): (None,
-    None) for one node (loopback and a free port); the first node of the allocation and a port derived
-    from the job id for several nodes. `platform.master_addr` / `master_port`, which `run_ranks`
-    applies, win over both."""
+    """Where the ranks of a job meet, as `run_ranks` takes it (`master_addr`, `master_port`): (None, None) for one
+    node (loopback, a free port); else the allocation's first node and a port from the job id. `platform.master_addr`
+    / `master_port`, which `run_ranks` applies, win over both."""
     if platform.n_nodes == 1:
         return None, None
     return first_host, PORT_BASE + int(job_id) % PORT_SPAN
 
 
 def _plan(platform: Platform, output_dir: Path) -> LaunchPlan:
-    """The plan of a job's node 0 as far as it is known before submission (no host, port or job id)."""
+    """The plan of a job's node 0 as known before submission (no host, port or job id)."""
     return plan_local(node_platform(platform), Path(output_dir).resolve(), Path("<private dir>"), "<SLURM job id>",
                       master_addr="-", master_port=1)
 

@@ -1,9 +1,8 @@
-"""Hydra side of the SLURM launcher: submit the prepared jobs (equal sbatch parameters as one job array),
-wait (polling sacct and the nodes' result files), and turn each job's node outcomes into one JobReturn. A
-manifest of the submitted jobs (`ddpw_slurm_jobs.json`) is always written as they are submitted;
-`fire_and_forget` returns then. A resumed sweep takes the jobs its earlier run submitted and never saw end
-from the manifest: it waits for those still queued or running and collects those that ended meanwhile,
-instead of submitting them again. With `fail_fast`, the first failed job cancels the others.
+"""Hydra side of the SLURM launcher: submit the prepared jobs (equal sbatch parameters as one job array), wait
+(polling sacct and the nodes' result files), and make each job's node outcomes one JobReturn. The manifest of the
+submitted jobs (`ddpw_slurm_jobs.json`) is written as they are submitted; `fire_and_forget` returns then. A resumed
+sweep waits for the jobs its earlier run submitted and never saw end, or collects them, instead of submitting them
+again. With `fail_fast`, the first failed job cancels the others.
 """
 
 from __future__ import annotations
@@ -60,9 +59,7 @@ class _Job:
 
 def run_jobs(hydra_context: HydraContext, task_function: TaskFunction, prepared: Sequence[PreparedJob],
              options: SlurmLauncherConf, summary: SweepSummary) -> list[JobReturn]:
-    """Submit `prepared` (checked) jobs, wait for them, and return what each ended with (noted in
-    `summary` as each ends, its time counted from the submission). submitit's folder is
-    `hydra.launcher.submitit_folder`; the manifest goes to the sweep dir."""
+    """Submit `prepared` (checked) jobs, wait, and return what each ended with (in `summary` as each ends)."""
     sbatch.check_ports([(job.idx, job.platform) for job in prepared])
     folder = Path(options.submitit_folder).expanduser().absolute()
     jobs = [_Job(job, sbatch.sbatch_parameters(job.platform, options)) for job in prepared]
@@ -102,12 +99,9 @@ def _record(summary: SweepSummary, job: _Job, status: str) -> None:
 
 
 def _earlier_submissions(jobs: list[_Job], folder: Path, manifest: Path, summary: SweepSummary) -> dict[int, JobReturn]:
-    """On a resume: each of `jobs` that the earlier run submitted (its latest entry in `manifest`) and never
-    saw end (its summary says SUBMITTED: the sweep's process was killed) is SLURM's still, or ended while
-    no one was waiting. One still queued or running is attached (`slurm` set), to be waited for; what those
-    that ended COMPLETED returned is collected (and returned, by job number); the others (failed, or
-    unknown to sacct and to squeue) are submitted again. A job sacct does not know yet (its accounting database
-    lags behind the controller) but squeue shows queued or running is waited for, not run twice."""
+    """On a resume, the jobs the earlier run submitted and never saw end (summary: SUBMITTED): one still queued or
+    running is attached (`slurm` set) to be waited for, those that COMPLETED meanwhile are collected (returned, by
+    job number), the others (failed, or unknown to sacct and squeue) are submitted again."""
     import submitit
 
     latest = {entry["job"]: entry for entry in _manifest_entries(manifest)}
@@ -121,7 +115,7 @@ def _earlier_submissions(jobs: list[_Job], folder: Path, manifest: Path, summary
     collected: dict[int, JobReturn] = {}
     for job in earlier:
         p, state, ret = job.prepared, _compat.sacct_state(job.slurm), _ended(job)
-        if ret is None and state == "UNKNOWN":  # (sacct reads the accounting database, which may lag behind)
+        if ret is None and state == "UNKNOWN":  # sacct's accounting database may lag behind: squeue, not run twice
             state = _queued_state(job.slurm.job_id) or state
         if ret is None and state != "UNKNOWN":
             log.info(f"#{p.idx} : {p.shown} -> waiting for SLURM job {job.slurm.job_id} ({state}), submitted by "
@@ -138,8 +132,7 @@ def _earlier_submissions(jobs: list[_Job], folder: Path, manifest: Path, summary
 
 
 def _queued_state(job_id: str) -> str | None:
-    """The state SLURM's controller gives job `job_id` (squeue), when it still has it queued or running; None when it
-    does not, or cannot say."""
+    """squeue's state of job `job_id` while SLURM has it queued or running; else None."""
     try:
         shown = subprocess.run(["squeue", "--noheader", "--format=%T", f"--jobs={job_id}"], capture_output=True,
                                text=True, timeout=_SQUEUE_WAIT_S, check=False)
@@ -171,8 +164,8 @@ def _print_dry_run(groups: list[list[_Job]], folder: Path) -> None:
 
 def _submit(groups: list[list[_Job]], hydra_context: HydraContext, task_function: TaskFunction,
             options: SlurmLauncherConf, folder: Path, manifest: Path, summary: SweepSummary) -> None:
-    """Submit each group (one job array each), and add its jobs to `manifest` and `summary` (SUBMITTED)
-    right after, so that a resume finds every submitted job."""
+    """Submit each group (one job array each); add its jobs to `manifest` and `summary` (SUBMITTED) right after, so
+    that a resume finds every submitted job."""
     import submitit
 
     from ddpw_runtime.procs.slurm_node import SlurmNode
@@ -211,7 +204,7 @@ def _submit(groups: list[list[_Job]], hydra_context: HydraContext, task_function
 
 
 def _manifest_entries(path: Path) -> list[dict[str, Any]]:
-    """The jobs `path` (a manifest) lists, in the order they were submitted (none where there is none)."""
+    """The jobs the manifest `path` lists, in submission order (none where there is none)."""
     return list(json.loads(path.read_text())["jobs"]) if path.exists() else []
 
 
@@ -227,10 +220,8 @@ def _write_manifest(path: Path, jobs: list[_Job]) -> None:
 
 
 def _wait(jobs: list[_Job], summary: SweepSummary, fail_fast: bool) -> dict[int, JobReturn]:
-    """Wait until every job has ended: all its nodes sent their outcome of the same run, or sacct says
-    it ended (cancelled, timed out, failed, ...); what each ended with, by job number. Each is noted in
-    `summary` as it ends. Result files are checked often, sacct less and less. With `fail_fast`, the
-    first failed job cancels the others and its error is raised."""
+    """Wait until every job has ended (all its nodes sent their outcome of the same run, or sacct says it ended),
+    noting each in `summary`; the JobReturns by job number. Result files are checked often, sacct less and less."""
     returns: dict[int, JobReturn] = {}
     pending = list(jobs)
     start = next_sacct = time.monotonic()
@@ -254,8 +245,7 @@ def _wait(jobs: list[_Job], summary: SweepSummary, fail_fast: bool) -> dict[int,
 
 
 def _fail_fast(failed: int, ret: JobReturn, pending: list[_Job], summary: SweepSummary) -> NoReturn:
-    """Job `failed` failed (`ret`) with `fail_fast`: cancel the `pending` jobs (those SLURM had not started
-    yet never start), and raise its error."""
+    """Job `failed` failed (`ret`) with `fail_fast`: cancel the `pending` jobs and raise its error."""
     queued = [job for job in pending if _compat.sacct_state(job.slurm).split()[0] == "PENDING"]
     sys.stderr.write(fail_fast_line(failed, [job.prepared.idx for job in pending if job not in queued],
                                     [job.prepared.idx for job in queued]) + "\n")
