@@ -1,7 +1,6 @@
-"""Whether a platform can run on this machine and this torch, before anything starts: beyond `Platform.validate`, the
-GPUs, cores and MPS device here, the backends torch was built with, the rendezvous address and a fixed rendezvous port,
-and whether `upon_finish` imports. torch is imported only for the platforms that need it (GPUs, MPS, an explicit mpi
-or nccl backend)."""
+"""Whether a platform can run on this machine and torch, before anything starts: beyond `Platform.validate`, the GPUs,
+cores and MPS device here, torch's backends, the rendezvous address and fixed port, and whether `upon_finish` imports.
+torch is imported only for platforms that need it (GPUs, MPS, an explicit mpi or nccl backend)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from ddpw_runtime.launch.payload import JOB_ENV
 from ddpw_runtime.nodes.sweep_channel import serves_sweep
 
 BUILT_WITH = {"mpi": "is_mpi_available", "nccl": "is_nccl_available"}
-"""The backends a torch build may lack, with the `torch.distributed` function that says whether it has
-them (mpi is used only when asked for, nccl only with GPUs; gloo is in every build for Linux and macOS)."""
+"""The backends a torch build may lack, with the `torch.distributed` function that says whether it has them."""
 
 
 def gpus_available(platform: Platform) -> int | None:
@@ -31,8 +29,7 @@ def gpus_available(platform: Platform) -> int | None:
 
 
 def check(platform: Platform, here: bool = True) -> Platform:
-    """Check `platform` (see the module docstring). `here`: the ranks run on this machine; else only what
-    holds anywhere is checked (a SLURM job, from the host that submits it)."""
+    """Check `platform`; without `here` (a SLURM job, from its submitting host) only what holds anywhere."""
     check_not_under_torchrun(os.environ)
     platform.validate(gpus_available(platform) if here else None)
     if here:
@@ -42,9 +39,8 @@ def check(platform: Platform, here: bool = True) -> Platform:
         if n_cpus is not None and n_cpus > (cores := len(cpu_cores())):
             raise ConfigError("platform.n_cpus_per_node", n_cpus,
                               f"this machine gives this program {cores} CPU cores; ask for at most {cores}")
-        # A fixed port that is taken, or below the unprivileged range, is refused by listening on it for a
-        # moment (on a SLURM node the first node's controller does it: `rendezvous.listen`; across machines, node 0,
-        # but on the port where it serves its multirun's store). Else a given address must at least resolve.
+        # A taken or privileged fixed port is refused by listening on it a moment (on SLURM the first node's controller
+        # does; across machines node 0, unless it serves its multirun's store there). Else an address must resolve.
         if platform.master_port is not None and platform.ipc_protocol == "tcp" and not platform.node_rank \
                 and not serves_sweep(platform):
             rendezvous.listen(platform, None, None).close()
@@ -56,9 +52,8 @@ def check(platform: Platform, here: bool = True) -> Platform:
 
 
 def check_not_under_torchrun(environ: Mapping[str, str]) -> None:
-    """Raise `ConfigError` when this program is one of several copies that torchrun runs on this machine (each would
-    start a job's ranks of its own, in the same output dir). A rank of hydra-ddpw's own looks like torchrun's too, but
-    names its job (`JOB_ENV`): a task may start a job of its own there."""
+    """Raise `ConfigError` when this program is one of several copies torchrun runs here (each would start ranks of its
+    own, in the same output dir). A hydra-ddpw rank names its job (`JOB_ENV`): a task may start a job of its own."""
     copies = environ.get("LOCAL_WORLD_SIZE", "").strip()
     if "TORCHELASTIC_RUN_ID" in environ and JOB_ENV not in environ and copies.isdigit() and int(copies) > 1:
         raise ConfigError("LOCAL_WORLD_SIZE", int(copies), f"this program runs under torchrun, as one of {copies} "
@@ -90,8 +85,7 @@ def check_torch(platform: Platform) -> None:
 
 
 def resolve_callable(key: str, path: str) -> Callable[..., Any]:
-    """The callable named by `module:function` or `module.function`; ConfigError when it is not there,
-    or when importing its module fails, whatever the module raises."""
+    """The callable named by `module:function` or `module.function`; ConfigError when it cannot be imported."""
     module_name, _, name = path.rpartition(":") if ":" in path else path.rpartition(".")
     try:
         fn = getattr(importlib.import_module(module_name), name)

@@ -1,8 +1,7 @@
-"""A set of child processes: the one way a supervising process watches and stops its children (a node's ranks, a
-sweep's job processes, rank 0 of a plain run, the rank starter). Each exit arrives in one `Inbox`: from the rank
-starter, which reaps what it starts, or from the child's pidfd (`adopt`: never by a channel its forks may hold open).
-Every stop is one bounded sequence: a first signal, a grace, SIGKILL, `KILL_WAIT_S`, then what is still there is named
-(on the console, and in the job's log where there is one) and left behind."""
+"""A set of child processes: how a supervising process watches and stops its children (a node's ranks, a sweep's job
+processes, a plain run's rank 0, the rank starter). Each exit arrives in one `Inbox`: from the rank starter, which reaps
+what it starts, or from the child's pidfd (`adopt`: never a channel its forks may hold open). Every stop is one bounded
+sequence: a signal, a grace, SIGKILL, `KILL_WAIT_S`, then what is still there is named and left behind."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ from ddpw_runtime.launch.signals import send_to_group
 
 log = logging.getLogger(__name__)
 
-_POLL_S = 0.05
-"""How often a thread that waits on the pidfds of its children looks at what other threads put in its inbox."""
+_POLL_S = 0.05  # how often a thread waiting on its children's pidfds looks at what other threads put in its inbox
 
 
 class StarterGone(CompactError, RuntimeError):
@@ -34,25 +32,21 @@ class StarterGone(CompactError, RuntimeError):
 
     @staticmethod
     def of(pid: int) -> StarterGone:
-        """The error for the rank starter of pid `pid`."""
+        """The error for the rank starter `pid`."""
         return StarterGone(f"the rank starter (pid {pid}), the process that starts the ranks, died (the OOM killer "
                            "or a kill may have ended it); the ranks it started ended with it")
 
 
 class Inbox:
-    """What a supervising thread waits on: its children's exits (from the starter's reader thread, or from the pidfds
-    of those it watches itself) and wake-ups from other threads, in one queue."""
+    """What a supervising thread waits on, in one queue: its children's exits and wake-ups from other threads."""
 
     def __init__(self) -> None:
         self._items: queue.SimpleQueue[RankExited | StarterGone | None] = queue.SimpleQueue()
         self._gone: StarterGone | None = None
-        self._watched: dict[int, int] = {}
-        """The pidfd of each child whose end the waiting thread watches itself (`watch`), and its pid."""
+        self._watched: dict[int, int] = {}  # pidfd -> pid of each child the waiting thread watches itself
 
     def watch(self, pid: int) -> None:
-        """Take the end of `pid`, a child of this process, from its pidfd (and reap it), in the waiting thread itself:
-        no thread of its own, since none can start while Python exits (Python 3.12 and later), where the rank starter
-        is closed."""
+        """Take child `pid`'s end from its pidfd in the waiting thread (none can start as 3.12+ exits: `close`)."""
         try:
             self._watched[os.pidfd_open(pid)] = pid
         except ProcessLookupError:  # (reaped already: its code is gone)
@@ -65,8 +59,7 @@ class Inbox:
             os.close(fd)
 
     def put(self, item: RankExited | StarterGone) -> None:
-        """Add `item` and wake the waiting thread (from any thread). That the starter died is kept apart too, so an
-        interruption landing while `next` takes it (a job process's SIGTERM as its starter dies) cannot lose it."""
+        """Add `item`, waking the waiting thread; a dead starter is kept apart too (no interruption can lose it)."""
         if isinstance(item, StarterGone):
             self._gone = item
         self._items.put(item)
@@ -76,8 +69,7 @@ class Inbox:
         self._items.put(None)
 
     def next(self, timeout: float | None) -> RankExited | None:
-        """The next exit; None when `timeout` seconds (None: no limit) pass first, a wake-up comes (the caller looks
-        at what it was asked), or `WAIT_SLICE_S` passed. StarterGone once the exits it reported before are taken."""
+        """The next exit; None after `timeout`, a wake-up or `WAIT_SLICE_S`; StarterGone after its last exits."""
         slice_s = WAIT_SLICE_S if timeout is None else min(timeout, WAIT_SLICE_S)
         try:
             if self._gone is not None:
@@ -93,8 +85,7 @@ class Inbox:
         return item
 
     def _watched_exit(self, timeout: float) -> RankExited | StarterGone | None:
-        """What was put here, or else the end of a watched child within `timeout` seconds (`queue.Empty` if none came);
-        what other threads put is looked at every `_POLL_S` meanwhile."""
+        """What was put here, else a watched child's end within `timeout` s (else `queue.Empty`), polling the queue."""
         end = time.monotonic() + timeout
         while self._items.empty():
             ready = select.select(list(self._watched), [], [], max(0.0, min(_POLL_S, end - time.monotonic())))[0]
@@ -107,19 +98,19 @@ class Inbox:
 
 
 class ChildState(Enum):
-    """Where a child stands (one still alive whose `Child.stopped` is set is stopping)."""
+    """Where a child stands (one alive whose `Child.stopped` is set is stopping)."""
 
     STARTING = "starting"
-    """Started, not at work yet (a rank not in its task: it has not left its mark, `RankPayload.task_mark`)."""
+    """Not at work yet (a rank that has not left its `RankPayload.task_mark`)."""
     RUNNING = "running"
     ENDED = "ended"
     LEFT_BEHIND = "left behind"
-    """It did not vanish `KILL_WAIT_S` after SIGKILL (stuck in the kernel); no longer waited for."""
+    """Still there `KILL_WAIT_S` after SIGKILL (stuck in the kernel); no longer waited for."""
 
 
 @dataclass
 class Child:
-    """One child: its process, what it is (`name`, as the console names it), where it stands, how it ended."""
+    """One child: its pid, its `name` on the console, where it stands, how it ended."""
 
     pid: int
     name: str
@@ -137,8 +128,7 @@ class Child:
 
 
 class Children:
-    """The children of one supervising thread, by pid (`of_pid`), as they start, run and end. `on_exit` is called
-    with each child as its end is noted (in the supervising thread)."""
+    """The children of one supervising thread, by pid (`of_pid`); `on_exit` is called with each as its end is noted."""
 
     def __init__(self, on_exit: Callable[[Child], None] = lambda child: None) -> None:
         self.inbox = Inbox()
@@ -146,13 +136,12 @@ class Children:
         self.on_exit = on_exit
 
     def add(self, pid: int, name: str, state: ChildState = ChildState.RUNNING) -> Child:
-        """Count process `pid`, whose exit will come to `inbox` (the rank starter reports it), as a child."""
+        """Count `pid`, whose exit the rank starter reports to `inbox`, as a child."""
         child = self.of_pid[pid] = Child(pid, name, state)
         return child
 
     def adopt(self, pid: int, name: str) -> Child:
-        """Count `pid`, a child of this process, as one; it is watched by its pidfd (and reaped) as the supervising
-        thread waits (`Inbox.watch`)."""
+        """Count `pid`, a child of this process, as one, watched by its pidfd (`Inbox.watch`)."""
         child = self.add(pid, name)
         self.inbox.watch(pid)
         return child
@@ -162,8 +151,7 @@ class Children:
         return [child for child in self.of_pid.values() if child.alive and child.pid != spare]
 
     def next_exit(self, timeout: float | None) -> Child | None:
-        """Wait at most `timeout` seconds (None: `WAIT_SLICE_S`, see `Inbox.next`) for a child's end and note it;
-        that child, or None (no end came, a wake-up, or the end of a process that is not a child)."""
+        """Wait at most `timeout` (`Inbox.next`) for a child's end and note it; that child, or None."""
         event = self.inbox.next(timeout)
         if event is None or (child := self.of_pid.get(event.pid)) is None or not child.alive:
             return None
@@ -172,15 +160,14 @@ class Children:
         return child
 
     def wait(self, deadline: float, spare: int | None = None, until: Callable[[], bool] = lambda: False) -> bool:
-        """Note the children's ends until every child but `spare` has ended, `deadline` (monotonic) passed, or
-        `until()`; whether they all ended."""
+        """Note ends until all but `spare` ended, `deadline` (monotonic) or `until()`; whether they all ended."""
         while self.running(spare) and not until():
             if self.next_exit(max(0.0, deadline - time.monotonic())) is None and time.monotonic() >= deadline:
                 break
         return not self.running(spare)
 
     def send(self, sig: int, to: list[Child] | None = None, group: bool = True) -> None:
-        """Send `sig` to every child alive (or those `to`), and with `group` to its process group; each is stopped."""
+        """Send `sig` to every child alive (or those `to`; with `group`, to its process group); each is stopped."""
         for child in self.running() if to is None else to:
             child.stopped = True
             self.signal(child, sig, group)
@@ -190,16 +177,14 @@ class Children:
         send_to_group(child.pid, sig, group)
 
     def stop(self, sig: int, grace_s: float, spare: int | None = None, group: bool = True) -> list[Child]:
-        """Send `sig` to every child but `spare`, give them `grace_s` to end (a Ctrl-C or SIGTERM meanwhile cuts it
-        short), then `kill` what is left; the children left behind."""
+        """`sig` to all but `spare`, `grace_s` (a Ctrl-C or SIGTERM cuts it short), then `kill`; those left behind."""
         self.send(sig, self.running(spare), group)
         with suppress(KeyboardInterrupt, Terminated):
             self.wait(time.monotonic() + grace_s, spare)
         return self.kill(spare, group)
 
     def kill(self, spare: int | None = None, group: bool = True) -> list[Child]:
-        """SIGKILL every child but `spare` and wait at most `KILL_WAIT_S` for each to end; those that outlive it are
-        named (logged: on the console, and in the job's log) and left behind, and returned."""
+        """SIGKILL all but `spare`, wait `KILL_WAIT_S` at most; those still there are logged, left behind, returned."""
         self.send(signal.SIGKILL, self.running(spare), group)
         self.wait(time.monotonic() + KILL_WAIT_S, spare)
         left = self.running(spare)
@@ -212,8 +197,7 @@ class Children:
 
 
 def wait_gone(pids: list[int], deadline: float) -> None:
-    """Wait until the processes `pids` (children of this one or not) have ended, or `deadline` (monotonic) passed:
-    by their pidfds."""
+    """Wait (by pidfds) until the processes `pids`, children or not, have ended, or `deadline` (monotonic) passed."""
     fds = []
     for pid in pids:
         with suppress(ProcessLookupError):
@@ -229,8 +213,7 @@ def wait_gone(pids: list[int], deadline: float) -> None:
 
 
 def wait_for_exit(pid: int) -> int:
-    """Wait for process `pid`, a child of this one, to end (by its pidfd: not by a channel its forks may hold open)
-    and reap it; its exit code. One already reaped counts as ended by SIGKILL (its code is gone)."""
+    """Wait for child `pid` to end (by its pidfd: not a channel its forks may hold open), reap it; its exit code."""
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -240,8 +223,7 @@ def wait_for_exit(pid: int) -> int:
 
 
 def _reaped(pidfd: int) -> int:
-    """Reap the child that `pidfd` (readable: it ended) refers to, and close `pidfd`; its exit code (one reaped
-    elsewhere meanwhile counts as ended by SIGKILL)."""
+    """Reap the ended child of `pidfd` and close it; its exit code (-SIGKILL when reaped elsewhere meanwhile)."""
     try:
         status = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
     except ChildProcessError:

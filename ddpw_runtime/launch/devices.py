@@ -1,6 +1,5 @@
-"""This machine's devices, shared out among jobs that run side by side: each job gets GPUs and CPU
-cores of its own (`Share`), or the whole machine when it does not say how much it needs; a fixed
-rendezvous port (`platform.master_port`) is one job's at a time. No torch."""
+"""This machine's devices, shared out among jobs side by side: each gets GPUs and CPU cores of its own (`Share`), or
+the whole machine when it does not say how much it needs; a fixed `platform.master_port` is one job's at a time."""
 
 from __future__ import annotations
 
@@ -19,12 +18,12 @@ class Share:
     cpus: tuple[int, ...] | None = None
     """Its CPU cores, as `os.sched_setaffinity` takes them (None: every core this program may use)."""
     n_cpus: int | None = None
-    """How many cores its ranks' threads count on (None: the machine's): its `cpus`, or when it shares every
-    core (a GPU job that does not set `n_cpus_per_node`) its part of them, as many as its part of the GPUs."""
+    """How many cores its ranks' threads count on (None: the machine's): its `cpus`, or when it shares every core (a GPU
+    job without `n_cpus_per_node`) its part of them, as its part of the GPUs."""
     whole: bool = False
     """It has the whole machine (nothing runs beside it)."""
     port: int | None = None
-    """The fixed rendezvous port it listens on, which no job beside it may use (None: it holds none)."""
+    """The fixed rendezvous port it holds, which no job beside it may use."""
 
 
 @dataclass(frozen=True)
@@ -33,9 +32,9 @@ class Need:
 
     gpus: int = 0
     cpus: int = 0
-    """Cores of its own (0: it shares every core, as a GPU job that does not set `n_cpus_per_node`)."""
+    """Cores of its own (0: it shares every core, as a GPU job without `n_cpus_per_node`)."""
     whole: bool = False
-    """It takes the whole machine (a CPU job that does not set `n_cpus_per_node`, an MPS job)."""
+    """It takes the whole machine (a CPU job without `n_cpus_per_node`, an MPS job)."""
     port: int | None = None
     """The fixed rendezvous port it listens on (None: a free port, or a `file` rendezvous)."""
 
@@ -55,8 +54,7 @@ def cpu_cores() -> tuple[int, ...]:
 
 
 def visible_gpus(count: int) -> tuple[str, ...]:
-    """The names of this machine's `count` GPUs as `CUDA_VISIBLE_DEVICES` gives them to a process: the
-    entries of the caller's own `CUDA_VISIBLE_DEVICES` when it is set, else their indexes."""
+    """This machine's `count` GPUs as `CUDA_VISIBLE_DEVICES` names them (the caller's entries if set, else indexes)."""
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         return tuple([name.strip() for name in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if name.strip()][:count])
     return tuple(str(index) for index in range(count))
@@ -73,8 +71,7 @@ class Devices:
         self._taken: list[Share] = []
 
     def take(self, need: Need) -> Share | None:
-        """Devices for a job that needs `need`, or None while they are not free (its fixed port too: a
-        second job could not listen on a port a job beside it holds)."""
+        """Devices for a job that needs `need`, or None while they (or its fixed port) are not free."""
         if any(share.whole for share in self._taken) or (need.whole and self._taken):
             return None
         if need.port is not None and any(share.port == need.port for share in self._taken):

@@ -1,5 +1,5 @@
-"""The local engine: plan, start the ranks of one node, supervise them, hand back results (for the Hydra launchers, a
-SLURM node, a plain run's supervisor and `Wrapper`). Never imports torch at import time."""
+"""The local engine: plan, start and supervise one node's ranks, hand back results (for the Hydra launchers, a SLURM
+node, a plain run's supervisor and `Wrapper`). Never imports torch at import time."""
 
 from __future__ import annotations
 
@@ -30,27 +30,23 @@ _T = TypeVar("_T")
 
 
 def settle(job: NodeJob, outcomes: list[RankOutcome]) -> None:
-    """After a node's ranks ended: write each failed rank's traceback into its log, raise the
-    `RankFailure` of the root cause if any rank failed, else call `platform.upon_finish`."""
+    """After a node's ranks ended: log failures, raise the root cause's `RankFailure`, else call `upon_finish`."""
     note_failures(outcomes)
-    made = failure(outcomes)
-    if made is not None:
+    if (made := failure(outcomes)) is not None:
         raise made
     if job.platform.upon_finish:
         resolve_callable("platform.upon_finish", job.platform.upon_finish)()
 
 
 def run_ranks(task: TaskCall, job: NodeJob) -> list[Any]:
-    """Run `task` on every rank of this node; their return values in rank order. Raises RankFailure (root cause
-    first) when a rank fails and no restart is left (`with_restarts`); no rank outlives the call."""
+    """Run `task` on this node's ranks (none outlives the call); their values in rank order, else `RankFailure`."""
     packed, state = task.pack(), ProcessState.capture()
     return with_restarts(job, lambda attempt: _run_once(packed, state, attempt))
 
 
 def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
-    """`run(job)`, and while it fails and restarts are left (`restart_on_failure`, `max_restarts`), says so and runs the
-    job again, in the same log dir with the same run id and the next restart count; not after a time limit or an
-    interruption."""
+    """`run(job)`, again (said so, same log dir and run id, next restart count) while it fails with a `RankFailure` and
+    restarts are left (`restart_on_failure`, `max_restarts`); not after a time limit or an interruption."""
     job = replace(job, run_id=job.run_id or uuid.uuid4().hex[:12])
     while True:
         try:

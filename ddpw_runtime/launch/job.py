@@ -1,6 +1,6 @@
-"""One node's part of one distributed job, ready to start: what it is (`NodeJob`, with the `Grace` its ranks get
-after a signal) and what starting it needs (`LocalJob`: the rank starter, the rendezvous socket, the plan, the
-payload and a private folder). Every supervising process uses it; it starts no rank. No torch at import time."""
+"""One node's part of one distributed job: what it is (`NodeJob`, with the `Grace` its ranks get after a signal) and
+what starting it needs (`LocalJob`: the rank starter, the rendezvous socket, the plan, the payload, a private folder).
+It starts no rank. No torch at import time."""
 
 from __future__ import annotations
 
@@ -50,43 +50,36 @@ class NodeJob:
     """Where the ranks meet when the platform does not say (the first node of a SLURM allocation)."""
     master_port: int | None = None
     run_id: str | None = None
-    """The job's id as the ranks see it (`TORCHELASTIC_RUN_ID`, `run_id()`): the same on every node and
-    across restarts when given, else a new random id."""
+    """The job's id as ranks see it (`TORCHELASTIC_RUN_ID`), the same on every node and restart; None: a random one."""
     max_restarts: int = 0
-    """How many times the job may be started again: after a failure (`restart_on_failure`), or, on SLURM,
-    after a preemption or its time limit."""
+    """How often the job may start again: after a failure (`restart_on_failure`), a SLURM preemption or time limit."""
     restart_count: int = 0
-    """How many times the job has been started again before this run."""
+    """How often the job started again before this run."""
     restart_on_failure: bool = True
     """A failed run is started again while restarts are left (locally; a SLURM job is requeued instead)."""
     leads_nodes: bool = False
-    """This node (0) leads the job's other nodes, which follow it (a multirun's job across machines without SLURM:
-    this process serves the job's store and publishes the job there)."""
+    """This node (0) leads the job's others (a multirun's job across machines, no SLURM: its store and the job's)."""
     console_prefix: str = ""
-    """Put before every console line of this job's ranks (a job's number when jobs run side by side)."""
+    """Put before each console line of its ranks (a job's number when jobs run side by side)."""
     share: Share | None = None
-    """The GPUs and CPU cores of its own, when jobs run side by side."""
+    """Its own GPUs and CPU cores, when jobs run side by side."""
     second_signal_kills: bool = True
-    """A second Ctrl-C or SIGTERM while the ranks have their interrupt grace kills them at once. Not in a multirun's
-    job process: what it gets is the sweep passing on the program's signal, or the same signal sent to every process
-    of the job (`pkill -f train.py`), both one interruption; the sweep kills it on the program's second."""
+    """A second Ctrl-C or SIGTERM in the ranks' interrupt grace kills them at once. Not in a multirun's job process,
+    where the sweep's passed-on signal and `pkill -f train.py` are one interruption (the sweep kills on a second)."""
     scratch: str | None = None
-    """Where its private folders are made (None: the system's temporary folder). A multirun's job process makes them
-    in its own folder, which the rank starter removes also when the job process is killed before it could say which
-    (the sweep's process killed as the job starts again)."""
+    """Where its private folders are made (None: the system's temporary folder; a multirun's job process: its own
+    folder, which the rank starter removes even when the job process is killed before it could say which)."""
 
 
 def starter_for(platform: Platform) -> RankStarter:
-    """The rank starter for `platform`'s start method, started now if need be (the launchers ask early, so
-    it imports torch while this process goes on)."""
+    """The rank starter for `platform`'s start method, started now if need be (early: it imports torch meanwhile)."""
     return get_starter(preload=platform.spawn_method == "forkserver")
 
 
 class LocalJob:
-    """The ranks of one node of one job, ready to start: the rank starter (none with `starts_ranks=False`: a
-    world of one in the caller), the rendezvous socket (bound before any rank starts, on the node that hosts the
-    store), the plan, the payload (`task`, a packed `TaskCall`, and `state`, the launching process's) and a
-    private folder for the results, until `close`."""
+    """One node's ranks of one job, ready to start until `close`: the rank starter (none with `starts_ranks=False`: a
+    world of one in the caller), the rendezvous socket (bound before any rank starts, on the store's node), the plan,
+    the payload (`task`, a packed `TaskCall`, and `state`) and a private folder for the results."""
 
     def __init__(self, task: bytes, state: ProcessState, job: NodeJob, starts_ranks: bool = True) -> None:
         platform = job.platform
@@ -95,7 +88,7 @@ class LocalJob:
         hosts_store = job.node_rank == 0 and platform.ipc_protocol == "tcp"
         self.listener = rendezvous.listen(platform, job.master_addr, job.master_port) if hosts_store else None
         self.listen_fd = self.listener.fileno() if self.listener is not None else None
-        """The bound rendezvous socket's descriptor, on the node that hosts the store."""
+        """The bound rendezvous socket's descriptor, on the store's node."""
         self.store_hosted = False
         """This process serves the job's store (`host_store`): rank 0 joins it like every rank."""
         self.workdir = Path(tempfile.mkdtemp(prefix="ddpw-", dir=job.scratch))
@@ -120,17 +113,16 @@ class LocalJob:
         return self._starter
 
     def host_store(self) -> Any:
-        """The job's TCPStore, served by this process on a duplicate of the rendezvous socket, as
-        torchrun's agent serves it (this imports torch): rank 0 then joins it like every rank, and when the
-        job is stopped, dropping it makes a rank still joining fail at once instead of after the collective
-        timeout (a rank blocked there cannot be told otherwise)."""
+        """The job's TCPStore, served here on a duplicate of the rendezvous socket as torchrun's agent does (imports
+        torch): rank 0 joins it like every rank, and dropping it on a stop makes a rank still joining fail at once
+        instead of after the collective timeout (a rank blocked there cannot be told otherwise)."""
         from datetime import timedelta
 
         from torch.distributed import TCPStore
 
         assert self.listen_fd is not None  # node 0 with the tcp rendezvous (check_caller_rank)
-        # Made whole: a Ctrl-C that came right after the store took the descriptor (its handler runs as the call
-        # returns) would have it closed here too, and the store's own close then closes whatever reused it.
+        # Whole: a Ctrl-C right after the store took the descriptor would have it closed here too, and the store's
+        # own close would then close whatever reused it.
         with held():
             own_fd = os.dup(self.listen_fd)
             self.store_hosted = True
@@ -143,8 +135,7 @@ class LocalJob:
                 raise
 
     def console(self, skip: int | None = None) -> ConsoleRanks:
-        """The console of this node's console ranks (`platform.console_ranks`), but `skip` (a rank that runs
-        in this process)."""
+        """The console of this node's `platform.console_ranks` but `skip` (a rank that runs in this process)."""
         shown = [rank for rank in self.plan.console_ranks if rank in self.plan.global_ranks]
         files = {rank: self.plan.log_file(rank) for rank in shown if rank != skip}
         return ConsoleRanks(files, self.job.console_prefix, ranked=len(shown) > 1)
@@ -158,8 +149,7 @@ class LocalJob:
 
 @contextmanager
 def local_job(task: bytes, state: ProcessState, job: NodeJob, starts_ranks: bool = True) -> Iterator[LocalJob]:
-    """A `LocalJob` for the block, closed however the block ends. It is made and closed whole (a Ctrl-C or
-    SIGTERM meanwhile comes right after), so that an interruption at any moment leaves no private folder."""
+    """A `LocalJob` for the block, made and closed whole, so an interruption at any moment leaves no private folder."""
     local = None
     try:
         with held():

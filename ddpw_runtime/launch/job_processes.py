@@ -1,7 +1,7 @@
-"""Every process of one job on this node, however it was started (also in a session of its own), and how to stop them
-all: the job's cgroup where one can be made, else the processes whose environment names the job (`DDPW_JOB`; also for
-what a rank in the caller's own process starts). Stopping gives SIGTERM and a moment (so the `multiprocessing` resource
-tracker can clean /dev/shm), then SIGKILL; every wait is bounded (docs/faults.md, "What "nothing is left" covers")."""
+"""Every process of one job on this node, however started (also in a session of its own), and how to stop them all:
+the job's cgroup where one can be made, else the processes whose environment names the job (`DDPW_JOB`). Stopping gives
+SIGTERM and a moment (for `multiprocessing`'s resource tracker to clean /dev/shm), then SIGKILL; every wait is bounded
+(docs/faults.md, "What "nothing is left" covers")."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ _POLL_S = 0.01
 
 
 def _make_cgroup() -> Path | None:
-    """A new cgroup below this process's own (cgroup v2), or None where none can be made. The empty ones left there by
-    a rank starter that was killed (its pid gone: nothing removed them) are removed first."""
+    """A new cgroup (v2) below this process's own, or None; empty ones a killed rank starter left are removed first."""
     try:
         line = next(line for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
         mounts = Path("/proc/self/mountinfo").read_text().splitlines()
@@ -54,8 +53,7 @@ def _alive(pid: int) -> bool:
 
 
 def processes(matches: Callable[[Path], bool]) -> set[int]:
-    """The pids of the processes whose `/proc` entry `matches` (not those gone meanwhile, zombies, or
-    another user's that cannot be read)."""
+    """The pids whose `/proc` entry `matches` (not those gone meanwhile, zombies, or another user's unreadable ones)."""
     found = set()
     for entry in Path("/proc").iterdir():
         with contextlib.suppress(OSError, IndexError, ValueError):
@@ -65,8 +63,7 @@ def processes(matches: Callable[[Path], bool]) -> set[int]:
 
 
 def children_of_this_process() -> set[int]:
-    """The pids of this process's children: from `/proc/self/task/*/children`, else (a kernel without
-    CONFIG_PROC_CHILDREN) by reading the parent of every process in /proc."""
+    """This process's children: from `/proc/self/task/*/children`, else (no CONFIG_PROC_CHILDREN) every one's parent."""
     try:
         tasks = Path("/proc/self/task").iterdir()
         return {int(pid) for task in tasks for pid in (task / "children").read_text().split()}
@@ -76,8 +73,7 @@ def children_of_this_process() -> set[int]:
 
 
 class JobProcesses:
-    """The processes of one job (`key`) on this node (see the module docstring), made in the rank starter. Never counted
-    as the job's: the starter and the launching process (whose environment names the job while its own rank runs)."""
+    """The processes of job `key` on this node, made in the rank starter (never counting it or the launching one)."""
 
     def __init__(self, key: str, cgroup: bool = True) -> None:
         self.key = key
@@ -85,15 +81,13 @@ class JobProcesses:
         self.spared = {os.getpid(), os.getppid()}
 
     def adopt(self, pid: int) -> None:
-        """Put process `pid` (0: the calling one) into the job's cgroup, so what it starts from now on is
-        the job's; without a cgroup, its environment names the job (`JOB_ENV`) for what it starts."""
+        """Put `pid` (0: the calling one) into the job's cgroup (if any), so what it starts is the job's."""
         if self.cgroup is not None:
             with contextlib.suppress(OSError):
                 (self.cgroup / "cgroup.procs").write_text(str(pid))
 
     def release(self, pid: int) -> None:
-        """Let an adopted process `pid` go (back into the cgroup the job's cgroup was made in) and never
-        count it as the job's, so stopping the job does not stop it."""
+        """Let an adopted `pid` go (back to the parent cgroup), never counted as the job's, so a stop spares it."""
         self.spared.add(pid)
         if self.cgroup is not None:
             with contextlib.suppress(OSError):
@@ -110,8 +104,7 @@ class JobProcesses:
         return processes(lambda entry: marker in (entry / "environ").read_bytes().split(b"\0")) - self.spared
 
     def stop(self) -> list[int]:
-        """Stop every process of the job (SIGTERM, a moment, SIGKILL) and remove its cgroup (once empty); the
-        pids that are still there."""
+        """Stop every process of the job (SIGTERM, a moment, SIGKILL), remove its cgroup; the pids still there."""
         for sig, wait_s in ((signal.SIGTERM, TERM_WAIT_S), (signal.SIGKILL, KILL_WAIT_S)):
             left = self._signal(sig)
             end = time.monotonic() + wait_s

@@ -1,5 +1,5 @@
-"""The state of the launching process that every rank takes on (environment, working directory, import path, Hydra's and
-OmegaConf's global state), so a rank sees the job as the launching process does. Data only (no torch)."""
+"""The launching process's state that every rank takes on (environment, working directory, import path, Hydra's and
+OmegaConf's global state), so a rank sees the job as the launcher does. Data only (no torch)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,8 @@ class ProcessState:
     cwd: str
     sys_path: list[str]
     hydra_state: bytes | None
-    """Hydra's and OmegaConf's global state (`pickling.dumps`: a resolver of the script is the script's own;
-    see `_compat.hydra_state`); None when the launching process never loaded OmegaConf (a script using
-    `Wrapper`): there is none to take on, and neither side then pays for importing Hydra."""
+    """Hydra's and OmegaConf's global state (`pickling.dumps`, `_compat.hydra_state`); None when the launching process
+    never loaded OmegaConf (a `Wrapper` script): nothing to take on, and neither side pays for importing Hydra."""
 
     @staticmethod
     def capture() -> ProcessState:
@@ -32,8 +31,7 @@ class ProcessState:
                             hydra_state=pickling.dumps(_compat.hydra_state()) if "omegaconf" in sys.modules else None)
 
     def enter(self, rank_env: Mapping[str, str]) -> None:
-        """Make this process's environment, working directory, import path and Hydra state these, with
-        the rank's own variables (`rank_env`) added."""
+        """Take this state on (environment, working directory, import path, Hydra's), plus the rank's `rank_env`."""
         os.environ.clear()
         os.environ.update(self.env)
         os.environ.update(rank_env)

@@ -1,9 +1,7 @@
-"""The rendezvous socket: bound by the controller before any rank starts, handed to rank 0.
-
-Binding first means the port is known and held (no window in which another program can take it), a fixed port that
-is busy or that this program may not use is refused before anything starts, and the store listens only on the address
-it must: loopback for a single-node job, the first node's address for a multi-node one (torch's own TCPStore server
-would listen on every interface)."""
+"""The rendezvous socket: bound by the controller before any rank starts, handed to rank 0. So the port is known and
+held (no other program can take it meanwhile), a busy or forbidden fixed port is refused before anything starts, and the
+store listens only where it must: loopback for one node, the first node's address for several (torch's own TCPStore
+server would listen on every interface)."""
 
 from __future__ import annotations
 
@@ -17,14 +15,13 @@ from ddpw_runtime.launch.plan import LOOPBACK
 
 
 def listen(platform: Platform, master_addr: str | None, master_port: int | None) -> socket.socket:
-    """A listening socket for the job's TCPStore on `platform.master_addr` (else `master_addr`, else
-    loopback) and `platform.master_port` (else `master_port`, else a free port)."""
+    """A listening socket for the job's TCPStore (by default on loopback and a free port)."""
     addr = platform.master_addr or master_addr or LOOPBACK
     port = platform.master_port or master_port or 0
     info = resolved(addr, port)
     sock = socket.socket(info[0], socket.SOCK_STREAM)
-    # As torch's own store does: a port whose last job's connections linger in TIME_WAIT (a requeued
-    # SLURM job gets the same port) can be bound again; a port someone listens on still cannot.
+    # As torch's store does: a port whose last job's connections linger in TIME_WAIT (a requeued SLURM job's) can be
+    # bound again; a port someone listens on still cannot.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(info[4])
@@ -52,8 +49,7 @@ def listen(platform: Platform, master_addr: str | None, master_port: int | None)
 
 
 def resolved(addr: str, port: int = 0) -> tuple[Any, ...]:
-    """The first stream address `addr` and `port` resolve to (`socket.getaddrinfo`'s entry); `ConfigError` naming
-    `platform.master_addr` when `addr` cannot be resolved."""
+    """The first stream address `addr` and `port` resolve to (`socket.getaddrinfo`'s entry); else `ConfigError`."""
     try:
         return socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:

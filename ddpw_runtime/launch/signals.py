@@ -1,7 +1,7 @@
 """Signals: to ranks (each leads its own process group, which reaches what it started too); Ctrl-C and SIGTERM held
 back while the controller must not be interrupted; and the handlers of a multirun's controller.
 
-From the launcher's `setup` until the sweep ends, Ctrl-C raises `Interrupted` (exit 130 without a traceback) and SIGTERM
+From the launcher's `setup` until the sweep ends, Ctrl-C raises `Interrupted` (exit 130, no traceback) and SIGTERM
 `Terminated` (exit 143; a second one ends what runs at once, as a second Ctrl-C does), unless the program was started
 ignoring it (`handle`). While jobs run, the launcher passes the signal on to them and says which were stopped; outside
 them the handler says so itself."""
@@ -23,8 +23,7 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def send_to_group(pid: int, sig: int, group: bool = True) -> None:
-    """Send `sig` to the process group led by `pid` (with `group`), or to `pid` alone; a process that is
-    already gone is not an error."""
+    """Send `sig` to the process group led by `pid` (with `group`), or to `pid` alone; one already gone is no error."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if group:
             os.killpg(pid, sig)
@@ -49,9 +48,9 @@ def raise_terminated(signum: int, frame: FrameType | None) -> None:
 
 @contextmanager
 def blocked(signals: tuple[int, ...]) -> Iterator[set[int | signal.Signals]]:
-    """Block `signals` in this thread for the block (across a fork: a handler that raised inside `os.fork()`'s at-fork
-    hooks would be reported as unraisable and lost); yields the mask before it. The mask is read before it is changed,
-    so a handler that raises as it changes (a signal that came just before) never leaves them blocked for good."""
+    """Block `signals` in this thread for the block (across a fork: a handler raising in `os.fork()`'s at-fork hooks
+    would be lost as unraisable); yields the mask before. The mask is read before it is changed, so a handler that
+    raises as it changes never leaves them blocked for good."""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, signals)
@@ -62,9 +61,9 @@ def blocked(signals: tuple[int, ...]) -> Iterator[set[int | signal.Signals]]:
 
 @contextmanager
 def held() -> Iterator[None]:
-    """Run the block whole: Ctrl-C and SIGTERM that arrive meanwhile reach their own handlers right after it. Python
-    runs signal handlers in the main thread only, so this holds them there whichever thread the kernel delivered them to
-    (a signal mask would hold them only when no other thread exists). A handler not set from Python is left as is."""
+    """Run the block whole: Ctrl-C and SIGTERM that arrive meanwhile reach their handlers right after it. Python runs
+    handlers in the main thread only, so this holds them there whichever thread the kernel delivered them to (a signal
+    mask would hold them only when no other thread exists). A handler not set from Python is left as is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -101,8 +100,8 @@ def ignored(ignore: bool = True) -> Iterator[None]:
 
 @contextmanager
 def sigterm_raises(handler: Callable[[int, FrameType | None], object] = raise_terminated) -> Iterator[None]:
-    """While supervising, SIGTERM raises `Terminated` (in the main thread only; through `handler`, which may say so
-    first) so the ranks are stopped with a grace period instead of the controller vanishing."""
+    """While supervising (main thread only), SIGTERM raises `Terminated` through `handler` (which may say so first), so
+    the ranks are stopped with a grace period instead of the controller vanishing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -115,8 +114,7 @@ def sigterm_raises(handler: Callable[[int, FrameType | None], object] = raise_te
             signal.signal(signal.SIGTERM, previous)
 
 
-_state = {"jobs running": False}
-"""Whether the launcher is running jobs now (it reports an interruption itself)."""
+_state = {"jobs running": False}  # the launcher is running jobs now (it reports an interruption itself)
 
 
 def handle(signals: tuple[int, ...], handler: Callable[[int, FrameType | None], object]) -> None:
@@ -127,13 +125,12 @@ def handle(signals: tuple[int, ...], handler: Callable[[int, FrameType | None], 
             signal.signal(sig, handler)
 
 
-_before_install: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
-"""How Ctrl-C and SIGTERM were handled before `install`."""
+_before_install: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}  # as before `install`
 
 
 def install() -> None:
-    """Handle Ctrl-C and SIGTERM as a multirun's controller (the module docstring) from now on (main thread only),
-    until `uninstall`."""
+    """Handle Ctrl-C and SIGTERM as a multirun's controller (the module docstring), main thread only, until
+    `uninstall`."""
     if threading.current_thread() is threading.main_thread():
         for sig in STOPPING_SIGNALS:  # (as the program had them: not as an interrupted sweep left them, `further`)
             if _before_install.setdefault(sig, signal.getsignal(sig)) != signal.SIG_IGN:
@@ -141,8 +138,8 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    """The sweep is over: Ctrl-C and SIGTERM are handled as before `install` again (a program that goes on after
-    its sweep, as hydra-zen's `launch` lets one, handles them itself)."""
+    """The sweep is over: Ctrl-C and SIGTERM are handled as before `install` (a program that goes on after its sweep,
+    as hydra-zen's `launch` lets one, handles them itself)."""
     if threading.current_thread() is threading.main_thread():
         for sig, handler in _before_install.items():
             if handler is not None:  # (None: set outside Python, and left as is)
@@ -176,22 +173,19 @@ def _stop_for(signum: int) -> BaseException:
     return Interrupted() if signum == signal.SIGINT else Terminated()
 
 
-_raised: list[int] = []
-"""The Ctrl-C or SIGTERM that `_on_signal` raised while jobs ran, until the launcher's stop (`further`)."""
+_raised: list[int] = []  # the Ctrl-C or SIGTERM `_on_signal` raised while jobs ran, until the launcher's stop
 
 
 def raise_dropped() -> None:
     """Raise again the Ctrl-C or SIGTERM that `_on_signal` raised while jobs ran, if the launcher still waits for its
-    jobs: the code it landed in dropped it (CPython runs a handler wherever the main thread is, and loses what it
-    raises inside a weakref callback, such as importlib's as a module's import ends, or a garbage collector's
-    callback). The launcher would otherwise go on with its jobs, and every later one would wait for a stop that never
-    comes. Called between the launcher's waits."""
+    jobs: the code it landed in dropped it (CPython loses what a handler raises inside a weakref callback, such as
+    importlib's as an import ends, or a garbage collector's callback), and every later one would wait for a stop that
+    never comes. Called between the launcher's waits."""
     if _raised:
         raise _stop_for(_raised[0])
 
 
-_further: list[int] = []
-"""The Ctrl-Cs and SIGTERMs that came after the one that stops the jobs, before the launcher's stop was ready."""
+_further: list[int] = []  # Ctrl-Cs and SIGTERMs after the one that stops the jobs, before the launcher's stop was ready
 
 
 def _hold_further(signum: int, frame: FrameType | None) -> None:
@@ -201,10 +195,10 @@ def _hold_further(signum: int, frame: FrameType | None) -> None:
 @contextmanager
 def further(kill: Callable[[], None]) -> Iterator[None]:
     """While the launcher stops its jobs after a Ctrl-C or SIGTERM (`_on_signal` raised it): a further one calls `kill`
-    (at once, also for one that came before this block) and raises nothing, so that no exception cuts the stop short.
-    Then more are ignored: the program ends with the first one's exit code, and one that came as it ends (in its exit
-    handlers, say) would cut that short with a traceback. (A program that catches the sweep's `Interrupted` and goes
-    on gets its own handling back as its next sweep ends, `uninstall`.)"""
+    (at once, also for one that came before this block) and raises nothing, so no exception cuts the stop short. Then
+    more are ignored: the program ends with the first one's exit code (one in its exit handlers would cut that short
+    with a traceback). A program that catches the sweep's `Interrupted` and goes on gets its own handling back as its
+    next sweep ends (`uninstall`)."""
     swapped = [sig for sig in STOPPING_SIGNALS if signal.getsignal(sig) in (_on_signal, _hold_further)]
     try:
         for sig in swapped:
@@ -220,20 +214,19 @@ def further(kill: Callable[[], None]) -> Iterator[None]:
 
 
 def stopped_line(job: int, signum: int) -> str:
-    """The line (for stderr) that says Ctrl-C (SIGINT) or SIGTERM stopped every rank of job #`job`."""
+    """The stderr line: Ctrl-C (SIGINT) or SIGTERM stopped every rank of job #`job`."""
     return f"{_stopped_by(signum)}: every rank of job #{job} was stopped.\n"
 
 
 def killed_line(name: str, pid: int, the_programs_task: bool = False) -> str:
-    """The line (for stderr) that says rank `name` (`rank 1`, process `pid`; `the_programs_task`: a plain run's rank
-    0, the user's own process) did not end in the time it was given and was killed."""
+    """The stderr line: rank `name` (process `pid`; `the_programs_task`: a plain run's rank 0, the user's own process)
+    did not end in the time it was given and was killed."""
     task = ", the program's task" if the_programs_task else ""
     return f"[ddpw] {name} (pid {pid}{task}) did not end in the time it was given; killed\n"
 
 
 def stopping_line(signum: int, jobs: list[int]) -> str:
-    """The line (for stderr) that says Ctrl-C (SIGINT) or SIGTERM is stopping the jobs `jobs`, and how to
-    end them at once."""
+    """The stderr line: Ctrl-C (SIGINT) or SIGTERM is stopping the jobs `jobs`, and how to end them at once."""
     again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
     numbers = ", ".join(f"#{job}" for job in jobs)
     them = "them" if len(jobs) > 1 else "it"
@@ -241,7 +234,7 @@ def stopping_line(signum: int, jobs: list[int]) -> str:
 
 
 def nothing_running(signum: int) -> str:
-    """The line (for stderr) that says Ctrl-C (SIGINT) or SIGTERM came while no rank was running."""
+    """The stderr line: Ctrl-C (SIGINT) or SIGTERM came while no rank was running."""
     return f"{_stopped_by(signum)}: no rank was running.\n"
 
 

@@ -1,6 +1,6 @@
-"""The controller's handle on its rank starter, the helper process that starts the ranks of every job and reports
-their exits (`procs/starter.py`; docs/architecture.md, "Rank starter instead of `multiprocessing`"). Jobs side by side
-share one starter: a reader thread hands each answer to the thread that asked, each exit to its job's `Inbox`."""
+"""The controller's handle on its rank starter, the helper process that starts every job's ranks and reports their exits
+(`procs/starter.py`; docs/architecture.md, "Rank starter instead of `multiprocessing`"). Jobs side by side share one: a
+reader thread hands each answer to the thread that asked, each exit to its job's `Inbox`."""
 
 from __future__ import annotations
 
@@ -38,8 +38,7 @@ _A = TypeVar("_A", RankStarted, JobEnded)
 
 
 class RankStarter:
-    """A handle on a starter process, callable from several threads (one per job that runs). `attached_to`: a
-    channel to a starter that another process owns (a job process's); else this process starts its own."""
+    """A handle on a starter process, for several threads; `attached_to`: another process's starter, else our own."""
 
     def __init__(self, preload: bool, attached_to: tuple[Channel, int] | None = None) -> None:
         self.preload = preload
@@ -54,16 +53,15 @@ class RankStarter:
         self._gone: StarterGone | None = None
         self.channel, self.pid = attached_to if attached_to is not None else _in_a_lasting_thread(self._launch)
         self.reader = threading.Thread(target=self._read, name="ddpw-rank-starter", daemon=True)
-        """The thread that hears the starter (`_read`)."""
+        """The thread that hears the starter."""
         self.reader.start()
 
     def _launch(self) -> tuple[Channel, int]:
         ours, theirs = socket.socketpair()
         controller = os.getpid()
         if self.preload and _can_fork_controller():
-            # A forked copy of this process has the user's imports (and torch, when loaded here) and skips an
-            # interpreter's start-up. What the starter imports for every rank is imported here first when torch
-            # is (a fork's imports are slower: each page Python touches is copied).
+            # A fork has the user's imports (and torch) and skips an interpreter's start-up. With torch, what the
+            # starter imports for every rank is imported here first (a fork's imports copy each page they touch).
             if "torch" in sys.modules:
                 from ddpw_runtime.rank.setup import warm_up
 
@@ -82,9 +80,8 @@ class RankStarter:
                     finally:
                         os._exit(0)
         else:
-            # A session of its own: a Ctrl-C typed in the terminal (or a signal to the program's process group) would
-            # reach it while it imports, before its own handlers are set (its traceback on the console); its
-            # controller ends it (`close`, PDEATHSIG), as it does a forked one.
+            # A session of its own: a terminal's Ctrl-C would reach it while it imports, before its handlers are set
+            # (a traceback on the console); its controller ends it (`close`, PDEATHSIG), as it does a forked one.
             self._process = subprocess.Popen([sys.executable, "-m", "ddpw_runtime.procs.starter", str(theirs.fileno()),
                                               "1" if self.preload else "0", str(controller)],
                                              pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
@@ -94,7 +91,7 @@ class RankStarter:
         return Channel(ours), pid
 
     def _read(self) -> None:
-        """The reader thread: hand each message to whoever waits for it, until the channel closes."""
+        """Hand each message to whoever waits for it, until the channel closes."""
         while True:
             try:
                 message, _ = self.channel.recv()
@@ -116,8 +113,7 @@ class RankStarter:
 
     def _ask(self, request: StartRank | StartJob | Adopt | EndJob, fds: Sequence[int], what: str, answer_type: type[_A],
              inbox: Inbox | None = None) -> _A:
-        """Send `request` and wait for its answer, at most `ANSWER_WAIT_S`; the exit of the process it
-        starts goes to `inbox`."""
+        """Send `request`, wait at most `ANSWER_WAIT_S` for its answer; the exit of what it starts goes to `inbox`."""
         waiting: queue.SimpleQueue[object] = queue.SimpleQueue()
         with self._state_lock:
             if self._gone is not None:
@@ -157,41 +153,35 @@ class RankStarter:
     def start(self, inbox: Inbox, job: str, payload_path: str, local_rank: int, listen_fd: int | None = None,
               terminal: int | None = None) -> int:
         """Start one rank of `job`, its exit to go to `inbox`, handing it `listen_fd` (the rendezvous socket) and
-        `terminal` (where its output goes instead of its log file) if given; its pid. Call it with Ctrl-C and SIGTERM
-        held (`signals.held`), and note the pid before letting them in: no rank may run unbeknown to the controller."""
+        `terminal` (its output instead of its log file); its pid. Call it with Ctrl-C and SIGTERM held (`signals.held`)
+        and note the pid before letting them in: no rank may run unbeknown to the controller."""
         request = StartRank(next(self._requests), job, payload_path, local_rank, listen_fd is not None,
                             terminal is not None)
         fds = [fd for fd in (listen_fd, terminal) if fd is not None]
         return self._ask(request, fds, f"start rank {local_rank}", RankStarted, inbox).pid
 
     def start_job(self, inbox: Inbox, payload_path: str, run: Callable[[str, Channel, int, bool], int]) -> int:
-        """Start a job process that calls `run` (see `StartJob`), whose exit will go to `inbox`; its pid."""
+        """Start a job process that calls `run` (`StartJob`), its exit to go to `inbox`; its pid."""
         request = StartJob(next(self._requests), payload_path, run)
         return self._ask(request, (), "start a job process", RankStarted, inbox).pid
 
     def adopt(self, job: str, pid: int) -> None:
-        """Count `pid`, a process started elsewhere, as one of `job`'s (see `Adopt`); it does once this returns."""
+        """Count `pid`, a process started elsewhere, as one of `job`'s (`Adopt`) once this returns."""
         self._ask(Adopt(next(self._requests), job, pid), (), "count a process as the job's", RankStarted)
 
     def preload_modules(self, modules: Sequence[str]) -> None:
-        """Have the starter import `modules` (for the ranks it starts from now on)."""
+        """Have the starter import `modules` for the ranks it starts from now on."""
         if modules and self.preload:
-            self._send(Preload(tuple(modules)))
-
-    def _send(self, message: object) -> None:
-        """Send a message that has no answer (a starter that is gone is seen by the next request)."""
-        with self._send_lock, contextlib.suppress(OSError):
-            self.channel.send(message)
+            with self._send_lock, contextlib.suppress(OSError):  # (no answer: a starter gone is seen by the next ask)
+                self.channel.send(Preload(tuple(modules)))
 
     def end_job(self, job: str, release: tuple[int, ...] = ()) -> tuple[int, ...]:
-        """Stop every process the ranks of `job` started, but those in `release`; the pids that would not
-        die. Ctrl-C and SIGTERM wait until the answer is in (at most a few seconds: see `job_processes.py`)."""
+        """Stop what `job`'s ranks started, but `release`; the pids that would not die. Held (a few seconds at most)."""
         with held():
             return self._ask(EndJob(next(self._requests), job, release), (), "stop a job's processes", JobEnded).left
 
     def close(self) -> None:
-        """Stop the starter (it kills any rank still running): it sees its channel close and gets SIGHUP, then
-        `CLOSE_WAIT_S` to exit, then SIGKILL (`Children.stop`)."""
+        """Stop the starter (it kills any rank still running): its channel closes, SIGHUP, `CLOSE_WAIT_S`, SIGKILL."""
         with contextlib.suppress(OSError):
             self.channel.sock.shutdown(socket.SHUT_RDWR)  # the starter sees the end; the reader wakes
         if self._owned:
@@ -203,25 +193,22 @@ class RankStarter:
 
 
 def _can_fork_controller() -> bool:
-    """Whether this process can be forked into a starter: no Python thread but this one (a fork can copy a held lock),
-    and torch not imported yet or a build without CUDA (with CUDA, counting GPUs makes torch refuse CUDA in forked
-    children, which cannot be seen from here)."""
+    """Whether this process can fork into a starter: no other thread (a fork copies held locks), no CUDA torch (once
+    it counts GPUs, torch refuses CUDA in forked children, unseen from here)."""
     torch = sys.modules.get("torch")
     return threading.active_count() == 1 and (torch is None or torch.version.cuda is None)
 
 
 _starters: dict[bool, RankStarter] = {}
 _lasting: queue.SimpleQueue[tuple[Callable[[], tuple[Channel, int]], Future[tuple[Channel, int]]]] | None = None
-"""What the thread that starts the starters off the main thread is asked to do (`_in_a_lasting_thread`)."""
 _lasting_lock = threading.Lock()
 _lasting_thread: threading.Thread | None = None
 
 
 def _in_a_lasting_thread(launch: Callable[[], tuple[Channel, int]]) -> tuple[Channel, int]:
     """`launch()` in a thread that lasts as long as this process: the starter dies with the *thread* that started it
-    (the kernel sends PR_SET_PDEATHSIG as that thread ends), so one started by a thread that then ends (a `Wrapper`
-    called from a thread pool, or `asyncio.to_thread`) would be gone at the next call. The main thread lasts; any
-    other asks a daemon thread of this module's, which waits for such requests until the process ends."""
+    (PR_SET_PDEATHSIG), so one started by a passing thread (a `Wrapper` called from a thread pool, `asyncio.to_thread`)
+    would be gone at the next call. The main thread lasts; any other asks this module's daemon thread."""
     if threading.current_thread() is threading.main_thread():
         return launch()
     global _lasting, _lasting_thread
@@ -237,8 +224,7 @@ def _in_a_lasting_thread(launch: Callable[[], tuple[Channel, int]]) -> tuple[Cha
 
 
 def _forget_starters() -> None:
-    """In a fork of this process: its starters and their threads are not there (a fork has only the thread that
-    forked, and the starters are this process's to stop), so the fork starts its own when it needs one."""
+    """In a fork: the starters are the parent's (and their threads not there), so the fork starts its own."""
     global _lasting, _lasting_thread
     _lasting = _lasting_thread = None
     _starters.clear()
@@ -248,7 +234,7 @@ os.register_at_fork(after_in_child=_forget_starters)
 
 
 def starter_threads() -> set[threading.Thread]:
-    """This process's threads that start and hear its starters: they last from one job to the next."""
+    """This process's threads that start and hear its starters (they last from one job to the next)."""
     threads = {starter.reader for starter in _starters.values()}
     return threads | {_lasting_thread} if _lasting_thread is not None else threads
 
@@ -265,8 +251,7 @@ def _launch_when_asked(
 
 
 def use_starter(starter: RankStarter) -> None:
-    """Make `starter` the one this process asks for ranks, whatever their start method (a job process uses
-    the starter that forked it)."""
+    """Make `starter` this process's for every start method (a job process uses the starter that forked it)."""
     _starters[True] = _starters[False] = starter
 
 

@@ -1,4 +1,4 @@
-"""Starts the ranks of one node, waits for them, stops them all on the first failure, and tells how each ended
+"""Starts one node's ranks, waits for them, stops them all on the first failure, and tells how each ended
 (`RankOutcome`). Every wait is bounded (docs/architecture.md, "One event source for supervision")."""
 
 from __future__ import annotations
@@ -38,18 +38,15 @@ from ddpw_runtime.launch.stacks import RankPlace, shown_ranks
 log = logging.getLogger(__name__)
 
 STOP_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
-"""What asks a rank 0 that runs in the user's own process to stop (another rank failed, or the time
-limit passed): it raises `RankStopped` in its task, so Hydra reports the job there (a real-time signal no
-library uses, where there are such signals). A process a rank starts itself gets SIGTERM instead."""
+"""Asks a rank 0 in the user's own process to stop: it raises `RankStopped` in its task, so Hydra reports the job."""
 
 
 @dataclass(frozen=True)
 class OutsideRank:
-    """Rank 0 when this node did not start it: a plain run's, the user's own process. It is signalled alone (its process
-    group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`: the terminal's Ctrl-C reaches it
-    directly, so an interrupt is not passed on to it again. When the job is stopped it gets `REPORT_S` beyond the
-    others' grace to end its task (through Hydra: the user's callbacks run before it says its task ended). `join`: tells
-    it to join the job, as the ranks start (so an interruption from then on stops it with them)."""
+    """Rank 0 when this node did not start it (a plain run's: the user's own process). It is signalled alone (its
+    process group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`: the terminal's Ctrl-C reaches
+    it directly, so an interrupt is not passed on to it. A stopped job gives it `REPORT_S` beyond the others' grace (the
+    user's Hydra callbacks run before it says its task ended). `join`: tells it to join the job as the ranks start."""
 
     pid: int
     sees_ctrl_c: bool
@@ -57,9 +54,8 @@ class OutsideRank:
 
 
 class NodeRanks(Children):
-    """`ranks` of `local`'s node as they start, run and end (`Children`, by pid; `rank_of` each one's rank), and how to
-    stop them. One thread supervises them (`supervise`); another may ask for them to be stopped (`request_stop`).
-    `on_stop`: called when the job is being stopped; `outside`: rank 0, which this node did not start."""
+    """`ranks` of `local`'s node and how to stop them, supervised by one thread (`supervise`; any may `request_stop`).
+    `on_stop`: called as the job is being stopped; `outside`: rank 0, which this node did not start."""
 
     def __init__(self, local: LocalJob, ranks: Sequence[int], console: ConsoleRanks,
                  on_stop: Callable[[], None] = lambda: None, outside: OutsideRank | None = None) -> None:
@@ -68,14 +64,14 @@ class NodeRanks(Children):
         self.key = str(local.workdir)
         self.outside = outside
         self.adopted: list[int] = []
-        """Processes started elsewhere that are the job's while it runs (`adopt_process`), let go when it ends."""
+        """Processes started elsewhere, the job's while it runs (`adopt_process`)."""
         self.ranks = list(ranks)
         self.console = console
         self.on_stop = on_stop
         self.rank_of: dict[int, int] = {}
         self.signals_sent: set[int] = set()
         self.places: dict[int, RankPlace] = {}
-        """Where each rank still running was when the job was stopped (before any rank was)."""
+        """Where each running rank was as the job was stopped."""
         self.watch = Watch(local.plan, self.take_places, local.job.console_prefix)
         self._requests: list[int | None] = []  # what other threads asked for (`request_stop`)
         self._lock = threading.Lock()
@@ -102,27 +98,25 @@ class NodeRanks(Children):
             self.outside.join()
 
     def adopt_process(self, pid: int) -> None:
-        """Count process `pid`, which this node did not start (rank 0 in the user's or the caller's process), as
-        one of the job's while it runs: what it starts meanwhile ends with the job; it is let go at `end`."""
+        """Count `pid` (a rank 0 this node did not start) as the job's until `end`: what it starts ends with the job."""
         self.local.starter.adopt(self.key, pid)
         self.adopted.append(pid)
 
     def request_stop(self, sig: int | None = None) -> None:
-        """Ask the supervising thread (from any thread) to stop the ranks: as after a failure, or with `sig`
-        (SIGINT or SIGTERM) passed on to them and `grace.interrupt_s`."""
+        """Ask (from any thread) to stop the ranks: as after a failure, or passing on `sig` (SIGINT or SIGTERM)."""
         with self._lock:
             self._requests.append(sig)
         self.inbox.wake()  # nothing once supervision is over: there is nothing left to stop
 
     def starting(self) -> list[Child]:
-        """The running ranks that have not reached their task (`RankPayload.task_mark`)."""
+        """The running ranks not in their task yet (`RankPayload.task_mark`)."""
         for rank in self.running():
             if rank.state is ChildState.STARTING and self.local.payload.task_mark(self.rank_of[rank.pid]).exists():
                 rank.state = ChildState.RUNNING
         return [rank for rank in self.running() if rank.state is ChildState.STARTING]
 
     def send(self, sig: int, to: list[Child] | None = None, group: bool = True) -> None:
-        """Send `sig` to every running rank (or to those `to`), see `Children.send`."""
+        """`Children.send`, noting `sig` as sent."""
         self.signals_sent.add(sig)
         super().send(sig, to, group)
 
@@ -134,12 +128,11 @@ class NodeRanks(Children):
             send_to_group(child.pid, sig, group=False)
 
     def take_places(self) -> dict[int, RankPlace]:
-        """Where each running rank is now (its stacks, written next to its log)."""
+        """Where each running rank is now (its stacks, next to its log)."""
         return take_places(self.local.plan, {self.rank_of[rank.pid]: rank.pid for rank in self.running()})
 
     def _begin_stop(self) -> float:
-        """Stop showing the ranks' output, take the running ranks' stacks before any is stopped (where each
-        was: the job's failure or time limit names it), then send them SIGTERM; when their grace ends."""
+        """Freeze the console, take the ranks' stacks before any is stopped, send SIGTERM; when their grace ends."""
         self.console.freeze()
         self.places = self.take_places()
         self.on_stop()
@@ -149,8 +142,7 @@ class NodeRanks(Children):
         return time.monotonic() + self.local.job.grace.stop_s
 
     def wait_for_ranks(self) -> bool:
-        """Wait for every rank; on the first failure (or a stop request) stop the others (SIGTERM,
-        SIGKILL after `grace.stop_s`). Returns whether the job hit its time limit and was stopped."""
+        """Wait for every rank, stopping all on the first failure or request; whether the time limit stopped them."""
         grace_end = float("inf")
         limit_end = time.monotonic() + self.local.plan.platform.timeout_min * 60.0
         timed_out = reported = False
@@ -174,7 +166,7 @@ class NodeRanks(Children):
         return timed_out
 
     def _take_requests(self) -> bool:
-        """Act on the requests of other threads; whether a stop was asked for."""
+        """Act on other threads' requests; whether a stop was asked for."""
         with self._lock:
             requests, self._requests = self._requests, []
         signals = [sig for sig in requests if sig is not None]
@@ -183,10 +175,8 @@ class NodeRanks(Children):
         return bool(requests)
 
     def interrupt(self, sig: int) -> None:
-        """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace.interrupt_s` to finish (those
-        still starting, `STARTING_GRACE_S`), then kill them; a second Ctrl-C kills them at once (unless not
-        `NodeJob.second_signal_kills`: then it is ignored). The console goes on showing them meanwhile: what a task says
-        as it stops (a checkpoint saved) is for the user to see."""
+        """Pass `sig` (SIGINT or SIGTERM) on to every rank, give them `grace.interrupt_s` (those still starting,
+        `STARTING_GRACE_S`), then kill them; a second one kills at once (with `NodeJob.second_signal_kills`)."""
         self.send(sig)
         start, grace = time.monotonic(), self.local.job.grace.interrupt_s
         # a second Ctrl-C or SIGTERM (or a request): kill now
@@ -198,9 +188,8 @@ class NodeRanks(Children):
         self.kill()
 
     def kill(self, spare: int | None = None, group: bool = True) -> list[Child]:
-        """SIGKILL every running rank (but `spare`), see `Children.kill`; each in its task that a stop's signal reached
-        is named (one still joining its group waits in torch's C++ code, which a signal does not end: no task of its
-        was cut short)."""
+        """`Children.kill`, naming each rank in its task that a stop's signal reached (one still joining its group
+        waits in torch's C++ code, which a signal does not end: no task of its was cut short)."""
         outside = self.outside.pid if self.outside is not None else None
         starting = self.starting()
         for rank in self.running(spare):
@@ -224,14 +213,12 @@ class NodeRanks(Children):
 
     @property
     def stopping(self) -> bool:
-        """Whether the job is being stopped (a rank got the stop's signal)."""
+        """Whether the job is being stopped (a rank got a stop's signal)."""
         return any(rank.stopped for rank in self.of_pid.values())
 
     def end(self) -> None:
-        """After the ranks ended: have the starter stop whatever they started (`job_processes.py`), but the ranks
-        already left behind (named once, not waited for again); remove the stacks files no rank wrote to. Whole: a
-        Ctrl-C or SIGTERM that comes meanwhile (a job process gets SIGTERM as its starter dies, maybe only now) waits
-        until it is done (every step is bounded), so what the ranks started is never left running."""
+        """After the ranks ended: have the starter stop what they started (but ranks left behind, named already),
+        drop empty stacks files. Whole (each step is bounded), so what the ranks started is never left running."""
         with held():
             drop_empty_stacks(self.local.plan)
             stuck = [rank.pid for rank in self.of_pid.values() if rank.state is ChildState.LEFT_BEHIND]
@@ -253,9 +240,8 @@ class NodeRanks(Children):
 
 def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], object] = raise_terminated
               ) -> list[RankOutcome]:
-    """Start `ranks`, wait for them, and tell how each ended, in rank order; JobTimedOut past the time limit.
-    Ctrl-C or SIGTERM here (main thread; SIGTERM through `on_sigterm`, which raises `Terminated`) is passed on to the
-    ranks, with `grace.interrupt_s`, then propagates."""
+    """Start `ranks`, wait for them, tell how each ended; JobTimedOut past the time limit. Ctrl-C or SIGTERM here
+    (through `on_sigterm`, which raises `Terminated`) is passed on to the ranks, then raised."""
     plan = ranks.local.plan
     with sigterm_raises(on_sigterm):
         try:
