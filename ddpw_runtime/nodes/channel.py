@@ -1,8 +1,7 @@
-"""What the controllers of a job across machines say to each other, through the job's TCPStore (torch's own, served
-by node 0's controller on `master_addr:master_port`, the store the ranks use too, under keys of its own): node 0
-publishes the job (`JobSpec`), each other node says it joined, any node may stop the job (`NodeStop`, the first
-one counts), and each other node sends how its ranks ended (`NodeEnd`). Every wait is bounded. Torch is imported
-only by `StoreSide.connect`, where a node's controller has it loaded anyway."""
+"""What the controllers of a job across machines say to each other through the job's TCPStore (torch's, served by
+node 0's controller on `master_addr:master_port`, under keys of its own): node 0 publishes the job (`JobSpec`), each
+other node joins, any node may stop the job (`NodeStop`, the first counts), and each other node sends how its ranks
+ended (`NodeEnd`). Every wait is bounded. Torch is imported only by `StoreSide.connect`."""
 
 from __future__ import annotations
 
@@ -28,37 +27,25 @@ from ddpw_runtime.launch.rank_outcome import RankOutcome
 _KEY = "ddpw/nodes/"
 SPEC_KEY = _KEY + "spec"
 """Where node 0 publishes its job (`JobSpec`)."""
-_STOP_KEY = _KEY + "stop"
-"""Where the first node that stops the job says why (`NodeStop`)."""
+_STOP_KEY = _KEY + "stop"  # the first node that stops the job says why there (`NodeStop`)
 MULTIRUN_KEY = "ddpw/sweep/multirun"
-"""Set in the store node 0 serves when it runs a multirun (`sweep_channel.py`), to the sweep's overrides as typed
-there, so a node that runs a plain run says so at once instead of waiting for a job that never comes."""
+"""Set to the sweep's overrides in the store node 0 serves for a multirun, so a node that runs a plain run says so
+at once instead of waiting for a job that never comes."""
 _POLL_S = 0.05
-_CONNECT_SLICE_S = 1.0
-"""How long each try to reach node 0 may last (Ctrl-C is seen between tries)."""
-_CONNECT_PAUSE_S = 0.25
-"""The pause after a try to reach node 0 that failed."""
-_ANSWER_S = 5.0
-"""How long node 0's store, once reached, may take to answer (a program that holds its port never does)."""
-_SAY_WAITING_S = 5.0
-"""How long node 0 waits for the other nodes before it says so on its console (a node that cannot reach node 0
-says so at its first try)."""
-_BEAT_S = 0.1
-"""How often a node other than 0 beats in node 0's store (a job's, from its join until its end is sent; the sweep's,
-while it follows the sweep)."""
+_CONNECT_SLICE_S = 1.0  # each try to reach node 0 (Ctrl-C is seen between tries)
+_CONNECT_PAUSE_S = 0.25  # after a failed try
+_ANSWER_S = 5.0  # for node 0's store, once reached, to answer (a program that holds its port never does)
+_SAY_WAITING_S = 5.0  # before node 0 says on its console that it waits for the other nodes
+_BEAT_S = 0.1  # how often a node other than 0 beats in node 0's store while it takes part
 SILENT_S = 5.0
-"""How long node 0 hears no beat from another node (each beats every tenth of a second until it sent its end)
-before it counts that node as lost."""
+"""How long node 0 hears no beat from another node before it counts that node as lost."""
 _Side = TypeVar("_Side", bound="StoreSide")
 
 
 @dataclass
 class JobSpec:
-    """The job as node 0 decided it, for every other node: its platform (node 0's, with the rendezvous), the task
-    (`TaskCall.pack`, with node 0's config, output dir and `${now:}`), node 0's Hydra state (every rank's; see
-    `ProcessState.hydra_state`), what the job set in node 0's environment (`hydra.job.env_set`; the rest of node 0's
-    environment stays there) and the working dir it entered (`hydra.job.chdir`, else None), the output dir, the
-    run id, and its overrides as typed on node 0."""
+    """The job as node 0 decided it, for every other node (`env_set`: what the job set in node 0's environment;
+    `job_cwd`: the working dir it entered, else None; `overrides`: as typed on node 0)."""
 
     platform: Platform
     task: bytes
@@ -70,21 +57,19 @@ class JobSpec:
     overrides: tuple[str, ...]
 
     def state_here(self, environ: dict[str, str], cwd: str, sys_path: list[str]) -> ProcessState:
-        """The state this node's ranks take on: this node's environment with what the job set on node 0, the
-        working dir the job entered there (else this node's), this node's import path, node 0's Hydra state."""
+        """This node's ranks' state: its environment with the job's `env_set`, the job's cwd (else `cwd`)."""
         return ProcessState({**environ, **self.env_set}, self.job_cwd or cwd, sys_path, self.hydra_state)
 
 
 @dataclass(frozen=True)
 class NodeStop:
     """Node `node` stopped the job: it got `signal` (Ctrl-C or SIGTERM), or (None) its ranks failed or reached
-    their time limit; `lost`: it could no longer be reached (seen by the node that says so)."""
+    their time limit; `lost`: it could no longer be reached; `why`: any other reason, in words."""
 
     node: int
     signal: int | None = None
     lost: bool = False
     why: str | None = None
-    """Any other reason, in words (node `node` runs another command than node 0)."""
 
     def text(self) -> str:
         """Why the job was stopped, in the words every node prints."""
@@ -101,8 +86,7 @@ class NodeStop:
 
 @dataclass
 class NodeEnd:
-    """How the ranks of node `node` (> 0) ended: their outcomes, or the signal that interrupted the node, or
-    the error of its controller."""
+    """How the ranks of node `node` (> 0) ended: outcomes, the signal that interrupted it, or its controller's error."""
 
     node: int
     ranks: list[RankOutcome] = field(default_factory=list)
@@ -125,8 +109,8 @@ def _on_loopback(host: str) -> str:
 
 
 class StoreSide:
-    """Node `node`'s side of a store `store` that node 0 serves at `where` (`host:port`): a job's, or a sweep's. A node
-    other than 0 beats there while it takes part (`start_beating`); node 0 counts one whose beats stopped as lost."""
+    """Node `node`'s side of a store `store` (a job's or a sweep's) that node 0 serves at `where` (`host:port`). A
+    node other than 0 beats there while it takes part; node 0 counts one whose beats stopped as lost."""
 
     prefix = _KEY
     """Where hydra-ddpw's keys in this store begin."""
@@ -139,21 +123,18 @@ class StoreSide:
         self.n_nodes = n_nodes
         self.where = where
         self._beats = False
-        self._beating_now = threading.Lock()
-        """Held while a beat is sent: once `stop_beating` returns, none is in flight (node 0 may close its store)."""
-        self._heard: dict[int, tuple[int, float]] = {}
-        """Node 0: each other node's last beat count, and when node 0 first saw it."""
+        self._beating_now = threading.Lock()  # held while a beat is sent (see `stop_beating`)
+        self._heard: dict[int, tuple[int, float]] = {}  # node 0: each node's last beat count, when first seen
 
     def start_beating(self) -> None:
-        """A node other than 0: beat in the store, once now, then on a thread every `_BEAT_S` until `stop_beating` or
-        node 0 is gone."""
+        """A node other than 0: beat now, then every `_BEAT_S` on a thread until `stop_beating` or node 0 is gone."""
         self._beat()
         self._beats = True
         threading.Thread(target=self._beating, name="ddpw-node-beat", daemon=True).start()
 
     def stop_beating(self) -> None:
-        """No more beats (the node's part is over: node 0 no longer waits to hear from it); none in flight once this
-        returns, so none fails on a store node 0 closed after this node's last word (torch logs such failures)."""
+        """No more beats; none is in flight once this returns, so none fails on a store node 0 closed after this
+        node's last word (torch logs such failures)."""
         with self._beating_now:
             self._beats = False
 
@@ -172,8 +153,7 @@ class StoreSide:
             self.lost = True
 
     def _silent_among(self, nodes: Iterable[int]) -> list[int]:
-        """Node 0: those of `nodes` whose beats stopped for `SILENT_S` (counted from when node 0 first looked at each):
-        their controller is gone, or the network to them."""
+        """Node 0: those of `nodes` whose beats stopped for `SILENT_S` (counted from when node 0 first looked)."""
         now = time.monotonic()
         beats = {node: self.store.add(f"{self.prefix}beat/{node}", 0) for node in nodes}
         self._heard = {node: (count, self._heard[node][1] if self._heard.get(node, (-1, 0.0))[0] == count else now)
@@ -182,13 +162,12 @@ class StoreSide:
 
     @classmethod
     def connect(cls: type[_Side], platform: Platform, say_waiting: bool = True) -> _Side:
-        """Node `platform.node_rank` (> 0) reaches node 0's store, trying for `platform.join_timeout_min` (Ctrl-C is
-        seen between tries), saying it waits when its first try fails (unless not `say_waiting`: a job of a sweep it
-        follows, whose store node 0 is about to serve); `NodeError` naming the address and port when it cannot."""
+        """Node `platform.node_rank` (> 0) reaches node 0's store, trying for `platform.join_timeout_min`, saying it
+        waits when its first try fails (unless not `say_waiting`); `NodeError` naming the address when it cannot."""
         from torch.distributed import TCPStore
 
-        # torch's client prints each of its calls that finds node 0's store gone with a C++ stack: this controller runs
-        # no task, and its ranks, forks of its rank starter (made first), keep torch's warnings
+        # torch's client prints each call that finds node 0's store gone with a C++ stack: this controller runs no
+        # task, and its ranks, forks of its rank starter (made first), keep torch's warnings
         _compat.cpp_warnings_off()
         host, port = platform.master_addr, platform.master_port
         assert host is not None and port is not None and platform.node_rank
@@ -261,9 +240,8 @@ class NodeChannel(StoreSide):
         return pickle.loads(self.store.get(SPEC_KEY))
 
     def join(self) -> None:
-        """This node has the job and starts its ranks, beating from now on until it sent its end (node 0 counts a
-        node that joined and fell silent as lost, also while it still waits for others to join); NodeError when
-        another process joined as this node already."""
+        """This node has the job and starts its ranks, beating until it sent its end (node 0 counts a node that
+        joined and fell silent as lost); NodeError when another process joined as this node already."""
         self._beat()  # (before it counts as joined: node 0 then sees a beat it had not seen)
         if self.store.add(f"{_KEY}joined/{self.node}", 1) > 1:
             raise NodeError(f"node {self.node} already joined node 0's job at {self.where}: another process runs as "
@@ -272,9 +250,8 @@ class NodeChannel(StoreSide):
         self.start_beating()
 
     def missing(self, timeout_min: float) -> list[int]:
-        """Node 0: the nodes that have not joined after at most `timeout_min` (none once all have), or as soon as
-        a node stopped the job (`stopped`) or one that joined fell `silent` (then stopped as lost); past
-        `_SAY_WAITING_S`, the console says which it waits for."""
+        """Node 0: the nodes not joined after at most `timeout_min`, or as soon as a node stopped the job or one that
+        joined fell `silent` (then stopped as lost); past `_SAY_WAITING_S`, the console says which it waits for."""
         start = time.monotonic()
         said = False
         while True:
@@ -294,18 +271,15 @@ class NodeChannel(StoreSide):
 
     def stopped(self) -> NodeStop | None:
         """Who stopped the job, once one has (a node that lost node 0 finds `lost`)."""
-        if self.lost:
-            return NodeStop(0, lost=True)
-        try:
-            if not self.store.check([_STOP_KEY]):
-                return None
-            return pickle.loads(self.store.get(_STOP_KEY))
-        except RuntimeError:  # the store is gone with node 0
-            self.lost = True
-            return NodeStop(0, lost=True)
+        if not self.lost:
+            try:
+                return pickle.loads(self.store.get(_STOP_KEY)) if self.store.check([_STOP_KEY]) else None
+            except RuntimeError:  # the store is gone with node 0
+                self.lost = True
+        return NodeStop(0, lost=True)
 
     def silent(self) -> list[int]:
-        """Node 0: the other nodes that have not sent their end and whose beats stopped (`_silent_among`)."""
+        """Node 0: the other nodes that have not sent their end and whose beats stopped."""
         return self._silent_among(node for node in range(1, self.n_nodes)
                                   if not self.store.check([f"{_KEY}end/{node}"]))
 
@@ -320,8 +294,7 @@ class NodeChannel(StoreSide):
                 self.lost = True
 
     def ends(self, timeout_s: float) -> tuple[dict[int, NodeEnd], list[int]]:
-        """Node 0: the other nodes' ends, waited for at most `timeout_s` (those that came by then), and the nodes
-        not waited for since they fell `silent` meanwhile (lost)."""
+        """Node 0: the other nodes' ends that came within `timeout_s`, and the nodes that fell `silent` meanwhile."""
         deadline = time.monotonic() + timeout_s
         keys = {node: f"{_KEY}end/{node}" for node in range(1, self.n_nodes)}
         lost: list[int] = []

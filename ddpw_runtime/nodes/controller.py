@@ -1,9 +1,7 @@
-"""Each node's controller in a job across machines without SLURM (docs/multi-node.md). Node 0's is a plain run's
-supervisor: it publishes the job it prepared (`Nodes.lead`), waits (bounded) for the other nodes to join, runs its
-ranks and gathers every node's end (`Nodes.gathered`), so the root cause across nodes is found by the one rule
-(`launch/outcome.py`) and shown on node 0's console. Every other node runs the same command and follows node 0's job
-(`procs/node.py`). On every node a stop (a failure, Ctrl-C, SIGTERM) is published in the job's store, and a watcher
-thread stops the ranks of every other node when it sees one."""
+"""Each node's controller in a job across machines without SLURM (docs/multi-node.md). Node 0 publishes the job
+(`Nodes.lead`), waits (bounded) for the other nodes, runs its ranks and gathers every node's end (`Nodes.gathered`),
+so the root cause across nodes is shown on its console; every other node follows it (`procs/node.py`). A stop on any
+node is published in the job's store, and each node's watcher thread stops its ranks when it sees one."""
 
 from __future__ import annotations
 
@@ -29,25 +27,21 @@ if TYPE_CHECKING:
     from ddpw_runtime.launch.job import LocalJob
     from ddpw_runtime.launch.protocol import JobStarting
 
-_WATCH_S = 0.1
-"""How often each node's watcher looks for a stop from another node."""
-_END_MARGIN_S = 10.0
-"""What node 0 waits for the other nodes' ends beyond their grace and kill bound."""
-_PUBLISH_TRIES = 3
-"""How often a node tries to publish its interruption when more Ctrl-C or SIGTERM cut the try short."""
+_WATCH_S = 0.1  # how often each node's watcher looks for a stop from another node
+_END_MARGIN_S = 10.0  # what node 0 waits for the other nodes' ends beyond their grace and kill bound
+_PUBLISH_TRIES = 3  # tries to publish an interruption when more Ctrl-C or SIGTERM cut a try short
 
 
 class _RanksOfANode(NodeRanks):
-    """A node's ranks in a job across machines: an interruption here (Ctrl-C, SIGTERM) is published first, so
-    every other node stops its ranks too."""
+    """A node's ranks across machines: an interruption here is published first, so every other node stops too."""
 
     def __init__(self, nodes: Nodes, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.nodes = nodes
 
     def interrupt(self, sig: int) -> None:
-        """Publish the stop, whole, then pass `sig` on to this node's ranks (see `NodeRanks.interrupt`); a second
-        Ctrl-C or SIGTERM meanwhile kills them at once, as it does there."""
+        """Publish the stop, whole, then pass `sig` on as `NodeRanks.interrupt`; a second Ctrl-C or SIGTERM meanwhile
+        kills the ranks at once, as it does there."""
         again = False
         for _ in range(_PUBLISH_TRIES):
             try:
@@ -64,8 +58,7 @@ class _RanksOfANode(NodeRanks):
 
 
 def lead(local: LocalJob, console: ConsoleRanks, starting: JobStarting) -> list[RankOutcome]:
-    """Node 0 of `local`'s job across machines, its ranks all started here (a multirun's job process): serve the
-    job's store, publish the job (`starting`), run this node's ranks, and gather every node's outcomes."""
+    """Node 0 of `local`'s job across machines (a multirun's job process): its ranks, then every node's outcomes."""
     stores = [local.host_store()]  # dropped when the job is stopped: a rank still joining stops waiting there
     nodes = Nodes.lead(stores[0], local, starting)
     ranks = nodes.ranks(local, console, stores.clear)
@@ -80,13 +73,12 @@ class Nodes:
     def __init__(self, channel: NodeChannel | None, grace: Grace) -> None:
         self.channel = channel
         self.grace = grace
-        self.seen: NodeStop | None = None
-        """The stop another node published, once this node's watcher saw it."""
+        self.seen: NodeStop | None = None  # the stop another node published, once this node's watcher saw it
 
     @staticmethod
     def lead(store: Any, local: LocalJob, starting: JobStarting) -> Nodes:
-        """Node 0 of `local`'s job (its store `store`, its rank 0 `starting`): publish the job and wait for the
-        other nodes, at most `platform.join_timeout_min`; NodeError naming those that never joined."""
+        """Node 0: publish the job and wait for the other nodes, at most `platform.join_timeout_min`; NodeError
+        naming those that never joined."""
         plan = local.plan
         platform = plan.platform
         if platform.n_nodes == 1:
@@ -135,9 +127,8 @@ class Nodes:
 
     @contextmanager
     def watching(self, ranks: NodeRanks) -> Iterator[None]:
-        """While the block runs, a thread stops `ranks` when another node stops the job or can no longer be
-        reached: every other node beats in the store (`NodeChannel.join`, until it sent its end), and node 0 counts
-        one silent for `SILENT_S` as lost."""
+        """While the block runs, a thread stops `ranks` when another node stops the job or can no longer be reached
+        (node 0 counts one silent for `SILENT_S` as lost)."""
         channel = self.channel
         if channel is None:
             yield
@@ -147,12 +138,11 @@ class Nodes:
         def watch() -> None:
             stop: NodeStop | None = None
             while not done.wait(_WATCH_S):
+                news = channel.stopped()
                 if channel.node != 0:  # (it beats, from its join until its end is sent, or node 0 is gone)
-                    news = channel.stopped()
                     if channel.lost:
                         done.set()
                 else:
-                    news = channel.stopped()
                     if news is None and (silent := channel.silent()):
                         news = NodeStop(silent[0], lost=True)
                         channel.stop_job(news)
@@ -182,13 +172,12 @@ class Nodes:
 
     @property
     def _ends_within_s(self) -> float:
-        """How long node 0 waits for the other nodes' ends: their grace, kill bound and a margin."""
+        """How long node 0 waits for the other nodes' ends."""
         return self.grace.interrupt_s + KILL_WAIT_S + _END_MARGIN_S
 
     def gathered(self, outcomes: list[RankOutcome]) -> list[RankOutcome]:
-        """Node 0, after its ranks ended (`outcomes`): every node's outcomes, in rank order, once each other node
-        sent its end or fell silent (waited for at most their grace, kill bound and a margin). NodeError when a node
-        was interrupted, its controller failed, it was lost, or it sent nothing while every rank here returned."""
+        """Node 0, after its ranks ended: every node's outcomes in rank order, once each other node sent its end or fell
+        silent (bounded). NodeError when a node was interrupted, failed, was lost, or sent nothing."""
         if self.channel is None:
             return outcomes
         ends, lost = self.channel.ends(self._ends_within_s)
@@ -215,9 +204,8 @@ class Nodes:
 
 
 def with_every_node(timed_out: JobTimedOut, outcomes: list[RankOutcome], ends: dict[int, NodeEnd]) -> JobTimedOut:
-    """`timed_out` (one node's ranks at its time limit or stall) with where every other rank was: in `outcomes` and the
-    other nodes' `ends`, their ranks' places as they were stopped, or their own time limit's report. So the report
-    names the ranks that held the others up, on whichever node they ran."""
+    """`timed_out` (one node's time limit or stall) with where every other rank was, from `outcomes` and the other
+    nodes' `ends`, so the report names the ranks that held the others up on whichever node they ran."""
     report = timed_out.report
     if report is None:
         return timed_out
@@ -239,7 +227,6 @@ def with_every_node(timed_out: JobTimedOut, outcomes: list[RankOutcome], ends: d
 
 
 def failed_by_itself(outcomes: list[RankOutcome]) -> bool:
-    """Whether the root cause among `outcomes` is a rank's own failure (not its stop by the launcher, nor only
-    a peer gone)."""
+    """Whether the root cause among `outcomes` is a rank's own failure (not a stop, nor only a peer gone)."""
     cause = root_cause(outcomes)
     return cause is not None and cause.own_failure and not cause.is_secondary

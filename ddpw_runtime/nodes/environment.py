@@ -1,7 +1,7 @@
-"""Where this machine stands in a job across machines (`platform.n_nodes` > 1 with a local launcher): its node rank,
-node 0's address and the rendezvous port, from the platform's fields or, where they are left null, from what the
-platform the node runs on sets (Kubeflow's PyTorchJob, SkyPilot, SLURM's `srun`, torchrun-style variables). A bare
-`RANK` or `WORLD_SIZE` is never read: it is a node's number on some platforms and a process's on others. No torch."""
+"""Where this machine stands in a job across machines (`platform.n_nodes` > 1, local launcher): node rank, node 0's
+address and port, from the platform's fields or else from the variables its platform sets (Kubeflow, SkyPilot, `srun`,
+torchrun-style). A bare `RANK` or `WORLD_SIZE` is never read: a node's number on some platforms, a process's on
+others. No torch."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from typing import Any
 from ddpw_conf import ConfigError, Platform
 
 DEFAULT_PORT = 29500
-"""The rendezvous port when neither the platform's fields nor its environment give one (torchrun's default), so
-every node agrees on it without being told."""
+"""The rendezvous port when nothing gives one (torchrun's default), so every node agrees on it untold."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +40,7 @@ class NodeEnvironment:
 
 
 def detect(environ: Mapping[str, str]) -> NodeEnvironment | None:
-    """The platform whose variables `environ` holds (Kubeflow's PyTorchJob, then SkyPilot, then a step of SLURM's
-    `srun`, then torchrun-style `NODE_RANK`/`MASTER_ADDR`), or None."""
+    """The platform whose variables `environ` holds (Kubeflow, SkyPilot, an `srun` step, torchrun-style), or None."""
     if "PET_NNODES" in environ or "PET_NODE_RANK" in environ:
         if ":" in (nnodes := environ.get("PET_NNODES", "")):
             raise ConfigError("PET_NNODES", nnodes, "an elastic PyTorchJob (a range of workers, c10d rendezvous) lets "
@@ -63,8 +61,8 @@ def detect(environ: Mapping[str, str]) -> NodeEnvironment | None:
             master_addr=Given("SKYPILOT_NODE_IPS", ips[0]) if ips else None,
             gpus_per_node=_int(environ, "SKYPILOT_NUM_GPUS_PER_NODE"))
     if "SLURM_STEP_NUM_NODES" in environ and "SLURM_PROCID" in environ:  # a step of srun (not sbatch's script)
-        # One copy of the command per node (task i on the step's node i), node 0 the step's first host.
-        # SLURM_NNODES and SLURM_NODEID are the allocation's, not the step's, so they are not read.
+        # One copy per node (task i on the step's node i), node 0 the step's first host; SLURM_NNODES and
+        # SLURM_NODEID are the allocation's, not the step's, so they are not read.
         nodes = _int(environ, "SLURM_STEP_NUM_NODES", minimum=1)
         tasks = _int(environ, "SLURM_STEP_NUM_TASKS", minimum=1)
         if nodes is not None and tasks is not None and tasks.value != nodes.value:
@@ -104,7 +102,7 @@ def _int(environ: Mapping[str, str], variable: str, minimum: int = 0) -> Given |
 
 
 def _unspecified(addr: str) -> bool:
-    """Whether `addr` is the unspecified address (`0.0.0.0`, `::`): every address of a machine, none to connect to."""
+    """Whether `addr` is `0.0.0.0` or `::`: every address of a machine, none to connect to."""
     try:
         return ipaddress.ip_address(addr.strip("[]")).is_unspecified
     except ValueError:  # a host name
@@ -112,20 +110,16 @@ def _unspecified(addr: str) -> bool:
 
 
 def place_node(platform: Platform, environ: Mapping[str, str] | None = None) -> Platform:
-    """`platform` (validated) with this machine's place in the job filled in: for `n_nodes` > 1, `node_rank`,
-    `master_addr` and `master_port` (`DEFAULT_PORT` where nothing gives one), each from its field or else the
-    node's environment (`os.environ` by default). `ConfigError`, before anything starts, when the environment and
-    the fields disagree, or when the node rank or node 0's address is given by neither; also for `n_nodes` = 1 where
-    the platform runs this command on several machines, or says this machine is a node other than 0."""
+    """`platform` (validated) with, for `n_nodes` > 1, `node_rank`, `master_addr` and `master_port` filled in from its
+    fields or else `environ` (`os.environ` by default). `ConfigError` when they disagree or leave the node rank or
+    node 0's address unknown; for `n_nodes` = 1, when the platform runs several machines or says this is not node 0."""
     found = detect(os.environ if environ is None else environ) or NodeEnvironment("")  # (empty: says nothing)
-    given_nodes = found.n_nodes
     if platform.n_nodes == 1:
-        if given_nodes is not None and given_nodes.value > 1:
+        if (given_nodes := found.n_nodes) is not None and given_nodes.value > 1:
             raise ConfigError("platform.n_nodes", 1, f"{found.name} runs this command on {given_nodes.value} machines "
                               f"({given_nodes.variable}={given_nodes.value}); set platform.n_nodes="
                               f"{given_nodes.value} so that they run one job")
-        given_rank = found.node_rank
-        if given_rank is not None and given_rank.value > 0:
+        if (given_rank := found.node_rank) is not None and given_rank.value > 0:
             raise ConfigError("platform.n_nodes", 1, f"this machine's environment ({found.name}) says it is node "
                               f"{given_rank.value} of a job across machines ({given_rank.variable}="
                               f"{given_rank.value}), and one node would run a job of its own; set platform.n_nodes to "
@@ -140,13 +134,11 @@ def place_node(platform: Platform, environ: Mapping[str, str] | None = None) -> 
             raise ConfigError(f"platform.{key}", ours, f"this machine's environment ({found.name}) gives "
                               f"{given.variable}={given.value}; {fix}")
         values[key] = ours if ours is not None else given.value if given is not None else None
-    if found.ranks_per_node is not None and found.ranks_per_node.value != platform.ranks_per_node:
-        given = found.ranks_per_node
+    if (given := found.ranks_per_node) is not None and given.value != platform.ranks_per_node:
         raise ConfigError("platform.n_procs_per_node", platform.n_procs_per_node, f"{found.name} gives "
                           f"{given.variable}={given.value} and this platform runs {platform.ranks_per_node} rank(s) "
                           f"per node; set platform.n_procs_per_node={given.value} (or change the platform's)")
-    if found.gpus_per_node is not None and platform.uses_gpus and platform.n_gpus_per_node > found.gpus_per_node.value:
-        given = found.gpus_per_node
+    if (given := found.gpus_per_node) is not None and platform.uses_gpus and platform.n_gpus_per_node > given.value:
         raise ConfigError("platform.n_gpus_per_node", platform.n_gpus_per_node, f"{found.name} gives each node "
                           f"{given.value} GPU(s) ({given.variable}); ask for at most that many")
     for key in ("node_rank", "master_addr"):

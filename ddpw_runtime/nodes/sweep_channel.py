@@ -1,10 +1,8 @@
-"""A multirun across machines without SLURM (docs/multi-node.md): node 0's Hydra process runs the sweep and serves a
-TCPStore of the sweep's own on `master_addr:master_port` for as long as it runs; before each job it publishes there the
-port of that job's own store (where the job is published, `channel.py`), and when the sweep ends, that it ended (or,
-as its process ends, that it ended early: a failed job or a callback raised, or it was stopped). Every other node runs
-the same `-m` command and follows: job after job it takes the port, runs its ranks of that job, and ends when node 0
-says the sweep ended (with an error when it ended early, or when node 0's store goes away first). A node interrupted
-between jobs says so here, so node 0 starts no more jobs. Every wait is bounded."""
+"""A multirun across machines without SLURM (docs/multi-node.md): node 0's Hydra process serves a TCPStore of the
+sweep's own on `master_addr:master_port` while it runs, publishing there each job's store port and then that the sweep
+ended (early, as its process ends after a failed job, a callback's error or a stop). Every other node runs the same
+`-m` command and follows job after job until node 0 says the sweep ended (an error when it ended early or its store
+went away). A node interrupted between jobs says so here, so node 0 starts no more jobs. Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -22,13 +20,9 @@ from ddpw_runtime.nodes.channel import MULTIRUN_KEY, SPEC_KEY, NodeStop, StoreSi
 
 _KEY = "ddpw/sweep/"
 _POLL_S = 0.05
-_ENDED = -1
-"""What node 0 publishes in place of a job's port once its sweep ended."""
-_ENDED_EARLY = -2
-"""What node 0 publishes in place of a job's port when its process ends before its sweep ended (Hydra raised)."""
-_ACK_WAIT_S = 10.0
-"""How long node 0's Hydra process waits, as it ends, for the nodes that still follow its sweep to have read that it
-ended."""
+_ENDED = -1  # published in place of a job's port once the sweep ended
+_ENDED_EARLY = -2  # the same, when node 0's process ends before its sweep ended (Hydra raised)
+_ACK_WAIT_S = 10.0  # how long node 0, as it ends, waits for the nodes that follow its sweep to read that it ended
 
 
 class SweepChannel(StoreSide):
@@ -56,22 +50,20 @@ class SweepChannel(StoreSide):
         self.store.set(f"{_KEY}job/{idx}", str(port))
 
     def publish_end(self, early: bool = False) -> None:
-        """Node 0: the sweep ended (`early`: before its end); wait (at most `_ACK_WAIT_S`) until no other node
-        follows it any more."""
+        """Node 0: the sweep ended (`early`: before its end); wait (at most `_ACK_WAIT_S`) until no node follows it."""
         self.store.set(f"{_KEY}job/{self.store.add(_KEY + 'jobs', 0)}", str(_ENDED_EARLY if early else _ENDED))
         deadline = time.monotonic() + _ACK_WAIT_S
         while self.store.add(_KEY + "left", 0) < self.n_nodes - 1 and time.monotonic() < deadline:
             time.sleep(_POLL_S)
 
     def follow(self) -> None:
-        """A node other than 0 follows the sweep from now on, beating until it leaves: node 0 stops the job that runs
-        (which may wait for this node to join) once it falls silent (`silent`)."""
+        """A node other than 0 follows the sweep from now on, beating until it leaves."""
         self.start_beating()
         self.store.set(f"{_KEY}following/{self.node}", "1")
 
     def leave(self, node: int | None = None) -> None:
-        """Node `node` (this one when None) no longer follows the sweep: said by that node, or by node 0 for one a job
-        lost (it will read no end); nothing when node 0's store is gone."""
+        """Node `node` (this one when None) no longer follows the sweep: said by it, or by node 0 for one a job lost;
+        nothing when node 0's store is gone."""
         if node is None:
             self.stop_beating()
         with contextlib.suppress(RuntimeError):
@@ -79,7 +71,7 @@ class SweepChannel(StoreSide):
             self.store.add(_KEY + "left", 1)
 
     def silent(self) -> list[int]:
-        """Node 0: the nodes that follow the sweep, have not left it, and whose beats stopped (`_silent_among`)."""
+        """Node 0: the nodes that follow the sweep, have not left it, and whose beats stopped."""
         return self._silent_among(node for node in range(1, self.n_nodes)
                                   if self.store.check([f"{_KEY}following/{node}"])
                                   and not self.store.check([f"{_KEY}left/{node}"]))
@@ -89,8 +81,8 @@ class SweepChannel(StoreSide):
         return int(self.store.add(_KEY + "jobs", 1)) - 1
 
     def next_port(self, idx: int, timeout_min: float) -> int | None:
-        """A node other than 0: the port of the sweep's `idx`-th job, or None when the sweep ended; waited for at
-        most `timeout_min` (NodeError past it, when the sweep ended early, or when node 0's store went away)."""
+        """A node other than 0: the port of the sweep's `idx`-th job, None when the sweep ended; NodeError past
+        `timeout_min`, when the sweep ended early, or when node 0's store went away."""
         key = f"{_KEY}job/{idx}"
         deadline = time.monotonic() + timeout_min * 60.0
         while not self._has(key):
@@ -111,7 +103,7 @@ class SweepChannel(StoreSide):
         return None if port == _ENDED else port
 
     def _has(self, key: str) -> bool:
-        """Whether node 0's sweep store holds `key`; NodeError once the store is gone with node 0's Hydra process."""
+        """Whether node 0's sweep store holds `key`; NodeError once that store is gone."""
         try:
             return bool(self.store.check([key]))
         except RuntimeError:
@@ -133,10 +125,9 @@ class SweepChannel(StoreSide):
 
 
 def stop_waiting_job(side: StoreSide, stop: NodeStop) -> None:
-    """A node that reached node 0's sweep store (`side`) but runs a plain run: stop the sweep's job that waits for it
-    to join (the latest published, waited for at most `_ACK_WAIT_S`), so node 0 ends it at once, and count this node
-    as one that follows the sweep no more, so node 0 does not wait for it as the sweep ends (nothing when node 0 is
-    gone, or its job is)."""
+    """A node that reached node 0's sweep store (`side`) but runs a plain run: stop the sweep's latest job (waited for
+    at most `_ACK_WAIT_S`), which waits for it to join, and count it as following no more (nothing when node 0 or its
+    job is gone)."""
     deadline = time.monotonic() + _ACK_WAIT_S
     with contextlib.suppress(RuntimeError, ValueError):
         side.store.add(_KEY + "left", 1)
@@ -151,8 +142,8 @@ def stop_waiting_job(side: StoreSide, stop: NodeStop) -> None:
 
 
 def stop_job_at(side: StoreSide, port: int, stop: NodeStop) -> None:
-    """Stop the sweep's job whose store node 0 serves at `port` (on `side`'s host) as `stop` says, unless a node
-    stopped it first (nothing when that store is gone, or not reached within `_ACK_WAIT_S`)."""
+    """Stop the sweep's job whose store is at `port` on `side`'s host, unless a node stopped it first (nothing when
+    that store is gone or not reached within `_ACK_WAIT_S`)."""
     from torch.distributed import TCPStore
 
     host = side.where.rsplit(":", 1)[0]
@@ -165,8 +156,7 @@ _hosted: SweepChannel | None = None
 
 
 def hosted(platform: Platform, overrides: tuple[str, ...]) -> SweepChannel:
-    """Node 0's sweep store, served from its first job across machines on, for as long as this process runs; the
-    sweep's `overrides` (as typed) for the other nodes."""
+    """Node 0's sweep store, served from its first job across machines on for as long as this process runs."""
     global _hosted
     if _hosted is None:
         _hosted = SweepChannel.host(platform, overrides)
@@ -181,8 +171,7 @@ def serves_sweep(platform: Platform) -> bool:
 
 
 def end_hosted(early: bool = False) -> None:
-    """Node 0's sweep ended (`early`: before its end): say so to the other nodes (nothing when no job ran across
-    machines, or once said)."""
+    """Node 0's sweep ended (`early`: before its end): say so to the other nodes, once (nothing without one)."""
     global _hosted
     if _hosted is not None:
         _hosted.publish_end(early)
