@@ -13,11 +13,9 @@ if TYPE_CHECKING:
 
 
 def average(value: float | torch.Tensor, group: Any | None = None) -> float | torch.Tensor:
-    """The mean of `value` over the ranks of `group` (default: the world), on every rank.
-
-    A number gives a float; a tensor gives a tensor of the same shape (element-wise mean, in floating
-    point), and the input is left unchanged. Every rank of the group must call it.
-    """
+    """The mean of `value` over the ranks of `group` (default: the world), on every rank: a float for a number, a
+    tensor of the same shape for a tensor (element-wise, in floating point; the input is unchanged). Every rank of
+    the group must call it."""
     import torch
     import torch.distributed as dist
 
@@ -31,12 +29,8 @@ def average(value: float | torch.Tensor, group: Any | None = None) -> float | to
 
 
 def all_to_all(tensors: Sequence[torch.Tensor], group: Any | None = None) -> list[torch.Tensor]:
-    """Send `tensors[i]` to the i-th rank of `group` (default: the world); returns the tensors received,
-    the j-th from the j-th rank.
-
-    Shapes may differ between pairs (they are exchanged first); all tensors must have the same dtype
-    and number of dimensions. Received tensors are on this rank's device.
-    """
+    """Send `tensors[i]` to the i-th rank of `group` (default: the world); returns the tensors received, the j-th from
+    the j-th rank, on this rank's device. Shapes may differ between pairs; dtype and number of dimensions may not."""
     import torch
     import torch.distributed as dist
 

@@ -35,13 +35,13 @@ _state: _RankState | None = None
 
 def enter(plan: LaunchPlan, rank: int, local_rank: int, device: torch.device, group: Any | None,
           mesh: DeviceMesh | None) -> None:
-    """Record the state of this rank (called by the runtime before the task starts)."""
+    """Record this rank's state (before the task starts)."""
     global _state
     _state = _RankState(plan, rank, local_rank, device, group, mesh)
 
 
 def leave() -> None:
-    """Forget the state of this rank (called by the runtime after the task ends)."""
+    """Forget this rank's state (after the task ends)."""
     global _state
     _state = None
 
@@ -74,14 +74,12 @@ def world_size() -> int:
 
 
 def run_id() -> str:
-    """An id of the running job, the same on every rank: on SLURM the job id, which stays the same
-    when the job is requeued; locally a new random id per job."""
+    """The running job's id, the same on every rank: SLURM's job id (kept when requeued), else a new random one."""
     return _current().plan.run_id
 
 
 def restart_count() -> int:
-    """How many times this job was started again (`hydra.launcher.max_restarts` > 0: after a failure
-    locally, after preemption or its time limit on SLURM): 0 on its first run. Usable outside a rank too."""
+    """How many times this job was started again (0 on its first run); usable outside a rank too."""
     return int(os.environ.get(RESTART_COUNT_ENV, "0"))
 
 
@@ -101,13 +99,9 @@ def device() -> torch.device:
 
 
 def group(name: str | None = None) -> Any:
-    """A process group of this rank.
-
-    Without a name: its group from `platform.ipc_groups`, or the world group. With a name from
-    `platform.layout`: its `"data"`, `"tensor"` or `"pipeline"` group. With the default layout
-    (every rank data-parallel) the data group is the world group and there is no tensor or pipeline
-    group: asking for one raises ValueError.
-    """
+    """A process group of this rank: without a name, its group from `platform.ipc_groups`, or the world group; else
+    its `"data"`, `"tensor"` or `"pipeline"` group of `platform.layout`. With the default layout the data group is the
+    world and asking for a tensor or pipeline group raises ValueError."""
     import torch.distributed as dist
 
     state = _current()
@@ -124,12 +118,9 @@ def group(name: str | None = None) -> Any:
 
 
 def mesh() -> DeviceMesh:
-    """The DeviceMesh of `platform.layout`, axes ("pipeline", "data", "tensor"), for DTensor, FSDP2 or
-    tensor parallelism; `mesh()["tensor"]` is this rank's tensor-parallel sub-mesh.
-
-    Built only when the layout sets tensor or pipeline above 1; with the default layout this raises
-    RuntimeError (build a 1-D mesh with `init_device_mesh(device().type, (world_size(),))` if needed).
-    """
+    """The DeviceMesh of `platform.layout`, axes ("pipeline", "data", "tensor"); `mesh()["tensor"]` is this rank's
+    tensor-parallel sub-mesh. Built only when tensor or pipeline is above 1, else RuntimeError (build a 1-D mesh with
+    `init_device_mesh(device().type, (world_size(),))` if needed)."""
     built = _current().mesh
     if built is None:
         raise RuntimeError("this job has no layout mesh: platform.layout has tensor=1 and pipeline=1 (every rank "
@@ -143,11 +134,8 @@ def is_main() -> bool:
 
 
 def rank_zero_only(fn: Callable[..., _R]) -> Callable[..., _R | None]:
-    """Decorator: `fn` runs on global rank 0 only and returns None on every other rank.
-
-    Outside a rank (a plain single process) `fn` runs, as that process is its own rank 0. Never put a
-    collective (barrier, all_reduce, DDP forward) inside `fn`: the other ranks would wait for it forever.
-    """
+    """Decorator: `fn` runs on global rank 0 only (and outside a rank), returning None on every other rank. Never put
+    a collective inside `fn`: the other ranks would wait for it forever."""
 
     @functools.wraps(fn)
     def on_rank_zero(*args: Any, **kwargs: Any) -> _R | None:

@@ -13,15 +13,10 @@ if TYPE_CHECKING:
 
 def distributed_sampler(dataset: Dataset, *, shuffle: bool = True, seed: int | None = None,
                         drop_last: bool = False) -> DistributedSampler:
-    """A DistributedSampler giving this rank its share of `dataset` among the data-parallel replicas.
-
-    Replicas are the ranks of `group("data")` (the whole world unless `platform.layout` splits it): the
-    ranks of one tensor- or pipeline-parallel group get the same samples. `seed` defaults to
-    `platform.seed`, and must be the same on every rank so the shards do not overlap.
-
-    Call `sampler.set_epoch(epoch)` at the start of every epoch: without it the shuffled order is the
-    same in every epoch. Pass it to a DataLoader as `sampler=` (not together with `shuffle=True`).
-    Without `drop_last`, the last samples are repeated so every replica gets as many batches.
+    """A DistributedSampler giving this rank its share of `dataset` among the ranks of `group("data")` (a tensor- or
+    pipeline-parallel group's ranks get the same samples). `seed` defaults to `platform.seed` and must be the same
+    on every rank. Call `sampler.set_epoch(epoch)` every epoch (else the order repeats), and pass it to a DataLoader
+    as `sampler=` (without `shuffle=True`). Without `drop_last`, the last samples repeat so all get as many batches.
     """
     import torch.distributed as dist
     from torch.utils.data import DistributedSampler
@@ -33,8 +28,7 @@ def distributed_sampler(dataset: Dataset, *, shuffle: bool = True, seed: int | N
 
 
 def to_device(batch: Any, device: torch.device | None = None, non_blocking: bool = False) -> Any:
-    """`batch` with every tensor moved to `device` (default: this rank's device), through nested tuples,
-    named tuples, lists and dicts; everything else is returned as it is."""
+    """`batch` with every tensor moved to `device` (default: this rank's), through nested tuples, lists and dicts."""
     import torch
 
     target = context.device() if device is None else device

@@ -1,8 +1,5 @@
-"""Model helpers inside a rank: wrap a model for DistributedDataParallel, unwrap it, skip gradient
-sync while accumulating.
-
-torch is imported inside the functions, so importing `ddpw_runtime` stays cheap in the controller.
-"""
+"""Model helpers inside a rank: wrap a model for DistributedDataParallel, unwrap it, skip gradient sync while
+accumulating. torch is imported inside the functions, so importing `ddpw_runtime` stays cheap."""
 
 from __future__ import annotations
 
@@ -18,15 +15,10 @@ if TYPE_CHECKING:
 
 
 def wrap_model(model: nn.Module, *, sync_batchnorm: bool = False, **ddp_options: Any) -> DistributedDataParallel:
-    """`model` moved to this rank's device and wrapped in DistributedDataParallel over the data group.
-
-    `find_unused_parameters` is False unless given (it costs a graph walk per step; pass True for models
-    that skip parameters in some steps). `device_ids` is set on CUDA, and `process_group` is
-    `group("data")` (the world unless `platform.layout` splits it); every other keyword goes to
-    DistributedDataParallel as is. `sync_batchnorm=True` converts BatchNorm layers to SyncBatchNorm
-    over the same group first (CUDA ranks only: torch's SyncBatchNorm does not run on CPU, so this
-    raises ValueError there). Call it on every rank: the constructor broadcasts rank 0's weights.
-    """
+    """`model` moved to this rank's device and wrapped in DistributedDataParallel over `group("data")`, with
+    `find_unused_parameters` False unless given (it costs a graph walk per step) and `device_ids` set on CUDA; other
+    keywords go to DistributedDataParallel as is. `sync_batchnorm=True` converts BatchNorm layers to SyncBatchNorm
+    first (CUDA ranks only, else ValueError). Call it on every rank: it broadcasts rank 0's weights."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -45,9 +37,8 @@ def wrap_model(model: nn.Module, *, sync_batchnorm: bool = False, **ddp_options:
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The plain module inside `model`: through DistributedDataParallel / DataParallel (`.module`) and
-    `torch.compile` (`._orig_mod`) wrappers, however nested. Save and load state dicts on this one so
-    the keys carry no `module.` prefix."""
+    """The plain module inside `model`'s DistributedDataParallel, DataParallel and `torch.compile` wrappers, however
+    nested: save and load state dicts on it, so the keys carry no `module.` prefix."""
     from torch import nn
 
     while True:
@@ -60,10 +51,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 def no_sync(model: nn.Module, skip: bool = True) -> AbstractContextManager[None]:
-    """A context in which backward passes of a DDP `model` accumulate gradients locally, without the
-    all-reduce; the first backward outside it synchronises everything accumulated.
-
-    For gradient accumulation over `k` micro-batches, skip the sync on all but the last::
+    """A context in which backward passes of a DDP `model` accumulate gradients without the all-reduce; the first
+    backward outside it synchronises everything accumulated. Over `k` micro-batches, skip all but the last::
 
         for i, (x, y) in enumerate(loader):
             with ddpw_runtime.no_sync(model, skip=(i + 1) % k != 0):
@@ -72,7 +61,7 @@ def no_sync(model: nn.Module, skip: bool = True) -> AbstractContextManager[None]
                 optimiser.step()
                 optimiser.zero_grad()
 
-    With `skip=False`, or a model that is not DDP-wrapped, this is a plain no-op context.
+    With `skip=False`, or a model that is not DDP-wrapped, this is a no-op context.
     """
     from torch.nn.parallel import DistributedDataParallel
 

@@ -1,9 +1,6 @@
-"""The environment of a rank: the variables torchrun sets (so libraries inside the task see a launched
-job), and what training libraries need beyond them: `ACCELERATE_USE_CPU` on CPU (else `Accelerator()` runs
-each rank alone), `PL_TRAINER_DEVICES`/`PL_TRAINER_NUM_NODES` (a `Trainer()` that does not set them joins
-every rank), and Lightning's `rank_zero_only.rank`, which Lightning reads once at import (a rank forked
-from a controller that imported Lightning would keep its 0). No torch at import.
-"""
+"""A rank's environment: torchrun's variables, and what training libraries need beyond them: `ACCELERATE_USE_CPU` on
+CPU (else `Accelerator()` runs each rank alone), `PL_TRAINER_DEVICES`/`PL_TRAINER_NUM_NODES` (so a bare `Trainer()`
+joins every rank), and Lightning's `rank_zero_only.rank`, read once at import (a fork would keep its 0). No torch."""
 
 from __future__ import annotations
 
@@ -16,19 +13,15 @@ from ddpw_runtime.launch.plan import RECORDER_PREFIX, LaunchPlan
 RESTART_COUNT_ENV = "DDPW_RESTART_COUNT"
 """The variable that carries `restart_count()` to the ranks."""
 THREADS_ENV = "OMP_NUM_THREADS"
-"""The threads each rank's torch (and OpenMP) uses: the user's value where set, else the plan's split."""
+"""The threads each rank's torch uses: the user's value where set, else the plan's split."""
 RECORDED_COLLECTIVES = 2000
-"""How many of its last collectives a rank's flight recorder keeps (`TORCH_FR_BUFFER_SIZE`, unless the user set
-it): what the hang report reads, at no cost worth measuring per collective."""
+"""How many last collectives a rank's flight recorder keeps (`TORCH_FR_BUFFER_SIZE` unless set): cheap."""
 
 
 def rank_environment(plan: LaunchPlan, rank: int, local_rank: int, given: Mapping[str, str]) -> dict[str, str]:
-    """The variables of `rank` (torchrun's, and the libraries' below) to add to `given`, the launching process's
-    environment; a library variable set there is left alone, and so is `OMP_NUM_THREADS`, as torchrun leaves it
-    (else the node's CPUs split across its ranks); a job that runs beside others sees only its own GPUs. On a
-    single-node job over loopback, gloo and NCCL are kept on the loopback interface too (unless the user chose one).
-    torch's flight recorder keeps each rank's last collectives, and NCCL dumps it into the job's output dir on a
-    timeout."""
+    """The variables of `rank` to add to `given`, the launching process's environment (a library variable or
+    `OMP_NUM_THREADS` set there is left alone, as torchrun does): a job beside others sees only its own GPUs, a
+    single-node loopback job keeps gloo and NCCL on loopback, NCCL dumps the flight recorder on a timeout."""
     local_only = plan.platform.n_nodes == 1 and plan.master_addr.startswith("127.") and sys.platform == "linux"
     defaults = {name: "lo" for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if local_only}
     defaults["PL_TRAINER_DEVICES"] = str(plan.ranks_per_node)
@@ -69,16 +62,14 @@ def rank_environment(plan: LaunchPlan, rank: int, local_rank: int, given: Mappin
 
 
 def threads_per_rank(plan: LaunchPlan) -> int:
-    """The threads this rank's torch uses: `OMP_NUM_THREADS` of its environment when it is a count (the user's own,
-    see `rank_environment`), else the plan's split of the node's CPUs."""
+    """The threads this rank's torch uses: `OMP_NUM_THREADS` when it is a count, else the plan's split."""
     value = os.environ.get(THREADS_ENV, "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else plan.threads_per_rank
 
 
 def tell_imported_libraries(rank: int) -> None:
-    """Give `rank` to libraries that were imported before this process became a rank and read the
-    rank only at import time (Lightning's `rank_zero_only.rank`, shared by lightning, pytorch_lightning
-    and lightning_fabric)."""
+    """Give `rank` to libraries imported before this process became a rank that read it only at import (Lightning's
+    `rank_zero_only.rank`, shared by lightning, pytorch_lightning and lightning_fabric)."""
     rank_zero = sys.modules.get("lightning_utilities.core.rank_zero")
     decorator = getattr(rank_zero, "rank_zero_only", None)
     if decorator is not None and hasattr(decorator, "rank"):

@@ -1,6 +1,5 @@
-"""The Lightning and Fabric callbacks (entry points in `pyproject.toml`) that stop a `Trainer` or `Fabric`
-left at fewer devices than the launched ranks, where every rank would train alone (docs/architecture.md,
-"A library left at one device")."""
+"""The Lightning and Fabric callbacks (entry points in `pyproject.toml`) that stop a `Trainer` or `Fabric` left at
+fewer devices than the launched ranks, each of which would train alone (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -31,26 +30,22 @@ def pytorch_lightning_callbacks() -> list[Any]:
 
 
 def fabric_callbacks() -> list[Any]:
-    """Entry points `lightning.fabric.callbacks_factory` and `lightning_fabric.callbacks_factory`: the
-    check, in a hydra-ddpw rank."""
+    """Entry points `lightning.fabric.callbacks_factory` and `lightning_fabric.callbacks_factory`: the check."""
     return [FabricCheck()] if in_rank() else []
 
 
 def trainer_check(package: str) -> Any:
-    """A new check for the Trainers of `package` (`lightning.pytorch` or `pytorch_lightning`): an instance
-    of that package's `Callback`. It pickles as a call of this function, so it travels where the Trainer
-    goes (the processes of `strategy="ddp_spawn"`)."""
+    """A new check (that package's `Callback`) for the Trainers of `package`; it pickles as a call of this function,
+    so it travels where the Trainer goes (`strategy="ddp_spawn"`)."""
     return _trainer_check_class(package)()
 
 
 @functools.cache
 def _trainer_check_class(package: str) -> type:
-    """The class of `trainer_check(package)`, made once per package: it subclasses that package's `Callback`,
-    which is imported only when Lightning asks for its callbacks."""
+    """The class of `trainer_check(package)`, made once, when Lightning asks for its callbacks."""
 
     class TrainerCheck(importlib.import_module(package).Callback):  # type: ignore[misc]
-        """Stops a Trainer that would fit outside the launched world (every rank training alone); a Trainer
-        that validates, tests or predicts at other devices runs, as it would under torchrun."""
+        """Stops a Trainer that would fit outside the launched world (validating, say, runs, as under torchrun)."""
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             """Lightning's hook at the start of every stage (`fit`, `validate`, `test`, `predict`)."""
@@ -64,9 +59,8 @@ def _trainer_check_class(package: str) -> type:
 
 
 class FabricCheck:
-    """A Fabric callback that stops a Fabric that trains outside the launched world, at its first
-    optimizer step (the only hook Fabric calls that tells training from inference: a model set up alone
-    and run for inference at other devices is never stopped). Checks once per Fabric."""
+    """Stops a Fabric that trains outside the launched world, once, at its first optimizer step (the only hook that
+    tells training from inference, which is never stopped)."""
 
     def __init__(self) -> None:
         self.checked = False
@@ -80,12 +74,12 @@ class FabricCheck:
 
 
 class LibraryWorldMismatch(ValueError):
-    """A training library would not train in the world hydra-ddpw launched (every rank alone)."""
+    """A training library would not train in the world hydra-ddpw launched."""
 
 
 def check(library: str, world_size: int, devices: int, num_nodes: int) -> None:
-    """Raise `LibraryWorldMismatch` when `library` (`Trainer` or `Fabric`), about to train in a world
-    of `world_size` processes (`devices` per node on `num_nodes` nodes), is not in the launched world."""
+    """`LibraryWorldMismatch` when `library` (`Trainer` or `Fabric`), about to train with `world_size` processes
+    (`devices` on each of `num_nodes`), is not in the launched world."""
     launched = (int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["GROUP_WORLD_SIZE"]))
     if world_size != launched[0]:  # the job's config is read for the message only
         raise LibraryWorldMismatch(mismatch(library, world_size, devices, num_nodes, launched, config_key(library)))
@@ -93,9 +87,8 @@ def check(library: str, world_size: int, devices: int, num_nodes: int) -> None:
 
 def mismatch(library: str, world_size: int, devices: int, num_nodes: int, world: tuple[int, int, int],
              key: str | None) -> str | None:
-    """What is wrong with `library` in a world of `world_size` (`devices` x `num_nodes`) when the
-    launched `world` (world size, ranks per node, nodes) is another, and the fix; None when they agree.
-    `key`: the job config's node that holds the library's arguments, if known."""
+    """What is wrong with `library` at `world_size` in the launched `world` (world size, ranks per node, nodes), and
+    the fix; None when they agree. `key`: the job config's node with the library's arguments, if known."""
     launched_size, per_node, nodes = world
     if world_size == launched_size:
         return None
@@ -110,9 +103,8 @@ def mismatch(library: str, world_size: int, devices: int, num_nodes: int, world:
 
 
 def config_key(library: str) -> str | None:
-    """The key of the job config's node that makes the library's object (its `_target_` is
-    `lightning...Trainer` or `...Fabric`), read from the job's `.hydra/config.yaml`; None outside a
-    Hydra job, without that file, or without such a node."""
+    """The key of the node of the job's `.hydra/config.yaml` that makes `library`'s object (by `_target_`); None
+    outside a Hydra job, without that file, or without such a node."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 

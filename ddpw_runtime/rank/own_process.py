@@ -1,8 +1,6 @@
-"""A rank in a process that was not started as one: rank 0 of a plain run (the user's own process) and of
-`Wrapper(caller_rank=True)` (the caller). For the length of its task the process takes on the rank's
-variables, output and process group (the same set-up and teardown as every rank); afterwards it is as it
-was (environment, output, thread count, excepthook, temporary folder).
-"""
+"""A rank in a process not started as one (rank 0 of a plain run, or of `Wrapper(caller_rank=True)`): for its task
+the process takes on the rank's variables, output and process group, and afterwards is as it was (environment,
+output, thread count, excepthook, temporary folder)."""
 
 from __future__ import annotations
 
@@ -27,9 +25,8 @@ if TYPE_CHECKING:
 
 
 class RankInThisProcess:
-    """This process as rank 0 of `plan`'s job (it joins the store that the launching side serves). `env`:
-    the variables it takes on (torchrun's and the job's). `output`: where fds 1 and 2 go while it is a rank
-    (a terminal of its own, or its log file); None: they stay where they are."""
+    """This process as rank 0 of `plan`'s job, taking on the variables `env`; `output`: where fds 1 and 2 go while
+    it is a rank (a terminal of its own, or its log file; None: they stay)."""
 
     def __init__(self, plan: LaunchPlan, env: Mapping[str, str], output: int | None = None) -> None:
         self.plan = plan
@@ -37,14 +34,12 @@ class RankInThisProcess:
         self.output = output
         self._saved_env: dict[str, str | None] = {}
         self._saved_fds: tuple[int, int] | None = None
-        self._saved_threads: int | None = None
-        """Set while this process is in the job (from its joining on)."""
+        self._saved_threads: int | None = None  # set while this process is in the job (from its joining on)
         self._saved_excepthook = sys.excepthook
         self._faulthandler = faulthandler.is_enabled()
 
     def enter(self) -> None:
-        """Take on the rank's variables and output, and join the job (device, process group, groups,
-        seed: `setup_rank`). On failure, the process is put back before the error propagates."""
+        """Take on the rank's variables and output, and join the job; on failure, put the process back first."""
         self._saved_env = {name: os.environ.get(name) for name in self.env}
         os.environ.update(self.env)
         tempfile.tempdir = None  # the job's own TMPDIR, when the variables name one
@@ -72,12 +67,10 @@ class RankInThisProcess:
             raise
 
     def leave(self, ended: RankResult | None = None, *, stopped: bool = False) -> None:
-        """The task ended (as `ended`, when it ran; `stopped`: the job's stop ended it): leave the process group and
-        put the process back as it was. What the task left in an output buffer (C's stdout is fully buffered on a
-        file) reaches the rank's output before the group goes: its peers then fail, and the console stops showing
-        the job. The flight recorder is dumped first when the task failed (`recorder.after`) or the rank was stopped:
-        the supervisor took its stacks without it (this process's stacks handler is faulthandler's alone), and a
-        stop that lands as its own collective times out takes the place of that timeout."""
+        """The task ended (as `ended`, when it ran; `stopped`: by the job's stop): leave the group and put the process
+        back. Output buffers are flushed before the group goes (its peers then fail and the console stops showing the
+        job). The flight recorder is dumped first when the task failed or was stopped: the supervisor took its stacks
+        without it, and a stop that lands as its own collective times out takes the place of that timeout."""
         if self._saved_fds is not None:
             flush_output()
         if self._saved_threads is not None:
@@ -113,8 +106,7 @@ class RankInThisProcess:
 
 
 def on_stack(frame: FrameType | None, codes: Container[CodeType]) -> bool:
-    """Whether `frame`, or a frame that called it, runs one of `codes` (where the job's stop signal may stop a
-    rank that runs in this process: its task, its joining of the group)."""
+    """Whether `frame`, or a frame that called it, runs one of `codes`."""
     return frame is not None and any(f.f_code in codes for f, _ in traceback.walk_stack(frame))
 
 
@@ -125,9 +117,8 @@ def open_log(log_file: Path) -> int:
 
 
 def left_open() -> list[Any]:
-    """The files the task made and left open (what this process made since its heap was frozen: before the task, or
-    at the fork of a plain run), outermost first: a text file, not the buffer it writes through (which it closes
-    itself); never this process's own output."""
+    """The files the task made (since the heap was frozen) and left open, outermost only (a text file, not the buffer
+    it closes itself); never this process's own output."""
     files = _compat.open_files(gc.get_objects())
     inner = {id(held) for file in [*files, sys.stdout, sys.stderr] for referent in gc.get_referents(file)
              for held in (referent.values() if isinstance(referent, dict) else (referent,))}

@@ -1,8 +1,5 @@
-"""The torch side of a rank: threads, device, process group, groups, layout mesh, seeds; and its undoing.
-
-Shared by ranks in processes of their own (`procs/rank.py`) and a rank that runs in the caller's process
-(`procs/caller.py`).
-"""
+"""The torch side of a rank: threads, device, process group, groups, layout mesh, seeds, and its undoing; for ranks in
+processes of their own (`procs/rank.py`) and in the caller's process (`procs/caller.py`)."""
 
 from __future__ import annotations
 
@@ -21,17 +18,14 @@ from ddpw_runtime.rank import context
 from ddpw_runtime.rank.environment import threads_per_rank
 from ddpw_runtime.rank.task_init import JobGroup, answer_task_init, restore_init
 
+# The job's store while this process is a rank: a task that makes its own group finds it through `env://`, and the
+# rank that hosts it waits until every rank is done with it (`leave_store`).
 _held_store: Any = None
-"""The job's store while this process is a rank: a task that makes its own process group (with
-`platform.ipc_groups=null`, or after destroying the job's) finds it through `env://`, and the rank that
-hosts it waits until every rank is done with it (`leave_store`)."""
 
 
 def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | None = None) -> None:
-    """Make this process `rank` of `plan`'s job: threads, device, process group, ipc groups, layout mesh,
-    `context`, seeds (undo with `teardown_rank`). With `listen_fd`, this rank hosts the job's TCPStore on that
-    bound socket; every other rank joins it (also without a group to make, `ipc_groups=null`, where the task
-    makes its group through `env://`)."""
+    """Make this process `rank` of `plan`'s job (undo with `teardown_rank`). With `listen_fd`, this rank hosts the
+    job's TCPStore on that bound socket; every other rank joins it (also with `ipc_groups=null`, for `env://`)."""
     global _held_store
     torch.set_num_threads(threads_per_rank(plan))
     gpu = torch.device("cuda", local_rank) if plan.device == "cuda" else None
@@ -53,15 +47,14 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
         if not layout.is_data_only:  # else the world group is the data group: no mesh (see `context.group`)
             sizes = layout.sizes(plan.world_size)
             mesh = init_device_mesh(plan.device, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
-        # Every rank waits until all have their groups: else a rank whose task ends at once tears its group
-        # down while a slower peer still connects, and the peer fails with gloo's "Connection closed by peer"
-        # (seen with the caller as rank 0). Store-based, so no device is involved.
+        # Every rank waits until all have their groups: else a rank whose task ends at once tears its group down
+        # while a slower peer still connects, which fails with gloo's "Connection closed by peer". No device used.
         _count_in(_held_store, "joined", plan.world_size)
         answer_task_init(JobGroup(plan, rank, timeout, gpu, dist.group.WORLD))
     context.enter(plan, rank, local_rank, gpu or torch.device(plan.device), own_group, mesh)
     random.seed(plan.platform.seed)
-    # The generators of the job's devices: `torch.manual_seed` would also queue seeds for CUDA, XPU and MTIA
-    # where they are not started, formatting the stack for each (~2 ms in a new rank).
+    # Only the job's devices: `torch.manual_seed` would also queue seeds for CUDA, XPU and MTIA where they are not
+    # started, formatting the stack for each (~2 ms in a new rank).
     torch.random.default_generator.manual_seed(plan.platform.seed)
     if gpu is not None:
         torch.cuda.manual_seed_all(plan.platform.seed)
@@ -72,10 +65,8 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
 
 
 def leave_store(world_size: int, hosts: bool) -> None:
-    """Say this rank is done with the job's store (if it holds one); the rank that `hosts` it then waits
-    until every rank has said so. A rank process ends as soon as its task does, and the store must outlive
-    its last user: a peer still waiting for all to join, or a task's own use of it. Bounded by the
-    store's timeout; a job with a failed rank is stopped by the controller meanwhile."""
+    """Say this rank is done with the job's store (if it holds one); the rank that `hosts` it then waits (bounded by
+    the store's timeout) until all have, since the store must outlive its last user."""
     if _held_store is None:
         return
     with contextlib.suppress(Exception):  # the store gone: the job is being stopped
@@ -91,8 +82,7 @@ def _count_in(store: Any, step: str, world_size: int, wait: bool = True) -> None
 
 
 def _store(plan: LaunchPlan, listen_fd: int | None, timeout: timedelta) -> Any:
-    """The job's rendezvous store: a private file, or the TCPStore that the rank given the socket the
-    controller bound hosts (else the launching process does) and every other rank joins."""
+    """The job's store: a private file, or the TCPStore hosted by the rank given `listen_fd` (else the launcher)."""
     if plan.init_method.startswith("file://"):
         return dist.FileStore(plan.init_method.removeprefix("file://"), plan.world_size)
     return dist.TCPStore(plan.master_addr, plan.master_port, plan.world_size, is_master=listen_fd is not None,
@@ -100,15 +90,13 @@ def _store(plan: LaunchPlan, listen_fd: int | None, timeout: timedelta) -> Any:
 
 
 def warm_up() -> None:
-    """Import, once in the rank starter, what every rank would otherwise import for itself as it
-    starts: numpy's random module (torch loads numpy but not it), which seeding needs."""
+    """Import once, in the rank starter, what each rank would import to seed: numpy's random (torch loads not it)."""
     with contextlib.suppress(ImportError):
         import numpy.random  # noqa: F401
 
 
 def teardown_rank() -> None:
-    """Destroy the process group (if any: the task may have destroyed it already), stop holding the
-    store and clear `context`; the process can join another job."""
+    """Destroy the process group (if the task did not), drop the store and clear `context`, for another job."""
     global _held_store
     restore_init()
     if dist.is_initialized():

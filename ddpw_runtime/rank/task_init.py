@@ -18,8 +18,7 @@ from ddpw_conf import ConfigError
 from ddpw_conf.platform import BACKENDS
 from ddpw_runtime.launch.plan import LaunchPlan
 
-_ORIGINAL: Callable[..., Any] = distributed_c10d.init_process_group
-"""torch's own function (this module is imported before any rank replaces it)."""
+_ORIGINAL: Callable[..., Any] = distributed_c10d.init_process_group  # (imported before any rank replaces it)
 _EXPORTED_BY = (dist, distributed_c10d)
 
 _NO_GROUP = "platform.ipc_groups=null, so that hydra-ddpw makes no process group and this call makes it"
@@ -27,24 +26,21 @@ _NO_GROUP = "platform.ipc_groups=null, so that hydra-ddpw makes no process group
 
 @dataclass(frozen=True)
 class JobGroup:
-    """The process group hydra-ddpw made for `rank` of `plan`'s job, as a task's call would ask for it."""
+    """The process group hydra-ddpw made for `rank` of `plan`'s job, as a task's call would ask for it (`device`: the
+    CUDA device it is bound to; `world`: the default group itself)."""
 
     plan: LaunchPlan
     rank: int
     timeout: timedelta
     device: torch.device | None
-    """The CUDA device the group is bound to, if any."""
     world: Any
-    """The default group itself (a call made after the task replaced it is torch's own)."""
 
 
-_answering: JobGroup | None = None
-"""The group `answer_task_init` answers for, until `restore_init`."""
+_answering: JobGroup | None = None  # the group `answer_task_init` answers for, until `restore_init`
 
 
 def answer_task_init(group: JobGroup) -> None:
-    """From now on, a task's `init_process_group()` that asks for `group` joins it (see the module
-    docstring). Undo with `restore_init`."""
+    """From now on, a task's `init_process_group()` that asks for `group` joins it; undo with `restore_init`."""
     global _answering
     _answering = group
 
@@ -70,11 +66,9 @@ def restore_init() -> None:
 
 
 def explained(error: BaseException) -> BaseException:
-    """What a rank reports for `error`, which its task raised: `error` itself, unless it is torch's refusal of a
-    second default group while the rank is in its job's. The task then called torch's own `init_process_group`
-    through a name bound to it before the rank joined its job (`from torch.distributed import init_process_group`
-    at the top of a module), which cannot join the job's group: a `ConfigError` that says so, naming the key that
-    lets the task make its own, with `error` as its cause and its traceback."""
+    """What a rank reports for `error`, which its task raised: `error`, unless it is torch's refusal of a second
+    default group (from a name bound to torch's own `init_process_group` before the rank joined its job): then a
+    `ConfigError` saying so, with `error` as its cause and its traceback."""
     if _answering is None or not isinstance(error, ValueError) or "default process group twice" not in str(error):
         return error
     explanation = ConfigError(
