@@ -1,5 +1,5 @@
-"""The errors a user of hydra-ddpw may catch. They are `CompactError`s: Hydra prints their message alone,
-which carries everything worth showing, and importing them imports nothing of Hydra."""
+"""The errors a user of hydra-ddpw may catch: `CompactError`s, whose message Hydra prints alone (it carries
+everything worth showing); importing them imports nothing of Hydra."""
 
 from __future__ import annotations
 
@@ -14,19 +14,16 @@ if TYPE_CHECKING:
     from ddpw_runtime.launch.stacks import HangReport
 
 
-_CAUSE_CHARS = 300
-"""The most of a root cause's message that a line naming it shows (its traceback shows all of it)."""
+_CAUSE_CHARS = 300  # the most of a root cause's message that a line naming it shows (its traceback has it all)
 
 
 class RankFailure(CompactError, RuntimeError):
-    """A distributed job failed; describes the rank that failed first (the root cause): `rank`, `node`,
-    `exit_code`, `error_type`, `error_message`, `traceback_text`, `log_tail` (the end of its log when it died
-    without a traceback) and `log_file`. `outcomes`: every rank's `RankOutcome` (`results` and `exit_codes` are
-    views of it). When the job failed because a collective timed out, the root cause is the rank that was not in
-    it (`error_type` `NotInCollective`; `CollectiveMismatch` when every rank waited, but in different collectives):
-    `hang` says where every rank was and which waited in the collective,
-    `waiting_error` what the rank whose collective timed out raised. The original exception is `__cause__` when it
-    could be sent back."""
+    """A distributed job failed; describes the rank that failed first (the root cause): `rank`, `node`, `exit_code`,
+    `error_type`, `error_message`, `traceback_text`, `log_tail` (its log's end when it died without a traceback),
+    `log_file`; `outcomes`: every rank's `RankOutcome` (`results` and `exit_codes` are views of it). When a collective
+    timed out, the root cause is the rank not in it (`error_type` `NotInCollective`, or `CollectiveMismatch` when all
+    waited in different ones): `hang` says where every rank was, `waiting_error` what the waiting rank raised. The
+    original exception is `__cause__` when it could be sent back."""
 
     def __init__(self, rank: int, node: int, exit_code: int | None, error_type: str, error_message: str,
                  traceback_text: str = "", log_tail: str = "", log_file: str | None = None,
@@ -46,10 +43,10 @@ class RankFailure(CompactError, RuntimeError):
 
     @property
     def cause(self) -> str:
-        """`Type: message` of the root cause, in one line: the message's first line (its traceback, or the error
-        itself when there is none, has the rest: a DataLoader worker's error holds the worker's whole traceback)."""
+        """`Type: message` of the root cause in one line: the message's first line (a DataLoader worker's error holds
+        its whole traceback), cut at `_CAUSE_CHARS`."""
         first = next((line for line in self.error_message.splitlines() if line.strip()), "")
-        if len(first) > _CAUSE_CHARS:  # (a message of megabytes would fill the console in every line that names it)
+        if len(first) > _CAUSE_CHARS:  # (a message of megabytes would fill the console in every line naming it)
             first = f"{first[:_CAUSE_CHARS]}... ({len(first) - _CAUSE_CHARS} characters more)"
         return f"{self.error_type}: {first}" if first else self.error_type
 
@@ -83,8 +80,8 @@ class RankFailure(CompactError, RuntimeError):
 
 class JobTimedOut(CompactError, RuntimeError):
     """The job ran past `platform.timeout_min` (or, `stalled`, made no progress for `platform.stall_timeout_min` with
-    `platform.stop_on_stall`) and was stopped; `where` maps each rank to the place its stack showed it was before any
-    rank was stopped; `report` also says which ranks held up the others (every thread's stack is next to its log)."""
+    `platform.stop_on_stall`) and was stopped; `where`: each rank's place before any was stopped; `report` also says
+    which ranks held up the others."""
 
     def __init__(self, timeout_min: float, where: dict[int, str], report: HangReport | None = None,
                  stalled: bool = False) -> None:
@@ -92,9 +89,9 @@ class JobTimedOut(CompactError, RuntimeError):
         self.where = where
         self.report = report
         self.stalled = stalled
+        # what happened, in one clause (the message goes on with where each rank was)
         self.head = head = ("the job made no progress and was stopped (platform.stop_on_stall=true)" if stalled else
                             f"the job ran past its time limit (platform.timeout_min={timeout_min}) and was stopped")
-        """What happened, in one clause (the message goes on with where each rank was)."""
         if report is not None:
             lines = [f"{head}; {report.text()}"]
         else:
@@ -104,20 +101,18 @@ class JobTimedOut(CompactError, RuntimeError):
 
 
 class SlurmJobError(CompactError, RuntimeError):
-    """A SLURM job ended without every node's result: cancelled, timed out, out of memory, lost a node,
-    or a node controller failed outside the ranks. The message says which, and where the logs are."""
+    """A SLURM job ended without every node's result (cancelled, timed out, out of memory, a node lost or its
+    controller failed); the message says which, and where the logs are."""
 
 
 class NodeError(CompactError, RuntimeError):
-    """A job across machines (`platform.n_nodes` > 1 with a local launcher) could not run on all its nodes: a node
-    never joined, node 0 could not be reached, or another node stopped the job (Ctrl-C or SIGTERM there, or its
-    failure). The message names the node, and the address and port where it matters."""
+    """A job across machines (`platform.n_nodes` > 1, local launcher) could not run on all its nodes: one never joined,
+    node 0 was not reached, or another node stopped the job; the message names the node (and address, port)."""
 
 
 class NodeLost(NodeError):
-    """A node of a job across machines never joined it, or could no longer be reached (its controller ended, or the
-    network to it failed): in a multirun, node 0 starts no more jobs, since each would wait for that node. `nodes`:
-    the nodes lost (none known when a node stopped the job as it ran another command)."""
+    """A node never joined, or could no longer be reached: in a multirun node 0 starts no more jobs, each of which
+    would wait for it. `nodes`: the nodes lost (none known when a node ran another command)."""
 
     def __init__(self, message: str, nodes: Sequence[int] = ()) -> None:
         super().__init__(message)
@@ -125,9 +120,8 @@ class NodeLost(NodeError):
 
 
 class RankStopped(Exception):
-    """Raised inside a rank that runs in the caller's own process (a plain run's rank 0, or
-    `Wrapper(caller_rank=True)`) when the job is stopped around it: another rank failed, or the time
-    limit passed. The job's error names the real cause."""
+    """Raised inside a rank in the caller's own process (a plain run's rank 0, `Wrapper(caller_rank=True)`) when the
+    job is stopped around it (another rank failed, or the time limit passed); the job's error names the cause."""
 
     def __init__(self) -> None:
         super().__init__("another rank failed or the job reached its time limit; this rank was stopped (the job's "
@@ -135,17 +129,15 @@ class RankStopped(Exception):
 
 
 class Interrupted(SystemExit, KeyboardInterrupt):
-    """Ctrl-C in a plain run: raised in the task as a KeyboardInterrupt (`except KeyboardInterrupt`
-    catches it, to save a checkpoint say); when nothing catches it, the program exits 130 without a
-    traceback, as it does after every rank was given the signal and stopped."""
+    """Ctrl-C in a plain run: raised in the task as a KeyboardInterrupt (to save a checkpoint, say); uncaught, the
+    program exits 130 without a traceback, as after every rank was given the signal and stopped."""
 
     def __init__(self) -> None:
         super().__init__(130)
 
 
 class Terminated(SystemExit):
-    """The controller received SIGTERM; its ranks were given the signal and stopped. Exits with 143
-    when not caught, as a process killed by SIGTERM would."""
+    """The controller received SIGTERM and its ranks were stopped; uncaught, it exits 143 as SIGTERM's kill would."""
 
     def __init__(self) -> None:
         super().__init__(143)

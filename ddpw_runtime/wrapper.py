@@ -1,7 +1,5 @@
-"""`Wrapper` and `@wrapper`: the engine without Hydra, from a script, `python -c` or a notebook
-(docs/without-hydra.md). A failure raises `RankFailure` in the caller, naming the rank that failed first;
-no rank outlives the call.
-"""
+"""`Wrapper` and `@wrapper`: the engine without Hydra, from a script, `python -c` or a notebook (docs/without-hydra.md).
+A failure raises `RankFailure` in the caller, naming the rank that failed first; no rank outlives the call."""
 
 from __future__ import annotations
 
@@ -21,29 +19,27 @@ from ddpw_runtime.errors import JobTimedOut, RankFailure
 _R = TypeVar("_R")
 
 LOG_ROOT = Path("ddpw_logs")
-"""Where the default per-call log folders go, relative to the working directory of the call."""
+"""Where the default per-call log folders go, relative to the call's working directory."""
 
 
 class Wrapper:
-    """Runs a function as a distributed job on `platform`, every rank calling it with the same arguments
-    (docs/without-hydra.md). The platform is validated here, so a bad configuration fails before anything starts.
+    """Runs a function as a distributed job on `platform` (validated here, before anything starts), every rank calling
+    it with the same arguments (docs/without-hydra.md).
 
-    `log_dir`: where each rank's output goes (`rank_<k>.log`); by default a new folder per call,
-    `./ddpw_logs/<date>_<time>/`, also kept in `last_log_dir`. `caller_rank`: the calling process itself is
-    rank 0 (its output goes to the caller's stdout, its arguments and return value are the caller's objects;
-    this imports torch in the caller). `task_context`: a zero-argument callable returning a context manager,
-    entered around the task on every rank once the rank is set up. `stop_grace_s`: after a failure, how long
-    the other ranks get between SIGTERM and SIGKILL; `interrupt_grace_s`: the same after Ctrl-C or SIGTERM.
-    `max_restarts`: a failed call is started again on every rank up to this many times (as torchrun's
-    `--max-restarts`), with the same `run_id()` and log folder; a time limit or an interruption is not.
+    `log_dir`: where each rank's output goes (`rank_<k>.log`); by default a new `./ddpw_logs/<date>_<time>/` per call,
+    also kept in `last_log_dir`. `caller_rank`: the caller itself is rank 0 (its stdout, its objects; imports torch).
+    `task_context`: a zero-argument callable returning a context manager entered around the task on every rank.
+    `stop_grace_s`: after a failure, the other ranks' time between SIGTERM and SIGKILL; `interrupt_grace_s`: the
+    same after Ctrl-C or SIGTERM. `max_restarts`: a failed call starts again up to this many times (as torchrun's
+    `--max-restarts`), with the same `run_id()` and log folder; a time limit or an interruption does not.
     """
 
     def __init__(self, platform: Platform, *, log_dir: str | Path | None = None, caller_rank: bool = False,
                  task_context: Callable[[], AbstractContextManager[Any]] | None = None, stop_grace_s: float = 1.0,
                  interrupt_grace_s: float = 10.0, max_restarts: int = 0) -> None:
-        # Imported here: `ddpw_runtime` imports this module, and the starter and rank processes run as
-        # `python -m ddpw_runtime.<package>.<module>`, which must not find themselves imported already; and
-        # importing `ddpw_runtime` for the helpers of a rank need not pay for the launcher options.
+        # Imported here: `ddpw_runtime` imports this module, and the starter and rank processes run as `python -m
+        # ddpw_runtime.<package>.<module>`, which must not find themselves imported already; nor need a rank's helpers
+        # pay for the launcher options.
         from ddpw_conf.launcher import LauncherOptions
         from ddpw_runtime.launch.checks import check, check_caller_rank
         _check_arguments(platform, log_dir, caller_rank, task_context)
@@ -60,13 +56,11 @@ class Wrapper:
         self.stop_grace_s = stop_grace_s
         self.interrupt_grace_s = interrupt_grace_s
         self.max_restarts = max_restarts
-        self.last_log_dir: Path | None = None
-        """The log folder of the latest `start`."""
+        self.last_log_dir: Path | None = None  # the log folder of the latest `start`
 
     def start(self, target: Callable[..., _R], *args: Any, **kwargs: Any) -> list[_R]:
-        """Run `target(*args, **kwargs)` on every rank (a script's functions are its own there, others travel by
-        value); every rank's return value, indexed by global rank (a value that cannot be pickled comes back as its
-        repr()). Raises `RankFailure` when any rank fails; calls `platform.upon_finish` once after a successful run."""
+        """Run `target(*args, **kwargs)` on every rank; every rank's return value by global rank (repr() of one that
+        cannot be pickled). Raises `RankFailure` when any rank fails; calls `platform.upon_finish` once on success."""
         from ddpw_runtime.launch.engine import run_ranks
         from ddpw_runtime.launch.job import Grace, NodeJob
         from ddpw_runtime.launch.payload import TaskCall
@@ -94,9 +88,8 @@ class Wrapper:
 
 
 def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]], Callable[..., list[_R]]]:
-    """Decorator: calling the decorated function runs it on every rank of `platform` (with `Wrapper`'s
-    `options`) and returns every rank's value, by global rank. Its `Wrapper` is the function's `wrapper` attribute
-    (`train.wrapper.last_log_dir`)."""
+    """Decorator: calling the function runs it on every rank of `platform` (with `Wrapper`'s `options`), returning
+    every rank's value by global rank; its `Wrapper` is its `wrapper` attribute (`train.wrapper.last_log_dir`)."""
 
     def decorate(fn: Callable[..., _R]) -> Callable[..., list[_R]]:
         runner = Wrapper(platform, **options)
@@ -112,9 +105,9 @@ def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]],
 
 
 def _check_arguments(platform: Any, log_dir: Any, caller_rank: Any, task_context: Any) -> None:
-    """Raise `ConfigError` for an argument of `Wrapper` of the wrong kind, before anything looks into it."""
+    """`ConfigError` for an argument of `Wrapper` of the wrong kind, before anything looks into it."""
     if not isinstance(platform, Platform):
-        fix = ("Platform(**that_mapping)" if isinstance(platform, Mapping) else "Platform(n_procs_per_node=2)")
+        fix = "Platform(**that_mapping)" if isinstance(platform, Mapping) else "Platform(n_procs_per_node=2)"
         raise ConfigError("Wrapper.platform", platform, f"give a Platform (from ddpw_runtime import Platform), such as "
                           f"{fix}, or ddpw_conf.platform_from_config(node) for a config node")
     if log_dir is not None and (not isinstance(log_dir, (str, os.PathLike)) or Path(log_dir).exists()
@@ -129,6 +122,6 @@ def _check_arguments(platform: Any, log_dir: Any, caller_rank: Any, task_context
 
 def _in_context(context: Callable[[], AbstractContextManager[Any]], target: Callable[..., _R], *args: Any,
                 **kwargs: Any) -> _R:
-    """`target(*args, **kwargs)` inside a fresh `context()` (the `task_context` of `Wrapper`)."""
+    """`target(*args, **kwargs)` inside a fresh `context()` (`Wrapper`'s `task_context`)."""
     with context():
         return target(*args, **kwargs)
