@@ -77,9 +77,8 @@ def starter_for(platform: Platform) -> RankStarter:
 
 
 class LocalJob:
-    """One node's ranks of one job, ready to start until `close`: the rank starter (none with `starts_ranks=False`: a
-    world of one in the caller), the rendezvous socket (bound before any rank starts, on the store's node), the plan,
-    the payload (`task`, a packed `TaskCall`, and `state`) and a private folder for the results."""
+    """One node's ranks of one job, ready to start until `close`: the rank starter (none with `starts_ranks=False`),
+    the rendezvous socket (on the store's node), the plan, the payload (`task` and `state`) and a private folder."""
 
     def __init__(self, task: bytes, state: ProcessState, job: NodeJob, starts_ranks: bool = True) -> None:
         platform = job.platform
@@ -114,8 +113,7 @@ class LocalJob:
 
     def host_store(self) -> Any:
         """The job's TCPStore, served here on a duplicate of the rendezvous socket as torchrun's agent does (imports
-        torch): rank 0 joins it like every rank, and dropping it on a stop makes a rank still joining fail at once
-        instead of after the collective timeout (a rank blocked there cannot be told otherwise)."""
+        torch): dropping it on a stop makes a rank still joining fail at once, not after the collective timeout."""
         from datetime import timedelta
 
         from torch.distributed import TCPStore

@@ -48,9 +48,8 @@ def raise_terminated(signum: int, frame: FrameType | None) -> None:
 
 @contextmanager
 def blocked(signals: tuple[int, ...]) -> Iterator[set[int | signal.Signals]]:
-    """Block `signals` in this thread for the block (across a fork: a handler raising in `os.fork()`'s at-fork hooks
-    would be lost as unraisable); yields the mask before. The mask is read before it is changed, so a handler that
-    raises as it changes never leaves them blocked for good."""
+    """Block `signals` in this thread for the block (across a fork: what a handler raises in its at-fork hooks is
+    lost); yields the mask before, read before the change so a handler raising then never leaves them blocked."""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, signals)
@@ -100,8 +99,7 @@ def ignored(ignore: bool = True) -> Iterator[None]:
 
 @contextmanager
 def sigterm_raises(handler: Callable[[int, FrameType | None], object] = raise_terminated) -> Iterator[None]:
-    """While supervising (main thread only), SIGTERM raises `Terminated` through `handler` (which may say so first), so
-    the ranks are stopped with a grace period instead of the controller vanishing."""
+    """While supervising (main thread), SIGTERM calls `handler`, which raises `Terminated`: the ranks get a grace."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -129,8 +127,7 @@ _before_install: dict[int, Callable[[int, FrameType | None], object] | int | Non
 
 
 def install() -> None:
-    """Handle Ctrl-C and SIGTERM as a multirun's controller (the module docstring), main thread only, until
-    `uninstall`."""
+    """Handle Ctrl-C and SIGTERM as a multirun's controller (the module docstring; main thread) until `uninstall`."""
     if threading.current_thread() is threading.main_thread():
         for sig in STOPPING_SIGNALS:  # (as the program had them: not as an interrupted sweep left them, `further`)
             if _before_install.setdefault(sig, signal.getsignal(sig)) != signal.SIG_IGN:
@@ -138,8 +135,7 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    """The sweep is over: Ctrl-C and SIGTERM are handled as before `install` (a program that goes on after its sweep,
-    as hydra-zen's `launch` lets one, handles them itself)."""
+    """The sweep is over: handle Ctrl-C and SIGTERM as before `install` (a program may go on: hydra-zen's `launch`)."""
     if threading.current_thread() is threading.main_thread():
         for sig, handler in _before_install.items():
             if handler is not None:  # (None: set outside Python, and left as is)
@@ -177,10 +173,9 @@ _raised: list[int] = []  # the Ctrl-C or SIGTERM `_on_signal` raised while jobs 
 
 
 def raise_dropped() -> None:
-    """Raise again the Ctrl-C or SIGTERM that `_on_signal` raised while jobs ran, if the launcher still waits for its
-    jobs: the code it landed in dropped it (CPython loses what a handler raises inside a weakref callback, such as
-    importlib's as an import ends, or a garbage collector's callback), and every later one would wait for a stop that
-    never comes. Called between the launcher's waits."""
+    """Called between the launcher's waits: raise again the Ctrl-C or SIGTERM `_on_signal` raised while jobs ran, which
+    the code it landed in dropped (CPython loses what a handler raises inside a weakref callback, as importlib's at an
+    import's end, or a garbage collector's); later ones would wait for a stop that never comes."""
     if _raised:
         raise _stop_for(_raised[0])
 
@@ -194,11 +189,9 @@ def _hold_further(signum: int, frame: FrameType | None) -> None:
 
 @contextmanager
 def further(kill: Callable[[], None]) -> Iterator[None]:
-    """While the launcher stops its jobs after a Ctrl-C or SIGTERM (`_on_signal` raised it): a further one calls `kill`
-    (at once, also for one that came before this block) and raises nothing, so no exception cuts the stop short. Then
-    more are ignored: the program ends with the first one's exit code (one in its exit handlers would cut that short
-    with a traceback). A program that catches the sweep's `Interrupted` and goes on gets its own handling back as its
-    next sweep ends (`uninstall`)."""
+    """While the launcher stops its jobs after a Ctrl-C or SIGTERM: a further one calls `kill` (at once for one before
+    this block) and raises nothing, so no exception cuts the stop short. Then more are ignored: the program ends with
+    the first one's exit code (one in its exit handlers would cut that short with a traceback)."""
     swapped = [sig for sig in STOPPING_SIGNALS if signal.getsignal(sig) in (_on_signal, _hold_further)]
     try:
         for sig in swapped:
@@ -219,8 +212,7 @@ def stopped_line(job: int, signum: int) -> str:
 
 
 def killed_line(name: str, pid: int, the_programs_task: bool = False) -> str:
-    """The stderr line: rank `name` (process `pid`; `the_programs_task`: a plain run's rank 0, the user's own process)
-    did not end in the time it was given and was killed."""
+    """The stderr line: rank `name` (`the_programs_task`: a plain run's rank 0) did not end in time and was killed."""
     task = ", the program's task" if the_programs_task else ""
     return f"[ddpw] {name} (pid {pid}{task}) did not end in the time it was given; killed\n"
 

@@ -207,8 +207,7 @@ _lasting_thread: threading.Thread | None = None
 
 def _in_a_lasting_thread(launch: Callable[[], tuple[Channel, int]]) -> tuple[Channel, int]:
     """`launch()` in a thread that lasts as long as this process: the starter dies with the *thread* that started it
-    (PR_SET_PDEATHSIG), so one started by a passing thread (a `Wrapper` called from a thread pool, `asyncio.to_thread`)
-    would be gone at the next call. The main thread lasts; any other asks this module's daemon thread."""
+    (PR_SET_PDEATHSIG), as one from a thread pool or `asyncio.to_thread` would. Other than main, ask a daemon thread."""
     if threading.current_thread() is threading.main_thread():
         return launch()
     global _lasting, _lasting_thread

@@ -44,9 +44,8 @@ STOP_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIG
 @dataclass(frozen=True)
 class OutsideRank:
     """Rank 0 when this node did not start it (a plain run's: the user's own process). It is signalled alone (its
-    process group is the terminal's) and asked to stop with `STOP_SIGNAL`; `sees_ctrl_c`: the terminal's Ctrl-C reaches
-    it directly, so an interrupt is not passed on to it. A stopped job gives it `REPORT_S` beyond the others' grace (the
-    user's Hydra callbacks run before it says its task ended). `join`: tells it to join the job as the ranks start."""
+    process group is the terminal's), asked to stop with `STOP_SIGNAL`, and gets `REPORT_S` more grace. `sees_ctrl_c`:
+    the terminal's Ctrl-C reaches it, so no interrupt is passed on to it; `join`: asks it to join as the ranks start."""
 
     pid: int
     sees_ctrl_c: bool
@@ -188,8 +187,7 @@ class NodeRanks(Children):
         self.kill()
 
     def kill(self, spare: int | None = None, group: bool = True) -> list[Child]:
-        """`Children.kill`, naming each rank in its task that a stop's signal reached (one still joining its group
-        waits in torch's C++ code, which a signal does not end: no task of its was cut short)."""
+        """`Children.kill`, naming each rank in its task that a stop's signal reached (not one still joining)."""
         outside = self.outside.pid if self.outside is not None else None
         starting = self.starting()
         for rank in self.running(spare):
