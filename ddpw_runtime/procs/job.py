@@ -1,8 +1,6 @@
-"""A job process: one Hydra job of a local multirun, in a process of its own forked by the rank starter
-(`StartJob`; docs/architecture.md, "Multirun: a job process per job"). It takes on the launching process's
-state, runs Hydra's `run_job` with a `JobTask` (which starts and supervises the job's ranks), and writes
-how the job ended (`JobEnd`) for the launching process. No task code runs here.
-"""
+"""A job process: one Hydra job of a local multirun, forked by the rank starter (`StartJob`; docs/architecture.md,
+"Multirun: a job process per job"). It takes on the launching process's state, runs Hydra's `run_job` with a
+`JobTask` (which starts and supervises the ranks) and writes how the job ended (`JobEnd`). No task code runs here."""
 
 from __future__ import annotations
 
@@ -30,8 +28,8 @@ RESULT = "job.result"
 
 @dataclass
 class JobPayload:
-    """What a job process needs: the launching process's state, and (pickled, read once that state is
-    entered) Hydra's context, the user's task function and the job's composed config."""
+    """What a job process needs: the launching process's state, and (pickled, read once that state is entered)
+    Hydra's context, the task function and the job's config."""
 
     state: ProcessState
     hydra_job: bytes
@@ -42,8 +40,8 @@ class JobPayload:
 
 @dataclass
 class JobEnd:
-    """How a job process's job ended: its JobReturn, or the signal that stopped it, or an error outside
-    the task (a callback's), which stops the sweep."""
+    """How a job process's job ended: its JobReturn, the signal that stopped it, or an error outside the task (a
+    callback's), which stops the sweep."""
 
     job_return: Any = None
     stopped_by: int | None = None
