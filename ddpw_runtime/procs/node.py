@@ -1,6 +1,5 @@
-"""A node other than 0 of a job across machines without SLURM (docs/multi-node.md): the program's own process,
-started with the same command as node 0's. It never runs Hydra's job: it follows node 0's (`follow`), running its
-ranks with node 0's spec, until they end or another node stops the job."""
+"""A node other than 0 of a job across machines without SLURM (docs/multi-node.md), started with node 0's command.
+It never runs Hydra's job: it follows node 0's (`follow`), running its ranks with node 0's spec."""
 
 from __future__ import annotations
 
@@ -26,10 +25,9 @@ from ddpw_runtime.nodes.sweep_channel import SweepChannel, stop_waiting_job
 
 
 def follow_sweep(platform: Platform, options: LauncherOptions, overrides: tuple[str, ...]) -> int:
-    """Node `platform.node_rank` (> 0) of a multirun across machines, its sweep's `overrides` as typed here (those
-    that differ from node 0's are named: node 0's sweep is the one that runs): follow node 0's sweep job by job
-    (`follow` each, at the port node 0 gives it) until node 0 says the sweep ended (0), or ended early or without
-    saying so (`NodeError`). After Ctrl-C or SIGTERM here, 130 or 143, and node 0 starts no more jobs."""
+    """Node `platform.node_rank` (> 0) of a multirun across machines (`overrides` as typed here; those that differ
+    from node 0's are named): follow node 0's sweep job by job until node 0 says it ended (0), or ended early or
+    without saying so (`NodeError`). After Ctrl-C or SIGTERM here, 130 or 143, and node 0 starts no more jobs."""
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
     with sigterm_raises():
         try:
@@ -44,7 +42,6 @@ def follow_sweep(platform: Platform, options: LauncherOptions, overrides: tuple[
 
 
 def _follow_jobs(sweep: SweepChannel, platform: Platform, options: LauncherOptions, overrides: tuple[str, ...]) -> int:
-    """`follow_sweep`'s loop over node 0's jobs; the exit code."""
     job = 0
     while True:
         try:
@@ -66,16 +63,15 @@ def _follow_jobs(sweep: SweepChannel, platform: Platform, options: LauncherOptio
 
 
 def follow(platform: Platform, options: LauncherOptions, overrides: tuple[str, ...]) -> int:
-    """Node `platform.node_rank` (> 0, placed by `place_node`) of a job across machines, its `overrides` as typed here
-    (those that differ from node 0's are named: node 0's config is the one that runs): reach node 0, take the job
-    it publishes, run this node's ranks of it until they end or another node stops the job; the exit code (0, 1
-    when the job failed or was stopped elsewhere, 130 or 143 after Ctrl-C or SIGTERM here). Node 0's console shows
-    the job's report; this node's says what ended it here."""
+    """Node `platform.node_rank` (> 0, placed by `place_node`) of a job across machines (`overrides` as typed here;
+    those that differ from node 0's are named): run this node's ranks of the job node 0 publishes until they end or
+    another node stops it; the exit code (0; 1 when the job failed or was stopped elsewhere; 130 or 143 after Ctrl-C
+    or SIGTERM here). Node 0's console shows the job's report; this node's says what ended it here."""
     return _follow(platform, options, overrides)[0]
 
 
 def _say_differences(here: tuple[str, ...], on_node_0: tuple[str, ...], node: int, platform_key: str) -> None:
-    """Name the overrides of this node (`here`) and node 0 that differ (but those that say where a node stands)."""
+    """Name the overrides that differ between `here` and node 0 (but those that place a node)."""
     placing = {f"{platform_key}.{name}" for name in ("node_rank", "master_addr", "master_port")}
 
     def kept(overrides: tuple[str, ...]) -> set[str]:
@@ -89,8 +85,8 @@ def _say_differences(here: tuple[str, ...], on_node_0: tuple[str, ...], node: in
 
 def _follow(platform: Platform, options: LauncherOptions,
             overrides: tuple[str, ...] | None = None) -> tuple[int, NodeStop | None]:
-    """`follow`'s exit code, and the stop of another node that ended the job (None: none did); `overrides`: this
-    node's, compared with the job's (None: not compared, a job of a sweep)."""
+    """`follow`'s exit code, and another node's stop that ended the job (None: none did); `overrides` None: not
+    compared (a job of a sweep)."""
     node = platform.node_rank
     assert node
     starter_for(platform)  # first: while this process has no other thread, the starter is a fork of it
