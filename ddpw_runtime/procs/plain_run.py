@@ -1,9 +1,7 @@
-"""A plain run (no `-m`) with a ddpw launcher: Hydra's own run mode, with the user's process as rank 0. The
-launcher options install `PlainRun`, a callback: `on_run_start` checks and forks the job's supervisor
-(`procs/run_supervisor.py`), `on_job_start` joins the job, `on_job_end` leaves it (and starts it again while
-restarts are left), `on_run_end` names the threads that keep the program running (docs/architecture.md,
-"A plain run is Hydra's own run mode", for the rest and the limits).
-"""
+"""A plain run (no `-m`) with a ddpw launcher: Hydra's own run mode, the user's process as rank 0. `PlainRun`, the
+callback the launcher options install: `on_run_start` checks and forks the supervisor (`procs/run_supervisor.py`),
+`on_job_start` joins the job, `on_job_end` leaves it (and starts it again while restarts are left), `on_run_end` names
+the threads that keep the program running (docs/architecture.md, "A plain run is Hydra's own run mode")."""
 
 from __future__ import annotations
 
@@ -47,42 +45,37 @@ _T = TypeVar("_T")
 
 
 class PlainRun(Callback):
-    """The callback the ddpw launcher options install (see the module docstring). It acts in a plain run with a
-    ddpw launcher selected; in a multirun the launcher does the work, but across machines (a node other than 0
-    follows node 0's sweep; node 0 says when it ended)."""
+    """The callback the ddpw launcher options install (see the module docstring), acting in a plain run with a ddpw
+    launcher; in a multirun the launcher does the work, but across machines (other nodes follow node 0's sweep)."""
 
     _rank_zero: RankZeroSide | None = None
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Check the platform and the launcher options, pin `${now:...}` values for every rank; a dry run
-        prints the plan and ends there; then fork the job's supervisor. Whatever fails here (a bad value, or
-        anything else) ends the program with its error, as Hydra ends a run on a bad config: Hydra would only
-        warn about a callback's error and run the task alone, in this process."""
+        """Check the platform and options, pin `${now:...}` for every rank (a dry run prints the plan and ends), fork
+        the supervisor. What fails here ends the program with its error, as Hydra ends a run on a bad config (Hydra
+        would only warn about a callback's error and run the task alone, in this process)."""
         self._rank_zero = _in_rank_zero(lambda: _start_run(config))
 
     def on_job_start(self, config: DictConfig, *, task_function: TaskFunction, **kwargs: Any) -> None:
-        """Make this process rank 0 of the job; the supervisor starts the other ranks. What fails here ends
-        the program with its error (see `on_run_start`). (`hydra.mode` is None where a program composes and runs
-        the job itself, as `hydra_zen.launch` does.)"""
+        """Make this process rank 0 of the job (the supervisor starts the others); errors as in `on_run_start`.
+        (`hydra.mode` is None where a program composes and runs the job itself, as `hydra_zen.launch` does.)"""
         rank_zero = self._rank_zero
         if rank_zero is not None and config.hydra.mode is not RunMode.MULTIRUN:
             _in_rank_zero(lambda: rank_zero.start(task_config(config), task_function))
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        """Leave the job; its return becomes the job's (every rank's) outcome. What fails here ends the program
-        with its error (see `on_run_start`)."""
+        """Leave the job; its return becomes every rank's outcome. Errors as in `on_run_start`."""
         rank_zero = self._rank_zero
         if rank_zero is not None:
             _in_rank_zero(lambda: rank_zero.end(job_return))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """A node other than 0 of a multirun across machines follows node 0's sweep (`procs/node.py`), then the
-        program ends: the sweep itself runs on node 0 only."""
+        """A node other than 0 of a multirun across machines follows node 0's sweep (`procs/node.py`), then exits."""
         _compat.report_like_hydra(lambda: _follow_sweep(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """Node 0 of a multirun across machines: tell the other nodes that the sweep ended. Ctrl-C and SIGTERM are
-        handled as before the sweep again (`signals.uninstall`)."""
+        """Node 0 of a multirun across machines: tell the other nodes the sweep ended; Ctrl-C and SIGTERM are handled
+        as before the sweep again (`signals.uninstall`)."""
         from ddpw_runtime.launch import signals
         from ddpw_runtime.nodes.sweep_channel import end_hosted
 
@@ -96,12 +89,10 @@ class PlainRun(Callback):
 
 
 def _in_rank_zero(action: Callable[[], _T]) -> _T:
-    """`action` (hydra-ddpw's part of the run in rank 0's process, around its task), its error ending the program as
-    Hydra shows one (`_compat.report_like_hydra`); a Ctrl-C in it ends the run quietly (`_ended_by`), as the
-    supervisor (the program's own process, once forked) ends it: it has the Ctrl-C too. (While rank 0 waits for the
-    supervisor, `_next_message` takes a Ctrl-C and waits for the job's end.) Only the first Ctrl-C is raised here
-    (`_interrupted_once`): the supervisor passes a Ctrl-C sent to the program's process group on to rank 0 as well,
-    and a second one raised while the first is handled showed its traceback."""
+    """`action` (hydra-ddpw's part of rank 0's process), its error ending the program as Hydra shows one; a Ctrl-C in
+    it ends the run quietly (`_ended_by`), as the supervisor, which has it too, ends it. Only the first Ctrl-C is
+    raised (`_interrupted_once`): the supervisor passes one sent to the process group on to rank 0 as well, and a
+    second one raised while the first is handled showed its traceback."""
     ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (not where the program ignores Ctrl-C)
     if ours:
         _interrupts.clear()
@@ -123,28 +114,25 @@ _interrupts: list[int] = []
 
 
 def _interrupted_once(signum: int, frame: FrameType | None) -> None:
-    """Ctrl-C in hydra-ddpw's part of rank 0: raise KeyboardInterrupt, note it, and ignore the Ctrl-Cs that follow
-    (the supervisor has them too). Code run meanwhile may drop the exception (an extension module's import as rank 0
-    seeds numpy, which runs this handler inside an ABC's check and loses what it raised): rank 0 would then go on into
-    its task deaf to Ctrl-C, and the job would wait its whole grace. The note makes rank 0 stop as it joins its job,
-    and `_in_rank_zero` end the program as its action returns."""
+    """Ctrl-C in hydra-ddpw's part of rank 0: note it, ignore those that follow (the supervisor has them too), raise
+    KeyboardInterrupt. Code run meanwhile may drop it (numpy's import as rank 0 seeds ran this in an ABC check, which
+    lost it): the note still stops rank 0 as it joins, or the program as `_in_rank_zero`'s action returns, instead of
+    rank 0 going on into its task deaf to Ctrl-C while the job waits its whole grace."""
     _interrupts.append(signum)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
 def _ended_by(signum: int) -> NoReturn:
-    """End the program as stopped by `signum` (exit 128 + `signum`), quietly, as a Ctrl-C in the task ends a run. A
-    Ctrl-C from now on is ignored: the supervisor passes the terminal's on to rank 0 as well, and one that lands as
-    the program ends would cut its end short with a traceback; a second Ctrl-C still makes the supervisor stop what is
-    left at once."""
+    """End the program quietly as stopped by `signum` (exit 128 + `signum`), as a Ctrl-C in the task does. Ctrl-C is
+    ignored from now on: the supervisor passes the terminal's on to rank 0 too, and one landing as the program ends
+    would show a traceback; a second Ctrl-C still makes the supervisor stop what is left at once."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 
 def _follow_sweep(config: DictConfig) -> None:
-    """`on_multirun_start`'s work: on a node other than 0 of a multirun across machines, follow node 0's sweep and
-    exit with this node's code."""
+    """`on_multirun_start`'s work: a node other than 0 follows node 0's sweep and exits with its code."""
     options = selected_options(config.hydra.launcher)
     if options is None or options.dry_run or not options.runs_here:  # (SLURM starts every node itself)
         return
@@ -162,9 +150,8 @@ def _follow_sweep(config: DictConfig) -> None:
 
 
 def _start_run(config: DictConfig) -> RankZeroSide | None:
-    """`on_run_start`'s work: rank 0's side of the run (this process, once forked); None where no ddpw launcher
-    is selected. A dry run prints the plan and exits, reading the overrides as typed (a value that resolves
-    only inside a rank, `${oc.env:LOCAL_RANK}` say, is shown, not resolved)."""
+    """`on_run_start`'s work: rank 0's side of the run (None without a ddpw launcher). A dry run prints the plan and
+    exits, showing the overrides as typed (`${oc.env:LOCAL_RANK}`, resolved only in a rank, is shown as is)."""
     options = selected_options(config.hydra.launcher)
     if options is None:
         return None
@@ -179,17 +166,15 @@ def _start_run(config: DictConfig) -> RankZeroSide | None:
             sys.exit(follow(platform, options, command_line(config.hydra)))
         pin_now(config)
         if options.dry_run:
-            output_dir = Path(str(config.hydra.run.dir)).absolute()
-            overrides = list(as_typed(config.hydra.overrides.task))
-            print(f"--- job #0: {' '.join(filter_overrides(overrides)) or '(no overrides)'} (dry run, nothing "
-                  f"started)\n{describe(platform, output_dir)}")
+            shown = " ".join(filter_overrides(list(as_typed(config.hydra.overrides.task))))
+            print(f"--- job #0: {shown or '(no overrides)'} (dry run, nothing started)\n"
+                  f"{describe(platform, Path(str(config.hydra.run.dir)).absolute())}")
             sys.exit(0)
     return RankZeroSide.fork(platform, options)
 
 
 def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
-    """The platform of a plain run's job config (`config`, with or without its `hydra` node), after
-    every check a plain run must pass."""
+    """The platform of a plain run's job `config` (with or without its `hydra` node), every plain run check passed."""
     from ddpw_runtime.launch.checks import check_caller_rank, gpus_available
     from ddpw_runtime.nodes.environment import place_node
 
@@ -221,10 +206,8 @@ def _in_forks() -> None:
 
 
 def _as_it_ends() -> None:
-    """The program ends (its task may have called `sys.exit` while in its job): the supervisor's requests
-    (`DUMP_SIGNAL`, `STOP_SIGNAL`) are ignored from now on. Python gives up its handlers as it finalizes, and a
-    real-time signal's default action would end the process, whose exit code would then be that signal's, not its
-    own."""
+    """At the program's end (maybe a `sys.exit` in the task): ignore `DUMP_SIGNAL` and `STOP_SIGNAL`, whose default
+    action would end the process with that signal's code once Python drops its handlers as it finalizes."""
     with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C now ends the program as it was ending anyway
         faulthandler.unregister(DUMP_SIGNAL)
         for sig in (DUMP_SIGNAL, STOP_SIGNAL):
@@ -233,11 +216,9 @@ def _as_it_ends() -> None:
 
 
 def _flush_left_open() -> None:
-    """Flush the files the task left open. What the program holds was frozen at the fork (`fork_supervisor`), so
-    Python does not free it as it ends, and what such a file holds back would be lost. Flushed, not closed: an exit
-    handler registered before the run, which runs after this one, may still write to it. But a file written in Python
-    over another (gzip, bz2, lzma) is closed: only that writes its end. Unfreezing instead costs the program 0.3 s
-    (torch freed)."""
+    """Flush the files the task left open, which Python does not free as it ends (frozen at the fork; unfreezing costs
+    0.3 s with torch). Not closed: an exit handler registered before the run runs later and may still write. But a
+    file written over another in Python (gzip, bz2, lzma) is closed: only that writes its end."""
     for file in left_open():
         with contextlib.suppress(Exception):
             file.flush()
@@ -257,9 +238,8 @@ class RankZeroSide:
         self.log_file: Path | None = None
         """Rank 0's log, once it has joined a job."""
         signal.signal(STOP_SIGNAL, _on_stop)
-        # Where it was, when the supervisor asks (`DUMP_SIGNAL`): into rank 0's stacks file
-        # while this process is rank 0, nowhere once it has left (not onto the terminal). Registered for the
-        # whole run, so the request never finds it unregistered.
+        # Where it was, when the supervisor asks (`DUMP_SIGNAL`): into rank 0's stacks file while this process is
+        # rank 0, nowhere once it has left (not the terminal). Registered for the whole run: never found unregistered.
         self._dumps = os.open(os.devnull, os.O_WRONLY)
         faulthandler.register(DUMP_SIGNAL, file=self._dumps, all_threads=True)
         os.register_at_fork(after_in_child=_in_forks)
@@ -267,9 +247,8 @@ class RankZeroSide:
 
     @staticmethod
     def fork(platform: Platform, options: LauncherOptions) -> RankZeroSide:
-        """Fork the program: this call returns in the fork, which goes on as rank 0; the program's own
-        process supervises the job (`run_supervisor.py`). With a build of torch without GPU support,
-        torch is imported first, so the supervisor forks the ranks with it loaded (one import, not two)."""
+        """Fork the program: this returns in the fork, rank 0; the program's process supervises (`run_supervisor.py`).
+        A CPU-only torch is imported first, so the supervisor forks the ranks with it loaded (one import, not two)."""
         from ddpw_runtime.procs.run_supervisor import fork_supervisor
 
         if "torch" not in sys.modules and _compat.torch_without_gpu_support():
@@ -277,20 +256,19 @@ class RankZeroSide:
         return RankZeroSide(fork_supervisor(platform, options))
 
     def start(self, task_cfg: DictConfig, task_function: TaskFunction) -> None:
-        """The job is starting: the supervisor starts the other ranks, this process joins them. It appends to the job
+        """The job is starting: the supervisor starts the other ranks, this process joins them, appending to the job
         log from now on (`mode: w` too), as the supervisor does."""
         append_to_job_files()
         self.task = TaskCall(task_function, (task_cfg,))
         output_dir = str(HydraConfig.get().runtime.output_dir)
-        _stoppable.add(_code_of(task_function))
-        _stoppable.add(RankInThisProcess.enter.__code__)
+        _stoppable.update((_code_of(task_function), RankInThisProcess.enter.__code__))
         overrides = command_line(HydraConfig.get())
         self.channel.send(JobStarting(self.task.pack(), ProcessState.capture(), output_dir, overrides))
         self._join()
 
     def _join(self) -> None:
-        """Take on rank 0's part of this attempt, as the supervisor gives it; a job that cannot start ends
-        the run here, with its error (unless the supervisor starts it again: then join the next attempt)."""
+        """Take on rank 0's part of this attempt; a job that cannot start ends the run here, with its error (unless the
+        supervisor starts it again: then join the next attempt)."""
         while True:
             message, fds = self._next_message()
             if isinstance(message, JobSettled):
@@ -298,9 +276,7 @@ class RankZeroSide:
             assert isinstance(message, RankZero)
             self.log_file = message.plan.log_file(0)
             output = fds[0] if message.terminal else open_log(self.log_file)
-            stacks = open_log(stacks_file(message.plan.log_dir, 0))
-            os.dup2(stacks, self._dumps, inheritable=False)
-            os.close(stacks)
+            self._dumps_to(open_log(stacks_file(message.plan.log_dir, 0)))
             _stopped.clear()
             self.rank = RankInThisProcess(message.plan, message.env, output=output)
             try:
@@ -313,15 +289,15 @@ class RankZeroSide:
             except BaseException as exc:  # rank 0 could not join (or was interrupted): the job's end says why
                 stopped = _stopped.is_set() or not isinstance(exc, Exception)
                 self.rank = None
-                self._no_dumps()
+                self._dumps_to(os.open(os.devnull, os.O_WRONLY))
                 self.channel.send(TaskEnded(None if stopped else RankResult.failure(0, exc)))
                 settled = self._settled()
                 if not settled.restart:
                     _end_run(settled, None if stopped else exc)
 
     def end(self, job_return: JobReturn) -> None:
-        """Rank 0's task ended as `job_return`: leave the job, hear how it ended, start it again while the
-        supervisor says so, and make the job's failure (another rank's) the return."""
+        """Rank 0's task ended as `job_return`: leave the job, start it again while the supervisor says so, and make
+        the job's failure (another rank's) the return."""
         settled = self._leave(job_return)
         while settled.restart:
             self._join()
@@ -339,9 +315,8 @@ class RankZeroSide:
             job_return.return_value = pickle.loads(settled.error)
 
     def _leave(self, job_return: JobReturn) -> JobSettled:
-        """Leave the process group, say how the task ended, and hear how the job ended. How a stopped task ended
-        goes to rank 0's log, not to the console (the job's error says why the job was stopped), and what its
-        frames held (a DataLoader and its workers, say) is let go while rank 0's output still goes there."""
+        """Leave the process group, say how the task ended, hear how the job ended. A stopped task's error goes to rank
+        0's log, not the console, its frames (a DataLoader and its workers) let go while output still goes there."""
         from ddpw_runtime.rank.task_init import explained  # torch is loaded: rank 0 joined its job
 
         ok, error = job_return.status is JobStatus.COMPLETED, _compat.job_error(job_return)
@@ -355,15 +330,14 @@ class RankZeroSide:
         if self.rank is not None:
             self.rank.leave(result, stopped=_stopped.is_set())
             self.rank = None
-        self._no_dumps()
+        self._dumps_to(os.open(os.devnull, os.O_WRONLY))
         self.channel.send(TaskEnded(result))
         return self._settled()
 
-    def _no_dumps(self) -> None:
-        """Stack dumps go nowhere from now on (this process is no longer rank 0)."""
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, self._dumps, inheritable=False)
-        os.close(null)
+    def _dumps_to(self, fd: int) -> None:
+        """Stack dumps go to `fd` (then closed) from now on: nowhere (`os.devnull`) once this is no longer rank 0."""
+        os.dup2(fd, self._dumps, inheritable=False)
+        os.close(fd)
 
     def _settled(self) -> JobSettled:
         message, _ = self._next_message()
@@ -371,12 +345,11 @@ class RankZeroSide:
         return message
 
     def _next_message(self) -> tuple[object, list[int]]:
-        """The supervisor's next message, read on a thread (where no signal handler runs, so no message is
-        cut short). An error that a signal handler of the task raises meanwhile is no longer the task's (such
-        as torch's, when the job's end stops the workers of a DataLoader the task left): it goes to rank 0's
-        log, and the wait goes on. So does a Ctrl-C: the supervisor has it too (it passed it on) and answers how the
-        job ended; told to join meanwhile, rank 0 is stopped as it joins. The message waits in a list the thread fills,
-        not in a queue's return value: a handler that raises just as the wait returns cannot lose it."""
+        """The supervisor's next message, read on a thread (no signal handler runs there to cut it short). An error a
+        task's signal handler raises meanwhile (torch's, as the job's end stops a left DataLoader's workers) goes to
+        rank 0's log and the wait goes on; so does a Ctrl-C: the supervisor has it too and answers how the job ended
+        (told to join meanwhile, rank 0 is stopped as it joins). The message waits in a list the thread fills, not in a
+        queue's return value: a handler that raises as the wait returns cannot lose it."""
         received: list[tuple[object, list[int]] | BaseException] = []
         arrived = threading.Event()
         interrupted: KeyboardInterrupt | None = None
@@ -421,10 +394,8 @@ class RankZeroSide:
 
 
 def _end_run(settled: JobSettled, own: BaseException | None) -> None:
-    """End the run as Hydra ends one: the job's error (or rank 0's `own`, when it is the cause) as Hydra
-    shows any, or quietly for the signal that stopped the job, as a Ctrl-C in the task ends a run (also
-    when rank 0's task then failed only because its peers went away). For a job that could not start, or
-    that was interrupted while it started or while rank 0's task ran."""
+    """End the run as Hydra does: with the job's error (or rank 0's `own`, when it is the cause), or quietly for the
+    signal that stopped the job (even if rank 0's task then failed only as its peers went away)."""
     if settled.stopped is not None:
         _ended_by(settled.stopped)
     error = pickle.loads(settled.error) if settled.error is not None else own
@@ -436,9 +407,8 @@ def _raise(error: BaseException) -> None:
 
 
 def _pending_signal_handlers_run() -> None:
-    """Nothing: Python runs the signal handlers whose signals came while the main thread waited when a function
-    starts (a signal that another thread took does not wake the main thread), so their errors are raised
-    here, where the caller expects them."""
+    """Nothing: Python runs the handlers of signals that came while the main thread waited as a function starts (a
+    signal another thread took does not wake it), so their errors are raised here, where the caller expects them."""
 
 
 def _code_of(task_function: Any) -> CodeType:
