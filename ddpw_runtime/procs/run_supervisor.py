@@ -1,6 +1,6 @@
-"""A plain run's supervisor: the program's own process, once its fork goes on as rank 0 (docs/architecture.md,
-"A plain run is Hydra's own run mode"). The program exits with rank 0's exit code, or 130/143 after
-Ctrl-C/SIGTERM, or 1 when rank 0 had to be killed (the supervisor then shows the job's error itself)."""
+"""A plain run's supervisor: the program's own process, once its fork goes on as rank 0 (docs/architecture.md, "A
+plain run is Hydra's own run mode"). The program exits with rank 0's exit code, 130/143 after Ctrl-C/SIGTERM, or 1
+when rank 0 had to be killed (the supervisor then shows the job's error itself)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from ddpw_conf import Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankFailure, Terminated
+from ddpw_runtime.launch import signals
 from ddpw_runtime.launch.bounds import KILL_WAIT_S, TERM_WAIT_S, WAIT_SLICE_S
 from ddpw_runtime.launch.children import Children, wait_for_exit
 from ddpw_runtime.launch.engine import settle, with_restarts
@@ -33,16 +34,7 @@ from ddpw_runtime.launch.job_processes import children_of_this_process
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult, portable_pickle
-from ddpw_runtime.launch.signals import (
-    blocked,
-    handle,
-    held,
-    killed_line,
-    raised_for,
-    send_to_group,
-    signal_of,
-    stopped_line,
-)
+from ddpw_runtime.launch.signals import blocked, handle, held, raised_for, send_to_group, signal_of
 from ddpw_runtime.launch.starter import close_starters, starter_threads
 from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
 from ddpw_runtime.nodes.controller import Nodes
@@ -52,30 +44,27 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class ThreadsBeforeTheRun(RuntimeError):
-    """The program has threads other than its main one when a plain run would fork (they would not be in
-    the process that goes on as rank 0)."""
+    """The program has threads besides its main one when a plain run would fork (the fork, rank 0, lacks them)."""
 
 
 def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
-    """Fork the program. In the child, which goes on as rank 0, return its channel to the supervisor; in
-    the parent, supervise the job and exit, never returning."""
+    """Fork the program: the child goes on as rank 0 (its channel to the supervisor returned); the parent supervises
+    the job and exits, never returning."""
     own = {threading.current_thread(), *starter_threads()}  # (a fork starts starters of its own)
     others = [thread.name for thread in threading.enumerate() if thread not in own]
     if others:
         fix = ("in a notebook, whose kernel runs them, run a multirun (hydra-zen: `launch(..., multirun=True)`) or "
                "call `ddpw_runtime.Wrapper`" if "ipykernel" in sys.modules else
                "start them inside the task, or run with -m")
-        raise ThreadsBeforeTheRun(
-            f"a plain run with a ddpw launcher goes on in a fork of this process (the program's own process "
-            f"supervises the job), and the thread(s) {', '.join(others)} started before the run would not be "
-            f"there; {fix}"
-        )
+        raise ThreadsBeforeTheRun(f"a plain run with a ddpw launcher goes on in a fork of this process (the program's "
+                                  f"own process supervises the job), and the thread(s) {', '.join(others)} started "
+                                  f"before the run would not be there; {fix}")
     ours, theirs = socket.socketpair()
     parent = os.getpid()
     gc.freeze()  # neither process's garbage collector copies what the program holds (~0.3 s with torch loaded)
     with blocked(_SIGNALS) as before:  # none is handled half-way through the fork
-        # One that came before the fork would be this process's alone (a fork starts with none pending): it is
-        # handled here, as without hydra-ddpw (Ctrl-C raises KeyboardInterrupt); the fork comes after.
+        # One pending from before the fork would be this process's alone (a fork starts with none pending): it is
+        # handled here first, as without hydra-ddpw (Ctrl-C raises KeyboardInterrupt).
         while set(_SIGNALS) & signal.sigpending():
             signal.pthread_sigmask(signal.SIG_SETMASK, before)
             signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
@@ -121,26 +110,25 @@ class RunSupervisor:
         self._watcher: threading.Thread | None = None
         self.result_file: Path | None = None
         self.ranks: NodeRanks | None = None
-        """The ranks of the attempt that runs (what a second Ctrl-C or SIGTERM kills at once; its inbox
-        gets rank 0's end)."""
+        """The running attempt's ranks (a second Ctrl-C or SIGTERM kills them at once; its inbox gets rank 0's end)."""
         self.task_ended = threading.Event()
         """Rank 0 reported its task's end (in this attempt)."""
         self.awaiting = threading.Event()
         """Rank 0's process waits for an answer (`RankZero` or `JobSettled`)."""
         self.exited: int | None = None
         self.rank_zero = Children()
-        """Rank 0's process, as a child: its end is put in this inbox too (`_watch`), to bound its kill."""
+        """Rank 0's process as a child: `_watch` puts its end in this inbox too, to bound its kill."""
         self.rank_zero.add(pid, "rank 0 (the program's task)")
         self.job_started = False
         self.job_over = False
-        """The run's job has ended: a signal from now on is the program's own to handle (Hydra's end, or what the
-        program does after its run), and its exit code is the program's."""
+        """The run's job has ended: a signal from now on is the program's to handle (Hydra's end, or what it does
+        after its run), and the exit code is the program's."""
         self.interrupted: int | None = None
         self.received: list[int] = []
         """The signals this process got (Ctrl-C, SIGTERM): a second one ends everything at once."""
         self.sees_ctrl_c = _in_foreground()
         self.own_children = children_of_this_process()
-        """Rank 0's process, and what the program started before the run (not rank 0's: never stopped here)."""
+        """Rank 0's process and what the program started before the run (never stopped here)."""
 
     # ------------------------------------------------------------------ the whole run
     def run(self) -> int:
@@ -148,8 +136,8 @@ class RunSupervisor:
         handle(_SIGNALS, self._on_signal)  # (rank 0 ignores what this ignores; the others have groups of their own)
         try:
             signal.pthread_sigmask(signal.SIG_SETMASK, self.signal_mask)  # what came since the fork is handled here
-            # The starter first, while this process has no thread but its own: it is then a fork of this one
-            # (torch loaded, in a CPU build), not a fresh interpreter that imports torch again.
+            # The starter first, while this process has no other thread: it is then a fork of this one (torch
+            # loaded, in a CPU build), not a fresh interpreter that imports torch again.
             starter_for(self.platform)
             self._watching()
             first = self._next_event()
@@ -166,8 +154,8 @@ class RunSupervisor:
             self._stop_what_rank_zero_left()
 
     def _job(self, starting: JobStarting) -> BaseException | None:
-        """Run the job whose rank 0 is starting; its failure, or None when every rank returned. Raises
-        KeyboardInterrupt or Terminated when the job was interrupted (every rank ended by then)."""
+        """Run the job whose rank 0 is starting; its failure, or None when every rank returned. KeyboardInterrupt or
+        Terminated when it was interrupted (every rank ended by then)."""
         from ddpw_runtime.hydra_jobs.summary import JobConsole
         from ddpw_runtime.procs.rank import configure_logging
 
@@ -186,7 +174,7 @@ class RunSupervisor:
         return None
 
     def _attempt(self, starting: JobStarting, job: NodeJob) -> None:
-        """One attempt of the job: rank 0 told to join it, the other ranks started, every rank supervised."""
+        """One attempt of the job: rank 0 told to join, the other ranks started, every rank supervised."""
         if job.restart_count:
             self.task_ended.clear()
             with held():
@@ -250,15 +238,13 @@ class RunSupervisor:
         while self.exited is None:
             event = self._next_event()
             if isinstance(event, RunEnded) and event.threads:
-                sys.stderr.write(
-                    f"[ddpw] every rank has ended; the program keeps running because the task left "
-                    f"non-daemon thread(s) running: {', '.join(event.threads)} (as Python waits for them)\n"
-                )
+                sys.stderr.write(f"[ddpw] every rank has ended; the program keeps running because the task left non-"
+                                 f"daemon thread(s) running: {', '.join(event.threads)} (as Python waits for them)\n")
         return _exit_code(self.exited)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> NoReturn:
-        """Ctrl-C raises KeyboardInterrupt, SIGTERM `Terminated` (where the supervisor is, each is handled:
-        passed on to the ranks with the grace, or, the second time, at once); SIGHUP ends everything."""
+        """Ctrl-C raises KeyboardInterrupt, SIGTERM `Terminated` (handled where the supervisor is: passed on to the
+        ranks with the grace, or, the second time, at once); SIGHUP ends everything."""
         self.received.append(signum)
         if signum == signal.SIGHUP:
             raise _Hangup()
@@ -276,20 +262,18 @@ class RunSupervisor:
 
     # ------------------------------------------------------------------ interruptions outside the job
     def _interrupt_rank_zero(self, sig: int) -> int:
-        """Ctrl-C or SIGTERM (`sig`): make sure every rank has it (those of a running job had it passed on
-        already), give rank 0's process the grace to end, then kill it; exit 128 + sig (once the job is over: rank
-        0's own exit code, when it ended by itself within the grace). Whenever rank 0 waits
-        in hydra-ddpw's code meanwhile (for its job, or to hear how it ended), it is told the job was stopped,
-        and ends there."""
+        """Ctrl-C or SIGTERM (`sig`): make sure every rank has it (a running job's had it passed on already), give rank
+        0's process the grace to end, then kill it; exit 128 + sig (once the job is over, rank 0's own exit code when it
+        ended within the grace). Rank 0 waiting in hydra-ddpw's code meanwhile is told the job was stopped, and ends."""
         sig = self.interrupted or sig
         with suppress(KeyboardInterrupt, Terminated):  # asked again: at once (`_on_signal` killed it)
             if self.job_started and not self.job_over:
-                sys.stderr.write(stopped_line(0, sig))
+                sys.stderr.write(signals.stopped_line(0, sig))
             if self.exited is None and not (self.interrupted or self.awaiting.is_set()
                                             or sig == signal.SIGINT and self.sees_ctrl_c):
                 send_to_group(self.pid, sig, group=False)
             if not self._exited_within(self.grace.interrupt_s if len(self.received) < 2 else 0.0, stopped=sig):
-                sys.stderr.write(killed_line("rank 0", self.pid, the_programs_task=True))
+                sys.stderr.write(signals.killed_line("rank 0", self.pid, the_programs_task=True))
             elif self.job_over and len(self.received) < 2:
                 return _exit_code(self.exited or 0)
         self._kill_rank_zero()
@@ -303,11 +287,10 @@ class RunSupervisor:
                 self.rank_zero.kill(group=False)
 
     def _stop_what_rank_zero_left(self) -> None:
-        """Stop what rank 0's process left running as it ended: what it forked (DataLoader workers, environments) is
-        this process's child from then on (`adopt_orphans`), so it is found also where the job had no cgroup, and
-        stopped as the job's other processes are (SIGTERM, `TERM_WAIT_S`, SIGKILL, bounded); what that leaves comes
-        here too, in the next round, until the bound is spent. Only those in the program's process group, as rank 0
-        is: what the ranks left (each leads a group of its own) was stopped, or named as left behind, already."""
+        """Stop what rank 0's process left running: what it forked (DataLoader workers, say) is this process's child
+        since (`adopt_orphans`), found even without a cgroup, and stopped as the job's other processes are (SIGTERM,
+        `TERM_WAIT_S`, SIGKILL); what that leaves comes in the next round, until the bound is spent. Only those in the
+        program's process group: what the ranks left (each leads its own group) was handled already."""
         seen, end = set(self.own_children), time.monotonic() + TERM_WAIT_S + KILL_WAIT_S
         with suppress(KeyboardInterrupt, Terminated, _Hangup):  # asked again: they have had their SIGKILL
             while (left := self._orphans(seen)) and time.monotonic() < end:
@@ -318,16 +301,15 @@ class RunSupervisor:
                 orphans.stop(signal.SIGTERM, TERM_WAIT_S, group=False)
 
     def _reap_orphans(self) -> None:
-        """Reap what rank 0's task left (this process's children since, `adopt_orphans`) that has ended meanwhile: a
-        long run whose task starts commands in the background (`cmd &`) leaves no zombies piling up."""
+        """Reap what rank 0's task left (`adopt_orphans`) and has ended, so background commands (`cmd &`) of a long run
+        leave no zombies piling up."""
         for pid in self._orphans(self.own_children):
             with suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
 
     @staticmethod
     def _orphans(known: set[int]) -> set[int]:
-        """This process's children, but `known`, in the program's process group, as rank 0 is: what rank 0 left (what
-        the ranks left leads groups of its own)."""
+        """This process's children but `known` in the program's process group: what rank 0 left (not the ranks')."""
         group = set()
         for pid in children_of_this_process() - known:
             with suppress(ProcessLookupError):
@@ -349,8 +331,8 @@ class RunSupervisor:
         return True
 
     def _next_event(self, end: float = float("inf")) -> JobStarting | RunEnded | TaskEnded | None:
-        """The next of `events`, waited for until `end` (monotonic) at most (then `queue.Empty`), in slices
-        of `WAIT_SLICE_S`, so that a signal the kernel gave to another thread is handled."""
+        """The next of `events`, waited for until `end` (monotonic; then `queue.Empty`) in slices of `WAIT_SLICE_S`, so
+        that a signal the kernel gave to another thread is handled."""
         while True:
             try:
                 return self.events.get(timeout=max(0.0, min(WAIT_SLICE_S, end - time.monotonic())))
@@ -359,17 +341,16 @@ class RunSupervisor:
                     raise
 
     def _watching(self) -> None:
-        """Start `_watch`'s thread, if it is not running yet."""
+        """Start `_watch`'s thread, if not yet started."""
         if self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name="ddpw-rank-0", daemon=True)
             self._watcher.start()
 
     # ------------------------------------------------------------------ what rank 0's process says
     def _watch(self) -> None:
-        """The thread that reads rank 0's channel: each message goes to `events` (its task's end to the job's
-        inbox too); when its process ends, its exit code. The process is watched by its pidfd: a process its task
-        forked may hold the channel open after rank 0 ended. While rank 0 says nothing, what it left that ended is
-        reaped (`_reap_orphans`)."""
+        """The thread that reads rank 0's channel into `events` (its task's end into the job's inbox too), then its exit
+        code. Watched by its pidfd: a process its task forked may hold the channel open after rank 0 ended. While rank
+        0 says nothing, what it left that ended is reaped (`_reap_orphans`)."""
         pidfd = os.pidfd_open(self.pid)
         while True:
             ready = select.select([self.channel.fileno(), pidfd], [], [], WAIT_SLICE_S)[0]
@@ -409,7 +390,7 @@ class RunSupervisor:
 
 
 def _pickled(error: BaseException) -> bytes:
-    """`error` pickled to travel to rank 0's process (its text when it cannot be pickled)."""
+    """`error` pickled for rank 0's process (its text when it cannot be pickled)."""
     return portable_pickle(error) or pickle.dumps(RuntimeError(str(error)))
 
 
