@@ -1,10 +1,7 @@
-"""The local launcher's jobs: one Hydra job = one distributed job on this machine, each in a job process of
-its own (`procs/job.py`), started and stopped as docs/architecture.md ("Jobs side by side") says. A failed
-job does not stop the others, unless `fail_fast`: then the jobs beside it are stopped (SIGTERM, the
-interrupt grace), no more start, and its error is raised; an error outside a task (a callback's) stops new
-jobs from starting and is raised once the running ones ended; after Ctrl-C or SIGTERM the program exits
-130 or 143.
-"""
+"""The local launcher's jobs: one Hydra job = one distributed job on this machine, each in a job process of its own
+(`procs/job.py`; docs/architecture.md, "Jobs side by side"). A failed job does not stop the others unless `fail_fast`:
+then the jobs beside it are stopped (SIGTERM, the interrupt grace), no more start, and its error is raised. An error
+outside a task (a callback's) stops new jobs and is raised once the running ones ended; Ctrl-C/SIGTERM exit 130/143."""
 
 from __future__ import annotations
 
@@ -51,9 +48,8 @@ log = logging.getLogger(__name__)
 
 def run_jobs(hydra_context: HydraContext, task_function: TaskFunction, jobs: Sequence[PreparedJob],
              options: LocalLauncherConf, summary: SweepSummary) -> list[JobReturn]:
-    """Run each (prepared) job of a batch as a distributed job in a job process of its own, side by side
-    when their devices fit (`max_parallel_jobs`), else one after another; one JobReturn per job, in order.
-    Each job's entry goes to `summary` as it ends."""
+    """Run each prepared job as a distributed job in a job process of its own, side by side when their devices fit
+    (`max_parallel_jobs`), else one after another; a JobReturn per job, in order, its entry to `summary` as it ends."""
     for job in jobs:  # before any job starts (a node other than 0 never gets here: it follows, `procs/node.py`)
         with options.naming_platform_keys():
             job.platform = place_node(job.platform)
@@ -67,8 +63,8 @@ def run_jobs(hydra_context: HydraContext, task_function: TaskFunction, jobs: Seq
 
 
 def side_by_side_devices(jobs: Sequence[PreparedJob], options: LocalLauncherConf) -> Devices | None:
-    """The devices jobs share when they run side by side; None when they run one after another (one
-    job, `max_parallel_jobs=1`, or jobs that each take the whole machine)."""
+    """The devices jobs share side by side; None when they run one after another (one job, `max_parallel_jobs=1`, or
+    jobs that each take the whole machine)."""
     needs = [Need.of(job.platform) for job in jobs]
     if len(jobs) < 2 or options.max_parallel_jobs == 1 or all(need.whole for need in needs):
         return None
@@ -78,8 +74,7 @@ def side_by_side_devices(jobs: Sequence[PreparedJob], options: LocalLauncherConf
 
 
 def _note_shared_ports(jobs: Sequence[PreparedJob]) -> None:
-    """Say which jobs that could run side by side run one after another, because they set the same fixed
-    rendezvous port (`Devices.take` gives it to one job at a time)."""
+    """Say which jobs run one after another because they set the same fixed port (`Devices.take` gives it to one)."""
     sharing: dict[int, list[int]] = {}
     for job in jobs:
         need = Need.of(job.platform)
@@ -99,17 +94,16 @@ def _dry_run(job: PreparedJob) -> JobReturn:
 
 
 def start_starter_early(config: DictConfig, options: LocalLauncherConf) -> None:
-    """Start the rank starter for the sweep's platform now, so that it imports torch while Hydra composes
-    the jobs (nothing when the platform is unreadable: the checks report that before any job starts)."""
+    """Start the sweep platform's rank starter now, so it imports torch while Hydra composes the jobs (nothing when
+    the platform is unreadable: the checks report that before any job starts)."""
     if not options.dry_run:
         with contextlib.suppress(ConfigError):
             starter_for(options.platform_of(config))
 
 
 class Schedule:
-    """Which job starts next: the first waiting one, once its devices (and its fixed port) are free and
-    fewer than `max_jobs` (None: any number) run; None while it must wait. `devices` None: one job at a
-    time, each with the whole machine."""
+    """Which job starts next: the first waiting one, once its devices (and fixed port) are free and fewer than
+    `max_jobs` (None: any number) run. `devices` None: one job at a time, each with the whole machine."""
 
     def __init__(self, pending: list[PreparedJob], devices: Devices | None, max_jobs: int | None) -> None:
         self.pending = pending
@@ -202,8 +196,8 @@ class _Sweep:
         return [self.ended[job.idx].job_return for job in self.jobs]
 
     def _start_what_fits(self) -> None:
-        """Start the waiting jobs, in order, while their devices are free (none after an error outside a
-        task, nor after a failed job with `fail_fast`)."""
+        """Start waiting jobs in order while their devices are free (none after an error outside a task, nor after a
+        failed job with `fail_fast`)."""
         while self.failed is None and not any(end.error is not None for end in self.ended.values()):
             ready = self.schedule.next()
             if ready is None:
@@ -271,9 +265,9 @@ class _Sweep:
                 self._fail_fast(job, end.job_return)
 
     def _stop_for_a_silent_node(self) -> None:
-        """Across machines: once a node that follows the sweep falls silent (killed, or its machine lost, also between
-        two jobs), stop the job that runs, which would otherwise wait its whole join timeout for that node to join:
-        it ends naming the node as lost, and no more jobs start."""
+        """Across machines: once a following node falls silent (killed, its machine lost, also between jobs), stop the
+        running job, which would otherwise wait its whole join timeout for it: it ends naming the node as lost, and no
+        more jobs start."""
         if self.across is None or self.silent_seen:
             return
         silent = self.across.silent()
@@ -291,9 +285,9 @@ class _Sweep:
         self.children.send(signal.SIGTERM, group=False)
 
     def _starter_gone(self, gone: StarterGone) -> NoReturn:
-        """The rank starter died, and every rank with it: each running job FAILED with `gone`, no more jobs start. Its
-        job processes (no longer children here) got SIGTERM and stop what their ranks started: the sweep ends once
-        they have, or `interrupt_grace_s` + `KILL_WAIT_S` passed."""
+        """The rank starter died, and every rank with it: each running job FAILED with `gone`, no more start. Its job
+        processes (no longer children here) got SIGTERM and stop what their ranks started: the sweep ends once they
+        have, or `interrupt_grace_s` + `KILL_WAIT_S` passed."""
         now = time.monotonic()
         for running in self.running.values():
             job = running.job
@@ -312,11 +306,10 @@ class _Sweep:
             self.summary.record(entry(job.idx, job.overrides, job.output_dir, 0.0, None, "NOT STARTED"))
 
     def _stop_all(self, signum: int) -> None:
-        """Ctrl-C or SIGTERM: pass it on to every running job and wait until each has ended; one line per job;
-        raise what ends the program. A job process that has not ended `interrupt_grace_s` + `KILL_WAIT_S` later
-        (its ranks had their grace and their kill by then: it is held, by a callback of the user's that blocks
-        with signals blocked, say) is killed (`Children.stop`); a second Ctrl-C or SIGTERM kills every job process
-        at once, wherever it lands, and raises nothing, so each job's end is still noted and the summary is right.
+        """Ctrl-C or SIGTERM: pass it on to every running job, wait until each ended (a line per job), raise what ends
+        the program. A job process not ended `interrupt_grace_s` + `KILL_WAIT_S` later (held by a user's callback that
+        blocks with signals blocked, say) is killed (`Children.stop`); a second Ctrl-C or SIGTERM kills every job
+        process at once, wherever it lands, raising nothing, so each job's end is still noted and the summary right.
         The rank starter kills what a killed job process started; it counts as stopped by `signum`."""
         self.stopped_by = signum
         with signals.further(lambda: self.children.send(signal.SIGKILL, group=False)):
