@@ -1,8 +1,7 @@
-"""What runs on each node of a SLURM job: the node's controller (`SlurmNode`, one submitit task per node),
-which starts its ranks with the local engine and returns a `NodeOutcome`; node 0's runs Hydra's `run_job`.
-Its SIGTERM and SLURM's warning (SIGUSR2): docs/slurm.md, "Preemption, time limits and checkpoints" and
-"Signals"; a node whose own ranks failed first sends SIGTERM to the job's other nodes.
-"""
+"""What runs on each node of a SLURM job: its controller (`SlurmNode`, one submitit task per node) starts its ranks
+with the local engine and returns a `NodeOutcome`; node 0's runs Hydra's `run_job`. SIGTERM and SLURM's warning
+(SIGUSR2): docs/slurm.md, "Preemption, time limits and checkpoints" and "Signals". A node whose own ranks failed first
+sends SIGTERM to the job's other nodes."""
 
 from __future__ import annotations
 
@@ -46,10 +45,9 @@ class Preempted(Terminated):
 
 @dataclass
 class SlurmNode:
-    """The callable submitit runs as the task of every node, resubmitted unchanged when the job is requeued.
-    `job` (`pickling.dumps` of hydra_context, task_function, job config) is read only after Hydra's state
-    is restored, with the submitting program's import path (`sys_path`) added. `platform` is the job's, with
-    the CPUs it asks SLURM for filled in."""
+    """The callable submitit runs as every node's task, resubmitted unchanged when the job is requeued. `job`
+    (`pickling.dumps` of hydra_context, task_function, job config) is read only after Hydra's state is restored, with
+    the submitting program's `sys_path` added. `platform` is the job's, with the CPUs it asks SLURM for filled in."""
 
     job: bytes
     idx: int
@@ -68,8 +66,8 @@ class SlurmNode:
         return _NodeRun(self, submitit.JobEnvironment()).run()
 
     def checkpoint(self) -> Any:
-        """submitit's requeue hook, called on node 0 after SLURM's warning: this same callable while a
-        restart is left (the job is requeued), else None (it is not)."""
+        """submitit's requeue hook, called on node 0 after SLURM's warning: this same callable while a restart is left
+        (the job is requeued), else None."""
         from submitit.helpers import DelayedSubmission
 
         return None if _attempt() >= self.max_restarts else DelayedSubmission(self)
@@ -189,9 +187,8 @@ class _NodeRun:
             raise Preempted()
 
     def _requeue(self, submitit_warning: Any) -> NoReturn:
-        """After the ranks stopped for SLURM's warning: node 0 requeues the job (submitit calls
-        `checkpoint()`, runs `scontrol requeue` and exits); the other nodes wait for SLURM to stop them,
-        so none of them leaves a result of this run behind."""
+        """After the ranks stopped for SLURM's warning: node 0 requeues the job (submitit calls `checkpoint()`, runs
+        `scontrol requeue`, exits); the others wait for SLURM to stop them, leaving no result of this run behind."""
         if self.node == 0:
             submitit_warning(signal.SIGUSR2, None)
         time.sleep(_REQUEUE_WAIT_S)
@@ -201,9 +198,9 @@ class _NodeRun:
 
 
 def _start_rank_starter(platform: Platform) -> None:
-    """Start this process's rank starter now, with SIGTERM and SIGUSR2 ignored (SLURM sends them to
-    every process of the job; the starter must outlive them so that its ranks can save) and SIGCONT at
-    its default (submitit's handler would log it in every rank)."""
+    """Start this process's rank starter now, with SIGTERM and SIGUSR2 ignored (SLURM sends them to every process of
+    the job; the starter must outlive them so its ranks can save) and SIGCONT at its default (submitit's handler would
+    log it in every rank)."""
     dispositions = {signal.SIGTERM: signal.SIG_IGN, signal.SIGUSR2: signal.SIG_IGN, signal.SIGCONT: signal.SIG_DFL}
     saved = {sig: signal.signal(sig, disposition) for sig, disposition in dispositions.items()}
     try:
@@ -215,8 +212,8 @@ def _start_rank_starter(platform: Platform) -> None:
 
 @contextmanager
 def _entered(config: Any, dir_key: str, subdir_key: str | None) -> Iterator[Any]:
-    """Enter the job as `run_job` does on node 0 (HydraConfig with the output dir, working dir,
-    `env_set`), without writing `.hydra/` or the job log and without callbacks; yields the task's config."""
+    """Enter the job as `run_job` does on node 0 (HydraConfig with the output dir, working dir, `env_set`), without
+    `.hydra/`, the job log or callbacks; yields the task's config."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import configure_log, env_override
     from omegaconf import OmegaConf, open_dict, read_write
