@@ -1,6 +1,6 @@
 """`Wrapper(caller_rank=True)` (docs/architecture.md): rank 0 in the calling process, which keeps what it builds.
-Ctrl-C and SIGTERM to the caller reach every rank: the caller's task gets KeyboardInterrupt (or
-`Terminated`), the other ranks the signal and `grace.interrupt_s` to finish."""
+Ctrl-C and SIGTERM to the caller reach every rank: the caller's task gets KeyboardInterrupt (or `Terminated`), the
+other ranks the signal and `grace.interrupt_s` to finish."""
 
 from __future__ import annotations
 
@@ -49,9 +49,8 @@ def _run_once(task: TaskCall, packed: bytes, state: ProcessState, job: NodeJob) 
 
 
 class CallerRank:
-    """Rank 0 of `local`'s job in this process, the node's other ranks around it (see the module
-    docstring). As a context manager: entering starts the other ranks, leaving with an exception stops
-    them, and always puts the process back as it was."""
+    """Rank 0 of `local`'s job in this process, the node's other ranks around it. As a context manager: entering
+    starts the other ranks, leaving with an exception stops them, and always puts the process back as it was."""
 
     def __init__(self, local: LocalJob) -> None:
         from ddpw_runtime.rank.environment import rank_environment
@@ -109,8 +108,8 @@ class CallerRank:
         self._saved_handlers.clear()
 
     def call(self, task: TaskCall) -> Any:
-        """Run `task` as rank 0 here; its value (the object itself), or None when it raised (its result
-        says why). KeyboardInterrupt and other BaseExceptions propagate after the teardown."""
+        """Run `task` as rank 0 here; its value (the object itself), or None when it raised (its result says why).
+        KeyboardInterrupt and other BaseExceptions propagate after the teardown."""
         own = RankResult(0)
         value = None
         try:
@@ -133,8 +132,8 @@ class CallerRank:
         return value
 
     def finish(self) -> list[RankOutcome]:
-        """After rank 0's task ended: stop the other ranks if rank 0 failed, wait for them, and tell how
-        every rank ended (rank 0 first). Raises JobTimedOut when the job reached its time limit."""
+        """After rank 0's task ended: stop the other ranks if rank 0 failed, wait for them, and tell how every rank
+        ended (rank 0 first). Raises JobTimedOut when the job reached its time limit."""
         if self.own is None or not self.own.ok:
             self._ranks.request_stop()
         self._thread.join()
@@ -150,8 +149,8 @@ class CallerRank:
                            ended_at=own.finished_at if own is not None else time.time())
 
     def _abort(self, exc: BaseException) -> None:
-        """Rank 0 ended by `exc` (not an Exception: Ctrl-C, SIGTERM, `sys.exit`): stop the other ranks
-        (passing the signal on, with the grace) and wait for them."""
+        """Rank 0 ended by `exc` (Ctrl-C, SIGTERM, `sys.exit`): stop the other ranks (the signal passed on, with the
+        grace) and wait for them."""
         if self.interrupted is None:
             self._ranks.request_stop(signal_of(exc) if isinstance(exc, (KeyboardInterrupt, Terminated)) else None)
         if self._thread.ident is not None:  # started
@@ -164,10 +163,9 @@ class CallerRank:
         try:
             if self._ranks.ranks:
                 self._others = supervise(self._ranks)
-            else:  # the caller's is the only rank: wait for its task, at most until the time limit
-                if not self._task_over.wait(self.plan.platform.timeout_min * 60.0):
-                    self._stop_rank_zero()
-                    raise JobTimedOut(self.plan.platform.timeout_min, {})
+            elif not self._task_over.wait(self.plan.platform.timeout_min * 60.0):  # the caller's is the only rank
+                self._stop_rank_zero()
+                raise JobTimedOut(self.plan.platform.timeout_min, {})
         except BaseException as exc:  # handed to the caller's thread by finish()
             self._others = exc
             self._stop_rank_zero()
@@ -175,8 +173,7 @@ class CallerRank:
             self._send_stop()
 
     def _stop_rank_zero(self) -> None:
-        """The job is being stopped (another rank failed, or the time limit): stop rank 0 here too, if its
-        task still runs."""
+        """The job is being stopped (another rank failed, or the time limit): stop rank 0 too, if its task runs."""
         self._console.freeze()
         self._store = None  # a rank 0 still joining fails at once
         if self._task_over.is_set() or self.stopped:
