@@ -1,14 +1,9 @@
-"""The rank starter process (`starter.py` is the controller's handle on it): forks (or, with `spawn`, execs)
-each rank and each job process, and reports every exit. Every process of a job is tracked
-(`job_processes.py`), so when the job ends (`EndJob`) whatever its ranks started is stopped too.
-
-When the controller goes away (even by SIGKILL) the starter gets SIGHUP (PR_SET_PDEATHSIG) or sees its
-socket close: it stops every job's processes, removes their private folders and exits; each rank gets
-SIGKILL if the starter dies first.
-
-Run as `python -m ddpw_runtime.procs.starter FD PRELOAD CONTROLLER_PID`, or called in a fork of
-the controller.
-"""
+"""The rank starter process (`launch/starter.py` is the controller's handle on it): forks (or, with `spawn`, execs)
+each rank and job process and reports every exit. Every process of a job is tracked (`job_processes.py`), so what its
+ranks started is stopped when the job ends (`EndJob`). When the controller goes away (even by SIGKILL) the starter gets
+SIGHUP (PR_SET_PDEATHSIG) or sees its socket close: it stops every job's processes, removes their private folders and
+exits; each rank gets SIGKILL if the starter dies first. Run as `python -m ddpw_runtime.procs.starter FD PRELOAD
+CONTROLLER_PID`, or called in a fork of the controller."""
 
 from __future__ import annotations
 
@@ -50,16 +45,15 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 
 
 def adopt_orphans() -> None:
-    """Make what this process's descendants leave behind (their parent gone) its children, not init's: it stays on
-    this side, to be stopped and reaped here (Linux only; not inherited by a fork)."""
+    """Make what this process's descendants leave behind its children, not init's, to be stopped and reaped here
+    (Linux only; not inherited by a fork)."""
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 def serve(channel: Channel, preload: bool, controller: int, signal_mask: Iterable[int] | None = None) -> None:
-    """Serve `channel` until the controller (pid `controller`) closes it or dies. The starter leads a
-    session of its own, so a signal to the controller's process group (a terminal's, or `kill -9 -PGID`)
-    does not end it before it has stopped the ranks. `signal_mask`: the signal mask to take on once the
-    starter's own handlers are set (a fork of the controller starts with Ctrl-C and SIGTERM held)."""
+    """Serve `channel` until the controller (pid `controller`) closes it or dies. The starter leads its own session,
+    so a signal to the controller's process group (a terminal's, `kill -9 -PGID`) does not end it before it stopped
+    the ranks. `signal_mask`: set once its handlers are (a controller's fork starts with Ctrl-C, SIGTERM held)."""
     if os.getsid(0) != os.getpid():
         os.setsid()
     die_with_parent(signal.SIGHUP)
@@ -73,8 +67,8 @@ def serve(channel: Channel, preload: bool, controller: int, signal_mask: Iterabl
 
 
 class _Server:
-    """The starter's loop: requests from the controller's channel and from each job process's own; each
-    rank's exit goes back on the channel that asked for it."""
+    """The starter's loop: requests from the controller's channel and each job process's; each rank's exit goes back
+    on the channel that asked for it."""
 
     def __init__(self, channel: Channel, preload: bool) -> None:
         self.controller = channel
@@ -91,20 +85,19 @@ class _Server:
 
             warm_up()
         _compat.forget_exit_handlers()  # the controller's: they would run in its ranks as they end (`procs/rank.py`)
-        # The ranks it forks share what the controller holds (torch, once loaded): their garbage collector
-        # does not walk it, so they do not copy every page of it (see `gc.freeze`).
+        # The ranks it forks share what the controller holds (torch, once loaded): frozen, their garbage collector
+        # does not walk it, so they do not copy every page of it.
         gc.freeze()
-        # Ctrl-C is the controller's to handle: a handler that does nothing (not SIG_IGN, which would drop
-        # a Ctrl-C sent to a child in the moment between its fork and its own handler; see `_fork`).
+        # Ctrl-C is the controller's: a handler that does nothing (not SIG_IGN, which would drop a Ctrl-C sent to a
+        # child between its fork and its own handler; see `_fork`).
         signal.signal(signal.SIGINT, lambda *_: None)
-        # A stack request (`DUMP_SIGNAL`) that reaches a rank before it has set its handler is ignored, not taken by
-        # its default action (to end the process, which would then be reported killed by it): until `run_rank` sets
-        # its own, a rank has this, forked or exec'd.
+        # A stack request (`DUMP_SIGNAL`) reaching a rank before `run_rank` sets its handler is ignored (forked or
+        # exec'd), not taken by its default action, which would end the rank as killed by it.
         signal.signal(DUMP_SIGNAL, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, self.end)
-        # SIGTERM is ignored: its controller ends it (the module docstring). A SIGTERM that reaches every process of the
-        # job (`pkill -f train.py`, a service manager's stop, SLURM's scancel) is then the ranks' to handle, with the
-        # grace their controller gives them, instead of the starter killing them at once as it ends.
+        # SIGTERM is ignored (its controller ends it): one that reaches every process of the job (`pkill -f train.py`,
+        # a service manager's stop, SLURM's scancel) is the ranks' to handle, with their controller's grace, instead of
+        # the starter killing them at once as it ends.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -167,8 +160,7 @@ class _Server:
         self._stop(channel)
 
     def _stop(self, channel: Channel | None = None) -> None:
-        """Kill the ranks and stop the jobs (removing their private folders) that `channel` asked for (None:
-        every channel)."""
+        """Kill the ranks and stop the jobs (removing their private folders) that `channel` asked for (None: all)."""
         for pid, (_, owner) in list(self.ranks.items()):
             if channel is None or owner is channel:
                 send_to_group(pid, signal.SIGKILL)
@@ -179,9 +171,9 @@ class _Server:
                 shutil.rmtree(key, ignore_errors=True)
 
     def _fork(self, run: Callable[[], int], death_signal: int = signal.SIGKILL) -> int:
-        """Fork a process that calls `run` and exits with its code (reporting anything it raises); its pid.
-        The child has its own session, gets `death_signal` when the starter dies, keeps none of the starter's
-        descriptors and handlers, and starts with Ctrl-C held (it lets it through once its own handler is set)."""
+        """Fork a process that calls `run` and exits with its code (reporting what it raises); its pid. The child has
+        its own session, gets `death_signal` when the starter dies, keeps none of the starter's descriptors and
+        handlers, and starts with Ctrl-C held (it lets it through once its own handler is set)."""
         with blocked((signal.SIGINT,)):
             pid = os.fork()
             if pid:
@@ -212,8 +204,8 @@ class _Server:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # let through by the job process
             return request.run(request.payload_path, Channel(theirs), self.pid, self.preload)
 
-        # A job process that outlives this starter (killed by the OOM killer, say) gets SIGTERM: it ends as
-        # when stopped, and stops what its ranks started itself (`NodeRanks.end`).
+        # A job process that outlives this starter (OOM-killed, say) gets SIGTERM: it ends as when stopped, stopping
+        # what its ranks started itself (`NodeRanks.end`).
         pid = self._fork(job_process, signal.SIGTERM)
         theirs.close()
         self.channels.append(Channel(ours))
@@ -222,8 +214,8 @@ class _Server:
     def _start(self, request: protocol.StartRank, job: JobProcesses, listen_fd: int | None,
                terminal: int | None) -> int:
         def rank() -> int:
-            # Ctrl-C is held (`_fork`) until the rank's output goes to its log (`run_rank` lets it through),
-            # so a rank stopped while it starts reports it like any rank, not on the controller's terminal.
+            # Ctrl-C is held (`_fork`) until the rank's output goes to its log (`run_rank` lets it through), so a rank
+            # stopped as it starts reports it like any rank, not on the controller's terminal.
             signal.signal(signal.SIGINT, signal.default_int_handler if self.preload else signal.SIG_DFL)
             if not self.preload:  # `spawn`: a fresh interpreter
                 job.adopt(0)
@@ -254,8 +246,8 @@ class _Server:
             job, channel = started
             self.job_folders.pop(pid, None)
             if job is not None:
-                # What the rank started gets SIGTERM now (helpers that clean up after it, such as the
-                # multiprocessing resource tracker, ignore it and finish their work); `protocol.EndJob` sweeps the rest.
+                # What the rank started gets SIGTERM now (helpers that clean up after it, such as multiprocessing's
+                # resource tracker, ignore it and finish); `protocol.EndJob` sweeps the rest.
                 send_to_group(pid, signal.SIGTERM)
             with contextlib.suppress(OSError):  # that channel's process is gone
                 channel.send(protocol.RankExited(pid, os.waitstatus_to_exitcode(status)))
