@@ -1,9 +1,6 @@
-"""What runs in each rank process: output to its log file, the launching process's state, logging,
-device, process group and seed, then the task; it always ends by writing a `RankResult`.
-
-Run as `python -m ddpw_runtime.procs.rank PAYLOAD LOCAL_RANK LISTEN_FD TERMINAL_FD` (spawn; `-` for a
-descriptor it does not get) or called by the starter after fork.
-"""
+"""What runs in each rank process: output to its log file, the launching process's state, logging, device, process
+group and seed, then the task; it always ends by writing a `RankResult`. Run as `python -m ddpw_runtime.procs.rank
+PAYLOAD LOCAL_RANK LISTEN_FD TERMINAL_FD` (spawn; `-` for a descriptor it does not get) or by the starter after fork."""
 
 from __future__ import annotations
 
@@ -40,14 +37,12 @@ from ddpw_runtime.rank.task_init import explained
 
 def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, terminal: int | None = None,
              join_job: Callable[[int], None] | None = None) -> int:
-    """Run one rank; returns the process exit code (0: the task returned, 1: it raised).
-    `listen_fd` is the rendezvous socket the controller bound, given to the rank that hosts the store;
-    `terminal`, a console rank's terminal when the console is one (its output goes there, and from there
-    to its log, instead of straight to its log file). `join_job(0)` makes this process one of its job's
-    (`JobProcesses.adopt`); it waits on the kernel (5-15 ms), so it runs on a thread while torch is set
-    up, and has returned before any code of the task's runs (logging handlers, unpickling, the task)."""
-    # SIGTERM stops a rank unless its task installs a handler, even where the starter ignores it (on a
-    # SLURM node, where SLURM signals every process of the job).
+    """Run one rank; the process exit code (0: the task returned, 1: it raised). `listen_fd`: the rendezvous socket
+    the controller bound, for the rank that hosts the store; `terminal`: a console rank's terminal, when the console is
+    one (its output goes there, and from there to its log). `join_job(0)` makes this process one of its job's
+    (`JobProcesses.adopt`); it waits on the kernel (5-15 ms), so it runs on a thread while torch is set up, and has
+    returned before any of the task's code runs (logging handlers, unpickling, the task)."""
+    # SIGTERM stops a rank unless its task installs a handler, even where the starter ignores it (a SLURM node).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     inherited = len(sys.modules)
     joining = threading.Thread(target=join_job, args=(0,), name="ddpw-join-job") if join_job else None
@@ -88,13 +83,13 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     except BaseException as exc:  # every failure goes back to the controller
         result = RankResult.failure(rank, explained(from_task(exc)))
     result.imported = _torch_modules_imported(inherited)
-    # The result is on disk before this rank's connections close, so when its peers fail on the
-    # closed connection, the controller already knows this rank failed first.
+    # The result is on disk before this rank's connections close: when its peers fail on them, the controller
+    # already knows this rank failed first.
     write_atomically(payload.result_file(rank), dumps(result))
     recorder.after(result)  # after the result: a rank stopped meanwhile is still known to have waited
     _let_stops_through(held)
-    # The process group is not torn down: the process ends now, and its end closes the group's connections.
-    # Destroying it first only adds gloo's wait for its I/O threads (~20 ms with 2 ranks) to every job.
+    # The process group is not torn down: the process's end closes its connections, and destroying it first only
+    # adds gloo's wait for its I/O threads (~20 ms with 2 ranks) to every job.
     if result.ok:
         leave_store(plan.world_size, hosts=listen_fd is not None)
     _end_as_python_does(result.ok)
@@ -104,13 +99,11 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
 
 def _end_as_python_does(returned: bool) -> None:
     """What Python does as it exits, which the rank's `os._exit` skips: the `atexit` handlers registered in the rank
-    (the starter dropped those of the process it is a fork of), logging's flush, and closing the files the task left
-    open, so what it wrote to them is kept. A rank whose task failed (not `returned`) closes its files but runs no
-    handler: the job learns of the failure as the rank ends, and stops the other ranks then, at once (a tracker's
-    upload would hold that up). Bounded by `AT_EXIT_S`: then the kernel's alarm ends the rank (SIGALRM), its threads'
-    stacks in its log. (Not faulthandler's `dump_traceback_later`: a fork of a process that had armed it, as a script
-    may, waits for ever for that process's watchdog thread.) Threads the task left running are not waited for, as
-    before."""
+    (the starter dropped its own), logging's flush, and closing the files the task left open. A failed task's rank
+    (not `returned`) runs no handler: the job learns of the failure as the rank ends and stops the others at once (a
+    tracker's upload would hold that up). Bounded by `AT_EXIT_S`: then the kernel's alarm (SIGALRM) ends the rank, its
+    threads' stacks in its log (not faulthandler's `dump_traceback_later`: a fork of a process that had armed it waits
+    for ever for that process's watchdog thread). Threads the task left running are not waited for."""
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     faulthandler.register(signal.SIGALRM, file=sys.stderr, all_threads=True, chain=True)
     signal.alarm(math.ceil(AT_EXIT_S))
@@ -133,27 +126,24 @@ _interrupts: list[int] = []
 
 
 def _interrupted_in_set_up(signum: int, frame: FrameType | None) -> None:
-    """Ctrl-C while the rank sets up: KeyboardInterrupt, as Python's own handler raises it, and a note of it. Code that
-    set-up runs may drop the exception (an import that catches everything, a callback from torch's C++ code): the
-    rank would then go on into its task deaf to the job's interrupt, and the job would wait its whole grace.
-    `_task_may_start` raises it again."""
+    """Ctrl-C while the rank sets up: note it, raise KeyboardInterrupt. Set-up code may drop it (an import that catches
+    everything, a callback from torch's C++ code), and the rank would go on into its task deaf to the job's interrupt,
+    the job waiting its whole grace: `_task_may_start` raises it again."""
     _interrupts.append(signum)
     raise KeyboardInterrupt
 
 
 def _task_may_start() -> None:
-    """Python's own Ctrl-C handler from now on (the task's), and KeyboardInterrupt now if a Ctrl-C came while the rank
-    set up (see `_interrupted_in_set_up`)."""
+    """Python's own Ctrl-C handler from now on, and KeyboardInterrupt now if one came during set-up."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if _interrupts:
         raise KeyboardInterrupt
 
 
 def _hold_stops() -> _Handler:
-    """Make a SIGTERM wait until `_let_stops_through` (a handler, not a signal mask: the kernel gives a process's
-    signal to any of its threads). A rank whose collective timed out may spend seconds between its task's end and
-    its result (its traceback formatted, a DataLoader's workers joined as its frames go): stopped meanwhile, it would
-    be lost as one that never said it waited. The handler it replaces is returned."""
+    """Make a SIGTERM wait until `_let_stops_through` (a handler, not a mask: the kernel gives a process's signal to
+    any thread); the handler it replaces. A rank whose collective timed out may spend seconds between its task's end
+    and its result (traceback formatted, DataLoader workers joined): stopped meanwhile, it never said it waited."""
     return signal.signal(signal.SIGTERM, lambda signum, frame: _stops.append(signum))
 
 
@@ -166,16 +156,14 @@ def _let_stops_through(previous: _Handler) -> None:
 
 
 def _loaded_since(count: int) -> set[str]:
-    """The modules loaded since `sys.modules` held `count` entries: its newest ones. Only those are read:
-    reading a name writes its reference count, so in a forked rank reading them all would copy every page
-    that holds one (~2 ms). A module removed meanwhile leaves out one of the newest."""
+    """The modules loaded since `sys.modules` held `count` entries (its newest; a module removed meanwhile leaves one
+    out). Only those are read: reading a name writes its refcount, copying in a forked rank every page holding one."""
     return set(itertools.islice(reversed(sys.modules), max(len(sys.modules) - count, 0)))
 
 
 def _torch_modules_imported(inherited: int) -> tuple[str, ...]:
-    """The torch modules loaded since this process started (with `inherited` modules loaded), which the
-    starter may hold for later ranks. None on a build of torch with GPU support (CUDA, ROCm), where
-    importing more in the starter could initialise the GPU runtime before it forks ranks that need it."""
+    """The torch modules loaded since this process started (with `inherited` loaded), for the starter to preload. None
+    with a GPU build of torch (CUDA, ROCm), where more imports in the starter could initialise the GPU runtime."""
     torch = sys.modules.get("torch")
     if torch is None or torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None:
         return ()
@@ -183,10 +171,9 @@ def _torch_modules_imported(inherited: int) -> tuple[str, ...]:
 
 
 def _redirect_output(log_file: Path, terminal: int | None) -> None:
-    """Send fds 1 and 2 (Python and C/C++ output alike) to the rank's log file (or its terminal),
-    unbuffered at every level (Python's streams as with `python -u`, C's stdout too), so nothing
-    written before the process ends, even by `os._exit`, is lost. Input comes from /dev/null: only a
-    rank in the user's own process reads the user's terminal."""
+    """Send fds 1 and 2 (Python and C/C++ output) to the rank's log file (or terminal), unbuffered at every level (as
+    `python -u`, C's stdout too), so nothing written before the process ends, even by `os._exit`, is lost. Input is
+    /dev/null: only a rank in the user's own process reads the user's terminal."""
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -203,10 +190,9 @@ def _redirect_output(log_file: Path, terminal: int | None) -> None:
 
 
 def configure_logging(rank: int) -> None:
-    """Configure logging as Hydra did in the launching process (its own logging, then the job's),
-    when this rank runs a Hydra job. Ranks other than 0 leave out the job's file handlers, so the job
-    log gets each line once; their records go to their own log file through the console handlers. Rank 0
-    appends to the job's files (`mode: w` too), as the job's own process (a plain run's supervisor) does meanwhile."""
+    """Configure logging as Hydra did in the launching process (its own, then the job's), for a Hydra job. Ranks but 0
+    leave out the job's file handlers, so the job log gets each line once (their records reach their own log through
+    the console handlers); rank 0 appends to the job's files (`mode: w` too), as the job's own process does."""
     if "hydra" not in sys.modules:  # no Hydra job: the launching process had no Hydra state to pass on
         return
     from hydra.core.hydra_config import HydraConfig
@@ -228,8 +214,8 @@ def configure_logging(rank: int) -> None:
 
 
 def _drop_file_handlers(logging_config: dict[str, Any]) -> None:
-    """Remove the handlers that write to a file (a `logging.FileHandler` of any kind, or any handler
-    given a `filename`) from a `logging.config` dictionary, and every reference to them."""
+    """Remove the handlers that write to a file (any `logging.FileHandler`, or given a `filename`) from a
+    `logging.config` dictionary, and every reference to them."""
     handlers = logging_config.get("handlers") or {}
     files = [name for name, handler in handlers.items() if _writes_a_file(handler)]
     for name in files:
@@ -251,11 +237,7 @@ def _writes_a_file(handler: Any) -> bool:
     return isinstance(cls, type) and issubclass(cls, logging.FileHandler)
 
 
-def _fd(arg: str) -> int | None:
-    return None if arg == "-" else int(arg)
-
-
 if __name__ == "__main__":
-    # The rank ends with its task, as a forked one does: a non-daemon thread the task left running does not
-    # keep it (its output is flushed by `run_rank`).
-    os._exit(run_rank(sys.argv[1], int(sys.argv[2]), _fd(sys.argv[3]), _fd(sys.argv[4])))
+    listen, term = (None if arg == "-" else int(arg) for arg in sys.argv[3:5])
+    # The rank ends with its task, as a forked one does: a non-daemon thread left running does not keep it.
+    os._exit(run_rank(sys.argv[1], int(sys.argv[2]), listen, term))
