@@ -116,9 +116,7 @@ class JobConsole:
     """Prints one job's start line and end summary to stdout (where Hydra logs)."""
 
     def __init__(self, job: int, platform: Platform, output_dir: Path, base: Path) -> None:
-        self.job = job
-        self.world_size = platform.world_size
-        self.device = platform.device
+        self.job, self.world_size, self.device = job, platform.world_size, platform.device
         self.output_dir = shown_path(output_dir, base)
         self.out = sys.stdout
         self.colour = use_colour(self.out)

@@ -59,11 +59,8 @@ class JobTask:
     def __init__(self, task_function: TaskFunction, job: NodeJob, idx: int, announce: bool = True,
                  around_ranks: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
         functools.update_wrapper(self, task_function)
-        self.task_function = task_function
-        self.job = job
-        self.idx = idx
-        self.announce = announce
-        self.around_ranks = around_ranks
+        self.task_function, self.job, self.idx = task_function, job, idx
+        self.announce, self.around_ranks = announce, around_ranks
         self.values: list[Any] = []
 
     def __call__(self, cfg: DictConfig) -> Any:
