@@ -38,9 +38,7 @@ class DdpwLauncher(Launcher):
 
         self.summary = open_summary(config, self.options.validate())
         signals.install()
-        self.config = config
-        self.hydra_context = hydra_context
-        self.task_function = task_function
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Check the options and prepare every job of the batch that runs (nothing starts before all are checked; on
