@@ -1,9 +1,5 @@
-"""Runs a function as a PyTorch distributed job, and the helpers a task uses inside a rank.
-
-    from ddpw_runtime import Platform, Wrapper, wrapper
-
-Importing this package never imports torch; the helpers import it when called.
-"""
+"""Runs a function as a PyTorch distributed job (`from ddpw_runtime import Platform, Wrapper, wrapper`), and the
+helpers a task uses inside a rank. Importing this package never imports torch; the helpers import it when called."""
 
 from ddpw_conf import ConfigError, Device, Layout, Platform
 from ddpw_runtime.errors import JobTimedOut, RankFailure, SlurmJobError
