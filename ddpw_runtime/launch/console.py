@@ -79,8 +79,7 @@ def _write_all(console: Console, data: bytes) -> None:
 
 
 class ConsoleEcho:
-    """Follows log files onto the console, each rank's lines after its prefix in `prefixes`, in bounded chunks;
-    `stop()` copies whatever is left (unless frozen), so nothing written before the ranks ended is missed."""
+    """Follows log files onto the console in bounded chunks, each rank's lines after its prefix in `prefixes`."""
 
     def __init__(self, files: dict[int, Path], console: Console, prefixes: dict[int, str]) -> None:
         self.files = files
@@ -153,8 +152,7 @@ def _raw(fd: int) -> None:
 
 
 class TerminalCopy:
-    """A pseudo-terminal for one rank's output (`slave_fd`: its fds 1 and 2), copied by a thread to the console
-    terminal and the rank's log."""
+    """A pseudo-terminal for one rank's output (`slave_fd`: its fds 1 and 2), copied to the console and the log."""
 
     def __init__(self, log_file: Path, console_fd: int, prefix: str) -> None:
         self.master_fd, self.slave_fd = os.openpty()
@@ -228,8 +226,7 @@ class TerminalCopy:
 
 
 class ConsoleRanks:
-    """The console of one node's job. `job_prefix` goes before every line (a job's number when jobs run side by
-    side); `[rank k]` too when `ranked` (more than one rank is shown)."""
+    """The console of one node's job: `job_prefix` before every line (jobs side by side), `[rank k]` too if `ranked`."""
 
     def __init__(self, log_files: dict[int, Path], job_prefix: str = "", ranked: bool = False) -> None:
         console = console_of(sys.stdout)

@@ -50,8 +50,8 @@ def answer_file(log_dir: Path, node: int | str) -> Path:
 
 
 def take_places(plan: LaunchPlan, pids: Mapping[int, int]) -> dict[int, RankPlace]:
-    """Where each running rank (`pids`: pid by rank) is now, from the stacks it writes on `DUMP_SIGNAL` (a rank that
-    wrote nothing in time is left out); a rank whose flight-recorder dump exists (it answers) dumps it again."""
+    """Where each running rank (`pids`: pid by rank) is now, from the stacks it writes on `DUMP_SIGNAL` (none in time:
+    left out); a rank whose flight-recorder dump exists dumps it again."""
     files = {rank: stacks_file(plan.log_dir, rank) for rank in pids}
     before = {rank: file_size(path) for rank, path in files.items()}
     recorders = {rank: _version(recorder_file(plan.log_dir, rank)) for rank in pids}
@@ -120,10 +120,9 @@ def _wait_for_dumps(files: Mapping[int, Path], before: Mapping[int, int],
 
 
 class Watch:
-    """What a job's supervisor looks at while the ranks of `plan` run (`check`, every `CHECK_S`): a request for where
-    they are (answered on the console and in the output dir), and with `platform.stall_timeout_min` a stall (no log
-    line and no stack moved, two looks half the time apart), reported once per stall. `take`: where each running rank
-    is now; `prefix`: put before its console lines."""
+    """What a job's supervisor looks at while `plan`'s ranks run (`check`, every `CHECK_S`): a request for where they
+    are, and with `platform.stall_timeout_min` a stall (no log line, no stack moved between two looks half the time
+    apart), reported once. `take`: where each running rank is now; `prefix`: before its console lines."""
 
     def __init__(self, plan: LaunchPlan, take: Callable[[], dict[int, RankPlace]], prefix: str = "") -> None:
         self.plan = plan

@@ -29,8 +29,7 @@ def root_cause(outcomes: Iterable[RankOutcome]) -> RankOutcome | None:
 
 
 def failure(outcomes: Sequence[RankOutcome]) -> RankFailure | None:
-    """The `RankFailure` of a job whose ranks ended as `outcomes` (any order, any nodes), naming the root cause with
-    its traceback (or its exit and the end of its log); None when every rank returned."""
+    """The `RankFailure` of a job whose ranks (any order, any nodes) ended as `outcomes`; None if all returned."""
     cause = root_cause(outcomes)
     if cause is None:
         return None
@@ -66,8 +65,7 @@ def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure
     culprit = next(o for o in outcomes if o.rank == report.culprits[0])
     place = report.place(culprit.rank)
     assert place is not None  # a culprit was looked at
-    waiting = report.waiting
-    awaited = report.awaited
+    waiting, awaited = report.waiting, report.awaited
     calls = [str(awaited)] if awaited is not None else sorted({p.call for p in report.places if p.waiting and p.call})
     return RankFailure(
         rank=culprit.rank, node=culprit.node, exit_code=culprit.exit_code, error_type="NotInCollective",
@@ -102,9 +100,8 @@ def _mismatched(outcomes: Sequence[RankOutcome], cause: RankOutcome, report: Han
 
 
 def _ended_early(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure | None:
-    """When `cause` failed only because a peer went away, and peers had returned from their tasks by then: the first of
-    them failed the job (`EndedEarly`), as its task ended while `cause` still waited for it in a collective (uneven
-    data: more batches on one rank, an early return). None otherwise."""
+    """When `cause` failed only because a peer went away, and peers had returned by then: the first of them ended the
+    job (`EndedEarly`), its task done while `cause` waited for it in a collective (uneven data); None otherwise."""
     if not cause.is_secondary or cause.result is None or cause.error is None:
         return None
     failed_at = cause.result.finished_at
@@ -158,8 +155,8 @@ def _ends_a_line(fd: int) -> bool:
 
 
 def note_failures(outcomes: Iterable[RankOutcome]) -> None:
-    """Write what each failed rank raised at the end of its log (ranks do not print it themselves, so the console,
-    which echoes some logs, never shows the errors that only follow from the root cause)."""
+    """Write what each failed rank raised at the end of its log (ranks do not print it: the console shows the root
+    cause, not the errors that follow from it)."""
     for outcome in outcomes:
         if outcome.error is None or outcome.log_file is None:
             continue

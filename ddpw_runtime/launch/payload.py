@@ -80,16 +80,14 @@ class RankPayload:
         return Path(self.result_dir) / f"rank_{rank}.in_task"
 
     def job_environment(self, own_process: bool = False) -> dict[str, str]:
-        """The job's variables for every rank: its name (`JOB_ENV`), and its private folder as TMPDIR, so what a killed
-        rank leaves there goes with it (the folder itself: Unix socket paths must stay short). A rank in the user's
-        `own_process` keeps its TMPDIR: what it makes there outlives the job (`multiprocessing`'s temporary folder)."""
+        """The job's variables for every rank: `JOB_ENV`, and its private folder as TMPDIR (short for Unix socket paths,
+        gone with the job), but not in the user's `own_process`, whose files there outlive the job."""
         return {JOB_ENV: self.result_dir, **({} if own_process else {"TMPDIR": self.result_dir})}
 
 
 def write_private(path: Path, obj: object) -> None:
     """Pickle `obj` to a new file `path` that only the user can read."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as out:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
         pickle.dump(obj, out, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -105,7 +103,6 @@ def read_pickled(path: Path, kind: type[_T]) -> _T | None:
 def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write `data` so that readers see either nothing or all of it (a new file gets `mode`)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as out:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as out:
         out.write(data)
     os.replace(tmp, path)

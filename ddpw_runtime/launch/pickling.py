@@ -1,16 +1,13 @@
 """How everything that travels between hydra-ddpw's processes is pickled (a task and its arguments, a job's config, a
 rank's value or error): cloudpickle, with two differences that keep the user's script the user's.
 
-- **The script's own functions and classes travel by reference**, as in a process torchrun or multiprocessing starts:
-  in every rank they are the script's `__main__` objects, not copies (cloudpickle copies all of `__main__`), so a
-  spawn-context DataLoader or `mp.spawn` pickles them as without hydra-ddpw. A process not running the script yet (a
-  fresh interpreter: `spawn_method=spawn`, a SLURM node, a CUDA build's starter) imports it as `__mp_main__` first, as
-  multiprocessing's spawn does, so its `if __name__ == "__main__":` block does not run again. Functions of a script
-  without that block (importing it would run Hydra again), of a notebook or `python -c`, and those defined inside the
-  block, travel by value, as before.
-- **What travels by value keeps its file and line**: code objects go as `marshal` writes them (every process of a job
-  runs the same Python), so tracebacks, stack dumps, pdb and profilers name the user's file and line (cloudpickle
-  3.1.3 writes `<dynamic-code>`).
+- **The script's own functions and classes travel by reference** (cloudpickle copies all of `__main__`): in every rank
+  they are the script's own, as under torchrun or multiprocessing. A process not running the script yet
+  (`spawn_method=spawn`, a SLURM node, a CUDA build's starter) imports it as `__mp_main__` first, as multiprocessing's
+  spawn does, so its `if __name__ == "__main__":` block does not run again. Functions of a script without that block
+  (importing it would run Hydra again), of a notebook or `python -c`, and those defined in the block travel by value.
+- **What travels by value keeps its file and line**: code objects go as `marshal` writes them (every process runs the
+  same Python), so tracebacks, stack dumps, pdb and profilers name the user's file (not cloudpickle's `<dynamic-code>`).
 
 Data only (no torch): rank processes import it too."""
 
@@ -64,7 +61,7 @@ class MainScript:
 
     def enter(self) -> types.ModuleType:
         """This process's `__main__`, made this script first if it is not (imported as `__mp_main__`, as
-        multiprocessing's spawn does, its folder on the import path as Python puts it for a script)."""
+        multiprocessing's spawn does, its folder on `sys.path`)."""
         current = sys.modules.get("__main__")
         if current is not None and self.is_running(current):
             return current

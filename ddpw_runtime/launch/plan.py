@@ -100,9 +100,8 @@ def free_port(host: str) -> int:
 def plan_local(platform: Platform, log_dir: Path, rendezvous_dir: Path, run_id: str, node_rank: int = 0,
                master_addr: str | None = None, master_port: int | None = None, max_restarts: int = 0,
                restart_count: int = 0, share: Share | None = None) -> LaunchPlan:
-    """The plan for node `node_rank` of a validated `platform`: address `platform.master_addr`, else `master_addr`, else
-    loopback; port `platform.master_port`, else `master_port`, else a free one; a `file` rendezvous in `rendezvous_dir`;
-    with `share`, only its GPUs and cores."""
+    """The plan for node `node_rank` of a validated `platform`: address and port from `platform`, else the arguments,
+    else loopback and a free port; a `file` rendezvous in `rendezvous_dir`; with `share`, only its GPUs and cores."""
     addr = platform.master_addr or master_addr or LOOPBACK
     port = platform.master_port or master_port or free_port(addr if platform.n_nodes == 1 else "")
     init_method = f"file://{rendezvous_dir / 'rendezvous'}" if platform.ipc_protocol == "file" else f"tcp://{addr}:{port}"

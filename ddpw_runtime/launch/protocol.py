@@ -71,9 +71,8 @@ class StartRank(NamedTuple):
 
 
 class StartJob(NamedTuple):
-    """Fork a job process (a multirun's Hydra job, `procs/job.py`) that runs `run(payload_path, channel, starter_pid,
-    preload)` and exits with what it returns; its own channel to the starter serves its ranks. `run` travels by
-    reference (a module-level function): the starter imports no job process code."""
+    """Fork a multirun job's process that runs `run(payload_path, channel, starter_pid, preload)` and exits with what it
+    returns (its ranks use its own channel); `run` travels by reference, so the starter imports no job process code."""
 
     request: int
     payload_path: str
@@ -136,9 +135,8 @@ class JobStarting(NamedTuple):
 
 
 class RankZero(NamedTuple):
-    """To rank 0's process: be rank 0 of this attempt (`plan`), with `env` added to its environment, and join the job's
-    store, which the supervisor serves; once joined, make the file `task_mark` (`RankPayload.task_mark`). Attached: its
-    terminal when `terminal`."""
+    """To rank 0's process: be rank 0 of `plan`, with `env` added, and join the store the supervisor serves; once
+    joined, make the file `task_mark` (`RankPayload.task_mark`). Attached: its terminal when `terminal`."""
 
     plan: LaunchPlan
     env: dict[str, str]
@@ -153,9 +151,8 @@ class TaskEnded(NamedTuple):
 
 
 class JobSettled(NamedTuple):
-    """To rank 0's process, answering `TaskEnded` (or instead of `RankZero` when the job cannot start): how the job
-    ended. `error`: the job's failure (pickled) when it is not rank 0's own; `restart`: a `RankZero` follows;
-    `stopped`: the signal that interrupted the job."""
+    """To rank 0's process, answering `TaskEnded` (or instead of `RankZero`): how the job ended. `error`: its failure
+    (pickled) unless rank 0's own; `restart`: a `RankZero` follows; `stopped`: the signal that interrupted it."""
 
     error: bytes | None
     restart: bool = False

@@ -27,9 +27,7 @@ class RankOutcome:
     rank: int
     node: int
     result: RankResult | None  # what the rank sent back; None when it sent nothing (killed, crashed, exited early)
-    exit_code: int | None
-    """Its exit code (negative: the signal that killed it); None for a rank in the caller's process, or whose end was
-    never seen."""
+    exit_code: int | None  # negative: the signal that killed it; None: in the caller's process, or its end unseen
     stopped: bool = False  # the launcher stopped it: it still ran when the job was stopped or interrupted
     signals_sent: frozenset[int] = frozenset()  # what the launcher sent the job's ranks (explains exits by them)
     ended_at: float = field(default_factory=time.time)
@@ -48,9 +46,8 @@ class RankOutcome:
 
     @property
     def own_failure(self) -> bool:
-        """Whether the rank failed by itself rather than being stopped by the launcher. A rank counted as stopped may
-        have died on its own before its end was seen (a segfault whose peer's "connection closed" came first): with no
-        result, an exit no signal the launcher sent explains is its own failure."""
+        """Whether the rank failed by itself, not stopped by the launcher; with no result, an exit no signal sent
+        explains is its own (a segfault whose peer's "connection closed" came first, while it counted as stopped)."""
         if self.result is not None and not self.result.ok:
             return True
         if self.result is None and self.exit_code is not None and -self.exit_code not in self.signals_sent:
@@ -65,9 +62,8 @@ class RankOutcome:
         return self.result is None and timeout_line(self.log_file) is not None
 
     def where(self) -> RankPlace | None:
-        """Where it was: for a rank whose collective timed out, where it waited (its traceback; a later stack shows it
-        handling the error); else its stack when the job was stopped, or where it raised; for a rank that died (NCCL's
-        watchdog aborts it), where its crash report shows it."""
+        """Where it was: where it waited if its collective timed out (its traceback: a later stack shows it handling the
+        error); else its stack when stopped, or where it raised; if it died (NCCL's watchdog), its crash report's."""
         if self.error is not None and (self.place is None or self.error.is_collective_timeout):
             return from_traceback(self.rank, self.error.traceback)
         if self.place is None and self.result is None:  # the last crash report at the end of its log
@@ -101,9 +97,8 @@ def _log_end(log_file: str | None) -> str:
 
 
 def log_tail(log_file: str | None) -> str:
-    """What a rank that died without a traceback left at the end of its log: the lines just before it crashed (C++
-    code's or the task's last words) and faulthandler's crash report (a segfault's, or the stacks of a rank ended by
-    `AT_EXIT_S`) down to the frame that called the task or handler (hydra-ddpw's below); else its last lines."""
+    """The end of a rank's log that died without a traceback: its last words and faulthandler's crash report (a
+    segfault's, or `AT_EXIT_S`'s stacks) down to the frame that called the task or handler; else its last lines."""
     lines = _log_end(log_file).splitlines()
     start = _report_start(lines)
     if start is None:

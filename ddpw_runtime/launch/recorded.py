@@ -57,7 +57,7 @@ class _PlainData(pickle.Unpickler):
 
 
 def recorded_in(log_dir: Path, ranks: Iterable[int]) -> tuple[Recorded, ...]:
-    """What the flight recorders of `ranks` held, from their dumps in `log_dir` (those not readable left out)."""
+    """What the flight recorders of `ranks` held, from their readable dumps in `log_dir`."""
     found = (read(rank, recorder_file(log_dir, rank)) for rank in sorted(ranks))
     return tuple(recorded for recorded in found if recorded is not None)
 

@@ -112,9 +112,7 @@ class RankResult:
     rank: int
     error: RaisedError | None = None
     value_pickle: bytes | None = None
-    value_text: str | None = None
-    """repr() of a return value that could not be pickled (`value_pickle` None), or whose class the launching process
-    may not import."""
+    value_text: str | None = None  # repr() of a value not pickled, or whose class the launcher may not import
     value_type: str = ""  # the qualified name of the return value's class
     imported: tuple[str, ...] = ()
     """The torch modules this rank imported that the process it was forked from did not hold: the starter imports them

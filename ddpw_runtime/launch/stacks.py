@@ -125,9 +125,8 @@ class HangReport:
 
     @property
     def awaited(self) -> Collective | None:
-        """The collective the waiting ranks were held up in (by their flight recorders, in the group of the first one's
-        last collective): the first a rank holding them up did not enter (NCCL's ranks enqueue the next ones before it
-        completes), else the furthest a waiting rank entered (None: no waiting rank's was dumped)."""
+        """The collective the waiting ranks were held up in, in the first one's last group (flight recorders): the first
+        a culprit did not enter (NCCL enqueues the next early), else the furthest one entered (None: none dumped)."""
         newest = [record.newest for rank in self.waiting if (record := self.record(rank)) and record.newest]
         if not newest:
             return None
@@ -174,8 +173,7 @@ class HangReport:
 
 
 def from_dump(rank: int, text: str) -> RankPlace | None:
-    """Where `rank` was, from the last faulthandler dump in `text` (the thread that got the signal: its main thread);
-    None when `text` holds no dump."""
+    """Where `rank` was, from the main thread (the one signalled) of the last faulthandler dump in `text`, if any."""
     lines = text.splitlines()
     dump = last_dump(lines)
     if not dump:
@@ -206,8 +204,7 @@ def _only_frames(lines: list[str]) -> bool:
 
 
 def from_crash_report(rank: int, lines: list[str]) -> RankPlace | None:
-    """Where `rank` was when it crashed, from faulthandler's report `lines`: its main thread, listed last (newest
-    first); None when the report shows no thread."""
+    """Where `rank` was when it crashed, from faulthandler's report `lines`: its main thread, listed last, if any."""
     starts = [i for i, line in enumerate(lines) if _THREAD.match(line)]
     return _thread_place(rank, lines, starts[-1]) if starts else None
 

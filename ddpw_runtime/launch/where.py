@@ -20,8 +20,7 @@ from ddpw_runtime.launch.payload import read_pickled, write_atomically
 
 
 def ask(run_dir: Path, wait_s: float = 10 * CHECK_S) -> dict[Path, list[WhereAnswer]]:
-    """Ask every job under `run_dir` where its ranks are; each job's answers (one per node) that came within `wait_s`
-    seconds (jobs that are not running give none)."""
+    """Ask every job under `run_dir` where its ranks are; each running job's answers (one per node) within `wait_s`."""
     jobs = sorted({log.parent for log in Path(run_dir).rglob("rank_*.log")})
     token = uuid.uuid4().hex
     for job in jobs:
