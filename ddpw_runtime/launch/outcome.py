@@ -145,8 +145,7 @@ def signal_name(number: int) -> str:
 
 
 _RAISED_BY_A_STOP = ("KeyboardInterrupt", "SystemExit", "ddpw_runtime.errors.RankStopped")
-"""What a rank's task raises when the job stops it (Ctrl-C; its own SIGTERM handler that exits; rank 0 in the user's
-process)."""
+"""What a rank's task raises when the job stops it (Ctrl-C, a SIGTERM handler's exit, rank 0 in the user's process)."""
 
 
 def _ends_a_line(fd: int) -> bool:

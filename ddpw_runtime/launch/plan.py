@@ -48,8 +48,7 @@ class LaunchPlan:
     console_ranks: list[int] = field(default_factory=list)
     groups: list[list[int]] = field(default_factory=list)
     makes_group: bool = True
-    """Whether each rank gets the job's process group before its task runs (False with `platform.ipc_groups=None`: the
-    task makes its own, as under torchrun)."""
+    """Whether ranks get the job's process group before the task (False: `ipc_groups=None`, the task makes its own)."""
     run_id: str = ""
     max_restarts: int = 0  # how many times the job may be started again (torchrun's `--max-restarts`)
     restart_count: int = 0  # how many times it was started again before this run (0: its first run)

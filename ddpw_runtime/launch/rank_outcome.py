@@ -15,9 +15,7 @@ _CRASH_REPORT = "Fatal Python error"  # how faulthandler's report in a crashed r
 _BEFORE_CRASH_LINES = 5
 _OWN_FRAME = f"{os.sep}ddpw_runtime{os.sep}"  # hydra-ddpw's frames in a crash report, which say nothing of the crash
 _MODULES_LINE = "Extension modules:"  # faulthandler's list of loaded extension modules: hundreds of names
-_LOG_END_BYTES = 1 << 16
-"""How much of a dead rank's log end is read for why it died (NCCL's watchdog writes its timeout, then C++ stack
-traces, before it aborts the process)."""
+_LOG_END_BYTES = 1 << 16  # read of a dead rank's log end (NCCL's watchdog writes its timeout, C++ stacks, then aborts)
 
 
 @dataclass

@@ -115,8 +115,7 @@ class RankResult:
     value_text: str | None = None  # repr() of a value not pickled, or whose class the launcher may not import
     value_type: str = ""  # the qualified name of the return value's class
     imported: tuple[str, ...] = ()
-    """The torch modules this rank imported that the process it was forked from did not hold: the starter imports them
-    once, for the next jobs' ranks (`protocol.Preload`)."""
+    """Torch modules this rank imported that its parent lacked: the starter loads them for later jobs (`Preload`)."""
     finished_at: float = field(default_factory=time.time)
 
     @property

@@ -63,8 +63,7 @@ class RankPlace:
 
     rank: int
     frames: tuple[Frame, ...] = ()
-    silent: str = ""
-    """Why a running rank gave no stack (stopped, or stuck in the kernel: it holds the others up); '' if it gave one."""
+    silent: str = ""  # why a running rank gave no stack (stopped, stuck in the kernel: it holds the others up)
 
     @property
     def waiting(self) -> bool:
