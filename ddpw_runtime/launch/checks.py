@@ -16,7 +16,8 @@ from ddpw_runtime.launch.payload import JOB_ENV
 from ddpw_runtime.nodes.sweep_channel import serves_sweep
 
 BUILT_WITH = {"mpi": "is_mpi_available", "nccl": "is_nccl_available"}
-"""The backends a torch build may lack, with the `torch.distributed` function that says whether it has them."""
+"""The backends a torch build may lack, with the `torch.distributed` function that says whether it has them (gloo is
+in every build for Linux and macOS)."""
 
 
 def gpus_available(platform: Platform) -> int | None:

@@ -213,7 +213,8 @@ def wait_gone(pids: list[int], deadline: float) -> None:
 
 
 def wait_for_exit(pid: int) -> int:
-    """Wait for child `pid` to end (by its pidfd: not a channel its forks may hold open), reap it; its exit code."""
+    """Wait for child `pid` to end (by its pidfd: not a channel its forks may hold open), reap it; its exit code
+    (-SIGKILL for one already reaped: its code is gone)."""
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:

@@ -191,7 +191,8 @@ def _hold_further(signum: int, frame: FrameType | None) -> None:
 def further(kill: Callable[[], None]) -> Iterator[None]:
     """While the launcher stops its jobs after a Ctrl-C or SIGTERM: a further one calls `kill` (at once for one before
     this block) and raises nothing, so no exception cuts the stop short. Then more are ignored: the program ends with
-    the first one's exit code (one in its exit handlers would cut that short with a traceback)."""
+    the first one's exit code (one in its exit handlers would cut that short with a traceback). A program that catches
+    the sweep's `Interrupted` and goes on gets its own handling back as its next sweep ends (`uninstall`)."""
     swapped = [sig for sig in STOPPING_SIGNALS if signal.getsignal(sig) in (_on_signal, _hold_further)]
     try:
         for sig in swapped:
