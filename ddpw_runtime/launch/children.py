@@ -176,12 +176,12 @@ class Children:
         """How `sig` reaches `child` (`send`)."""
         send_to_group(child.pid, sig, group)
 
-    def stop(self, sig: int, grace_s: float, spare: int | None = None, group: bool = True) -> list[Child]:
-        """`sig` to all but `spare`, `grace_s` (a Ctrl-C or SIGTERM cuts it short), then `kill`; those left behind."""
-        self.send(sig, self.running(spare), group)
+    def stop(self, sig: int, grace_s: float, group: bool = True) -> list[Child]:
+        """`sig` to all, `grace_s` (a Ctrl-C or SIGTERM cuts it short), then `kill`; those left behind."""
+        self.send(sig, self.running(), group)
         with suppress(KeyboardInterrupt, Terminated):
-            self.wait(time.monotonic() + grace_s, spare)
-        return self.kill(spare, group)
+            self.wait(time.monotonic() + grace_s)
+        return self.kill(group=group)
 
     def kill(self, spare: int | None = None, group: bool = True) -> list[Child]:
         """SIGKILL all but `spare`, wait `KILL_WAIT_S` at most; those still there are logged, left behind, returned."""
