@@ -33,7 +33,7 @@ OPTIONS = (*LAUNCHERS, *(name + OWN_PLATFORM[0] for name in LAUNCHERS))
 
 
 def option_config(name: str) -> DictConfig:
-    """A fresh copy of the config of `name` (`ddpw` or one of `OPTIONS`); its `hydra.launcher` is type-checked."""
+    """A fresh copy of the config of `name` (`ddpw` or one of `OPTIONS`); its nodes are plain mappings."""
     return copy.deepcopy(_made(name))
 
 
@@ -46,9 +46,10 @@ def _made(name: str) -> DictConfig:
     ending, own_key = OWN_PLATFORM
     conf, platform, callback = LAUNCHERS[name.removesuffix(ending)]
     key = own_key if name.endswith(ending) else PLATFORM_KEY
-    # The platform node is a plain mapping, not a `Platform`: docs/architecture.md ("Hydra") says why.
+    # The platform and launcher nodes are plain mappings, not `Platform` and the options' dataclass, so that a value of
+    # the wrong type reaches hydra-ddpw's own check: docs/architecture.md ("Hydra") says why.
     made = OmegaConf.structured({
-        "hydra": {"launcher": conf(platform_key=key), "callbacks": {
+        "hydra": {"launcher": dataclasses.asdict(conf(platform_key=key)), "callbacks": {
             "ddpw_plain_run": {"_target_": callback},
             "ddpw_sweep_summary": {"_target_": "ddpw_runtime.hydra_jobs.sweep_summary.PrintSweepSummary"},
         }},

@@ -108,6 +108,8 @@ TYPED = [
                  "needs each machine's node rank and node 0's address", id="across-machines-without-node-0s-address"),
     pytest.param(["platform.n_cpus_per_node='2'"], "platform.n_cpus_per_node", "2",
                  "this is a string, not a number: write it unquoted (2, not '2')", id="number-given-as-a-string"),
+    pytest.param(["hydra.launcher.interrupt_grace_s=soon"], "hydra.launcher.interrupt_grace_s", "soon",
+                 "use a number of seconds >= 0", id="launcher-option-of-the-wrong-type"),  # (not OmegaConf's, no fix)
     pytest.param(["hydra.launcher.platform_key=platfrom"], "hydra.launcher.platform_key", "platfrom",
                  "the job's config has no such node; did you mean platform?", id="platform_key-no-such-node"),
     pytest.param(["hydra.launcher.platform_key=platfrom", "hydra.launcher.dry_run=true"],
@@ -156,6 +158,8 @@ def test_a_bad_value_typed_by_a_user_is_refused_before_any_rank_starts(
                  "no such node; did you mean platform?", id="platform_key-no-such-node"),
     pytest.param("hydra.launcher.stop_grace=2", "hydra.launcher.stop_grace", 2, "did you mean stop_grace_s?",
                  id="unknown-launcher-option-without-plus"),
+    pytest.param("hydra.launcher.max_parallel_jobs=two", "hydra.launcher.max_parallel_jobs", "two",
+                 "use an integer >= 1", id="launcher-option-of-the-wrong-type"),
     pytest.param("platform.master_addr=127.0.0.1,no.such.host.invalid", "platform.master_addr",
                  "no.such.host.invalid", "cannot resolve it", id="master_addr-of-a-later-job-unresolvable"),
 ])

@@ -17,7 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from ddpw_conf import ConfigError, platform_from_config
-from ddpw_conf.launcher import LocalLauncherConf, SlurmLauncherConf
+from ddpw_conf.launcher import LocalLauncherConf, SlurmLauncherConf, selected_options
 from ddpw_conf.store import LAUNCHERS, OPTIONS, OWN_PLATFORM
 from ddpw_runtime.launch.checks import check
 from hydra_plugins.hydra_ddpw_launcher._options_source import LAUNCHER_OPTIONS
@@ -79,7 +79,7 @@ def conf_dir() -> Iterator[None]:
 
 @pytest.mark.usefixtures("conf_dir")
 @pytest.mark.parametrize("option", LAUNCHER_OPTIONS)
-def test_each_option_brings_a_whole_platform_and_its_typed_launcher(option: str) -> None:
+def test_each_option_brings_a_whole_platform_and_its_launcher_options(option: str) -> None:
     ending, key = OWN_PLATFORM
     cfg = compose(config_name="config", overrides=[f"hydra/launcher={option}"], return_hydra_config=True)
     node = key if option.endswith(ending) else "platform"  # the twin brings it where an app's own cannot be
@@ -88,9 +88,12 @@ def test_each_option_brings_a_whole_platform_and_its_typed_launcher(option: str)
     assert OmegaConf.get_type(cfg, node) is dict and cfg.hydra.launcher.platform_key == node
     platform = LAUNCHERS[option.removesuffix(ending)][1]
     assert set(cfg[node]) == set(dataclasses.asdict(platform)) and cfg[node].device == platform.device
+    # The launcher's options: a plain mapping too (a value of the wrong type reaches the launcher's own check), with
+    # every option of its schema, read into that schema by what every launcher reads its options with.
     schema = SlurmLauncherConf if option.startswith("ddpw_slurm") else LocalLauncherConf
-    assert OmegaConf.get_type(cfg.hydra, "launcher") is schema
-    options = OmegaConf.to_object(cfg.hydra.launcher)
+    assert OmegaConf.get_type(cfg.hydra, "launcher") is dict
+    assert set(cfg.hydra.launcher) == {f.name for f in dataclasses.fields(schema)}
+    options = selected_options(cfg.hydra.launcher)
     assert isinstance(options, schema) and options.platform_of(cfg).device == platform.device
     assert "ddpw_plain_run" in cfg.hydra.callbacks
 
@@ -99,10 +102,19 @@ def test_each_option_brings_a_whole_platform_and_its_typed_launcher(option: str)
 def test_a_platform_value_of_the_wrong_type_is_refused_by_the_launchers_check() -> None:
     cfg = compose(config_name="config", overrides=["hydra/launcher=ddpw_cpu", "platform.n_nodes=two"],
                   return_hydra_config=True)
-    options = OmegaConf.to_object(cfg.hydra.launcher)
+    options = selected_options(cfg.hydra.launcher)
     assert isinstance(options, LocalLauncherConf)
     with pytest.raises(ConfigError, match=r"platform.n_nodes='two': use an integer >= 1"):
         check(options.platform_of(cfg))
+
+
+@pytest.mark.usefixtures("conf_dir")
+def test_a_launcher_option_of_the_wrong_type_composes_and_is_refused_by_the_launchers_check() -> None:
+    """Not OmegaConf's "could not be converted to Float" as the override merges, which names no fix."""
+    cfg = compose(config_name="config", overrides=["hydra/launcher=ddpw_cpu", "hydra.launcher.stop_grace_s=soon"],
+                  return_hydra_config=True)
+    with pytest.raises(ConfigError, match=r"hydra.launcher.stop_grace_s='soon': use a number of seconds >= 0"):
+        selected_options(cfg.hydra.launcher)
 
 
 @pytest.mark.usefixtures("conf_dir")
