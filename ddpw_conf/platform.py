@@ -101,6 +101,9 @@ class Platform:
     where each rank is, once per stall; None: never."""
     stop_on_stall: bool = False
     """Stop a stalled job (`JobTimedOut`) instead of going on after the report."""
+    exit_timeout_min: float = 1
+    """How long a rank whose task returned may take to exit (its `atexit` handlers, such as a tracker's upload, and
+    closing the files its task left open) before it is ended and the job fails (`HungAtExit`)."""
     slurm_additional_parameters: dict[str, Any] = field(default_factory=dict)
     console_logs: bool = True
     console_ranks: Any = field(default_factory=lambda: [0])
@@ -241,7 +244,8 @@ class Platform:
             raise ConfigError("platform.n_cpus_per_node", self.n_cpus_per_node, f"must be a multiple of the "
                               f"{self.ranks_per_node} rank(s) per node so each rank gets the same number of CPUs")
         check_int("platform.mem_per_node", self.mem_per_node, 0)
-        for key in ("timeout_min", "collective_timeout_min", "stall_timeout_min", "join_timeout_min"):
+        for key in ("timeout_min", "collective_timeout_min", "stall_timeout_min", "join_timeout_min",
+                    "exit_timeout_min"):
             if (value := getattr(self, key)) is not None or key != "stall_timeout_min":
                 check_duration(f"platform.{key}", value, "use a positive number of minutes, such as 60 or 0.5")
         if timedelta(minutes=self.collective_timeout_min) < timedelta(milliseconds=1):

@@ -187,6 +187,8 @@ BAD = [
     Bad("stall_timeout_min-0", {"stall_timeout_min": 0}, "platform.stall_timeout_min", "positive number of minutes"),
     Bad("stall_timeout_min-str", {"stall_timeout_min": "10"}, "platform.stall_timeout_min",
         "positive number of minutes"),
+    Bad("exit_timeout_min-0", {"exit_timeout_min": 0}, "platform.exit_timeout_min", "positive number of minutes"),
+    Bad("exit_timeout_min-str", {"exit_timeout_min": "soon"}, "platform.exit_timeout_min", "positive number"),
     Bad("stall_timeout_min-1e13", {"stall_timeout_min": 1e13}, "platform.stall_timeout_min", "at most 52560000"),
     Bad("stop_on_stall-without-stall_timeout_min", {"stop_on_stall": True}, "platform.stop_on_stall",
         "platform.stall_timeout_min set"),

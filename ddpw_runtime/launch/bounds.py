@@ -1,6 +1,7 @@
 """Every bound on how long a supervising process waits for a child to end: each stop is a signal, one of these waits,
 SIGKILL, then `KILL_WAIT_S`, after which what is still there is named and left behind (docs/faults.md). The grace a
-task gets after a signal is the user's (`stop_grace_s`, `interrupt_grace_s`)."""
+task gets after a signal is the user's (`stop_grace_s`, `interrupt_grace_s`), as is a rank's exit
+(`platform.exit_timeout_min`)."""
 
 STARTING_GRACE_S = 1.0
 """What a rank not in its task yet gets after Ctrl-C or SIGTERM: one joining its group waits in torch's C++ code, which
@@ -16,9 +17,6 @@ CLOSE_WAIT_S = 5.0
 KILL_WAIT_S = 10.0
 """How long any process may take to vanish after SIGKILL before it is named as stuck (in the kernel, as in a hung GPU
 call) and left behind."""
-AT_EXIT_S = 60.0
-"""What a rank, its result sent, gets for Python's exit (`atexit` handlers: a tracker's upload) before SIGALRM ends
-it, its threads' stacks in its log (the job fails, naming it)."""
 ANSWER_WAIT_S = 30.0
 """The longest wait for the rank starter's answer (stopping a job's processes takes `TERM_WAIT_S` + `KILL_WAIT_S`)."""
 WAIT_SLICE_S = 1.0

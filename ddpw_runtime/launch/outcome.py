@@ -10,7 +10,6 @@ from contextlib import suppress
 from pathlib import Path
 
 from ddpw_runtime.errors import RankFailure
-from ddpw_runtime.launch.bounds import AT_EXIT_S
 from ddpw_runtime.launch.plan import recorder_file, stacks_file
 from ddpw_runtime.launch.rank_outcome import RankOutcome, log_tail, timeout_line
 from ddpw_runtime.launch.recorded import recorded_in
@@ -125,9 +124,10 @@ def describe_exit(code: int | None, returned: bool = False) -> tuple[str, str]:
     if code is None:
         return "RankLost", "the rank ended without an exit status"
     if returned and code == -signal.SIGALRM:
-        return "HungAtExit", (f"its task returned, then it did not end within {AT_EXIT_S:.0f} s (AT_EXIT_S) as it "
-                              "exited: an atexit handler (a tracker's upload, say) or closing a file its task left "
-                              "open hung; it was ended by SIGALRM, every thread's stack in its log")
+        return "HungAtExit", ("its task returned, then it did not end within platform.exit_timeout_min as it exited: "
+                              "an atexit handler (a tracker's upload, say) or closing a file its task left open hung "
+                              "or needed longer; it was ended by SIGALRM, every thread's stack in its log (raise "
+                              "platform.exit_timeout_min for work that takes longer)")
     after = " after its task returned, as it exited (in an atexit handler, or closing a file its task left open)"
     if code < 0:
         return "RankKilled", f"killed by {signal_name(-code)} (exit code {code}){after if returned else ''}"

@@ -96,7 +96,8 @@ def _log_end(log_file: str | None) -> str:
 
 def log_tail(log_file: str | None) -> str:
     """The end of a rank's log that died without a traceback: its last words and faulthandler's crash report (a
-    segfault's, or `AT_EXIT_S`'s stacks) down to the frame that called the task or handler; else its last lines."""
+    segfault's, or the stacks of an exit past its time) down to the frame that called the task or handler; else its last
+    lines."""
     lines = _log_end(log_file).splitlines()
     start = _report_start(lines)
     if start is None:
@@ -113,6 +114,6 @@ def log_tail(log_file: str | None) -> str:
 
 def _report_start(lines: list[str]) -> int | None:
     """Where the last crash report in a rank's log `lines` starts: faulthandler's fatal error (a segfault, an abort),
-    or the stacks dump that ends the log (a rank ended by `AT_EXIT_S`'s SIGALRM); None when there is none."""
+    or the stacks dump that ends the log (a rank whose exit ran past its time); None when there is none."""
     starts = [i for i, line in enumerate(lines) if line.startswith(_CRASH_REPORT)]
     return starts[-1] if starts else ends_in_a_dump(lines)

@@ -23,7 +23,6 @@ from types import FrameType
 from typing import Any, cast
 
 from ddpw_runtime import _compat
-from ddpw_runtime.launch.bounds import AT_EXIT_S
 from ddpw_runtime.launch.payload import RankPayload, TaskCall, from_task, write_atomically
 from ddpw_runtime.launch.pickling import dumps
 from ddpw_runtime.launch.plan import DUMP_SIGNAL, recorder_file, stacks_file
@@ -92,21 +91,22 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     # adds gloo's wait for its I/O threads (~20 ms with 2 ranks) to every job.
     if result.ok:
         leave_store(plan.world_size, hosts=listen_fd is not None)
-    _end_as_python_does(result.ok)
+    _end_as_python_does(result.ok, plan.platform.exit_timeout_min)
     flush_output()
     return 0 if result.ok else 1
 
 
-def _end_as_python_does(returned: bool) -> None:
+def _end_as_python_does(returned: bool, timeout_min: float) -> None:
     """What Python does as it exits, which the rank's `os._exit` skips: the `atexit` handlers registered in the rank
     (the starter dropped its own), logging's flush, and closing the files the task left open. A failed task's rank
     (not `returned`) runs no handler: the job learns of the failure as the rank ends and stops the others at once (a
-    tracker's upload would hold that up). Bounded by `AT_EXIT_S`: then the kernel's alarm (SIGALRM) ends the rank, its
-    threads' stacks in its log (not faulthandler's `dump_traceback_later`: a fork of a process that had armed it waits
-    for ever for that process's watchdog thread). Threads the task left running are not waited for."""
+    tracker's upload would hold that up). Bounded by `timeout_min` (`platform.exit_timeout_min`): then the kernel's
+    alarm (SIGALRM) ends the rank, its threads' stacks in its log (not faulthandler's `dump_traceback_later`: a fork of
+    a process that had armed it waits for ever for that process's watchdog thread). Threads the task left running are
+    not waited for."""
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     faulthandler.register(signal.SIGALRM, file=sys.stderr, all_threads=True, chain=True)
-    signal.alarm(math.ceil(AT_EXIT_S))
+    signal.alarm(min(math.ceil(timeout_min * 60), 2**31 - 1))  # (a C int: 68 years, below the 100 it may be)
     if returned:
         _compat.run_exit_handlers()
     if "logging" in sys.modules:
