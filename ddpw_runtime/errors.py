@@ -45,8 +45,12 @@ class RankFailure(CompactError, RuntimeError):
     def cause(self) -> str:
         """`Type: message` of the root cause in one line: the message's first line (a DataLoader worker's error holds
         its whole traceback), cut at `_CAUSE_CHARS`."""
+        return self._cause(cut=True)
+
+    def _cause(self, cut: bool) -> str:
+        """`cause`, its message's first line cut at `_CAUSE_CHARS` only if `cut`."""
         first = next((line for line in self.error_message.splitlines() if line.strip()), "")
-        if len(first) > _CAUSE_CHARS:  # (a message of megabytes would fill the console in every line naming it)
+        if cut and len(first) > _CAUSE_CHARS:  # (a message of megabytes would fill the console in every line naming it)
             first = f"{first[:_CAUSE_CHARS]}... ({len(first) - _CAUSE_CHARS} characters more)"
         return f"{self.error_type}: {first}" if first else self.error_type
 
@@ -61,7 +65,8 @@ class RankFailure(CompactError, RuntimeError):
         return {o.rank: o.exit_code for o in self.outcomes if o.exit_code is not None}
 
     def _describe(self) -> str:
-        parts = [f"rank {self.rank} (node {self.node}) failed: {self.cause}"]
+        # The first line is whole where no traceback below shows the message (a fix at its end is not cut off).
+        parts = [f"rank {self.rank} (node {self.node}) failed: {self._cause(cut=bool(self.traceback_text))}"]
         if self.hang is not None:
             parts.append(self.hang.text())
         if self.waiting_error:
