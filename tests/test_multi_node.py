@@ -306,10 +306,26 @@ def test_a_failure_on_node_1_ends_both_and_node_0_shows_the_root_cause_once(tmp_
     assert (zero.returncode, one.returncode) == (1, 1), err0 + err1
     assert err0.count("rank 1 (node 1) failed: ValueError: rank asked to fail") == 1
     assert "raise ValueError(\"rank asked to fail\")" in err0
-    # Node 1 says its rank failed, or, when node 0's stop (its rank saw the peer go) reached it first, that node 0
-    # stopped the job; either way node 0 alone shows the error.
-    assert ("node 0 shows the job's error" in err1 or "the job was stopped on node 0" in err1), err1
-    assert "Traceback" not in err1
+    # Node 1 says its rank failed, also when node 0's stop (its rank saw the peer go) reached it first; node 0 alone
+    # shows the error.
+    assert "[ddpw] rank 1 failed on this node (node 1); node 0 shows the job's error" in err1, err1
+    assert "stopped on node 0" not in err1 and "Traceback" not in err1, err1
+
+
+@pytest.mark.subprocess
+def test_a_rank_of_node_1_that_failed_first_is_named_by_node_1_also_once_node_0s_stop_came_first(
+        tmp_path: Path) -> None:
+    """Rank 1 (node 1) raises; as it ends, after its result is written, it ends what it sends on its connections
+    and waits to be stopped: rank 0 fails on the closed connection, node 0 stops the job, and node 1 sees that stop
+    before its own rank ends (it ends only by the stop's SIGTERM). Rank 1 is the root cause: node 1 says its rank
+    failed, as node 0 shows, not that node 0 stopped the job (as it did when any other node's stop came first)."""
+    zero, one = _start_two(tmp_path, _explicit, "behaviour=raise_then_close", "fail_rank=1")
+    _, err0 = zero.communicate(timeout=120)
+    _, err1 = one.communicate(timeout=120)
+    assert (zero.returncode, one.returncode) == (1, 1), err0 + err1
+    assert err0.count("rank 1 (node 1) failed: ValueError: rank asked to fail") == 1, err0
+    assert "[ddpw] rank 1 failed on this node (node 1); node 0 shows the job's error" in err1, err1
+    assert "stopped on node 0" not in err1, err1
 
 
 @pytest.mark.subprocess

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -74,6 +75,7 @@ class Nodes:
         self.channel = channel
         self.grace = grace
         self.seen: NodeStop | None = None  # the stop another node published, once this node's watcher saw it
+        self.seen_at = float("inf")  # when (`time.time()`, as a rank stamps its end)
 
     @staticmethod
     def lead(store: Any, local: LocalJob, starting: JobStarting) -> Nodes:
@@ -151,7 +153,7 @@ class Nodes:
                 if news is not None and stop is None:
                     stop = news
                     if stop.node != channel.node:
-                        self.seen = stop
+                        self.seen, self.seen_at = stop, time.time()
                         ranks.request_stop()
 
         watcher = threading.Thread(target=watch, name="ddpw-nodes", daemon=True)
@@ -226,7 +228,9 @@ def with_every_node(timed_out: JobTimedOut, outcomes: list[RankOutcome], ends: d
     return JobTimedOut(timed_out.timeout_min, shown_ranks(whole.places), whole, timed_out.stalled)
 
 
-def failed_by_itself(outcomes: list[RankOutcome]) -> bool:
-    """Whether the root cause among `outcomes` is a rank's own failure (not a stop, nor only a peer gone)."""
+def failed_by_itself(outcomes: list[RankOutcome], before: float = float("inf")) -> bool:
+    """Whether the root cause among `outcomes` is a rank's own failure (not a stop, nor only a peer gone) that ended
+    before `before` (when this node saw another node's stop: a failure after it may follow from it)."""
     cause = root_cause(outcomes)
-    return cause is not None and cause.own_failure and not cause.is_secondary
+    return (cause is not None and cause.own_failure and not cause.is_secondary
+            and (cause.result.finished_at if cause.result is not None else cause.ended_at) < before)

@@ -136,7 +136,7 @@ def _follow(platform: Platform, options: LauncherOptions,
     if stopped is not None and stopped.node == node:
         stopped = None
     cause = root_cause(outcomes)
-    if cause is not None and failed_by_itself(outcomes) and nodes.seen is None:
+    if cause is not None and failed_by_itself(outcomes, before=nodes.seen_at):
         if channel.lost:  # node 0 went away and shows nothing: this node names its rank's failure itself
             made = failure(outcomes)
             assert made is not None

@@ -1,12 +1,15 @@
 """A Hydra app for the tests: every rank reports what it sees; one rank can be told to misbehave."""
 
 import atexit
+import contextlib
 import ctypes
 import gzip
+import io
 import json
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -118,6 +121,23 @@ LEFT_OPEN: list = []
 """The files a `leave_open` task leaves open, held as a module's global holds a metrics writer."""
 
 
+class ClosesConnectionsOnClose(io.RawIOBase):
+    """A file the task leaves open, whose close as the rank ends (after its result is written) ends what the rank
+    sends on its TCP connections, so its peers fail on them, then waits for the job's stop (SIGTERM ends it)."""
+
+    def close(self) -> None:
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            with contextlib.suppress(OSError):
+                sock = socket.socket(fileno=fd)
+                if sock.family in (socket.AF_INET, socket.AF_INET6):
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_WR)
+                sock.detach()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        while True:
+            signal.pause()
+
+
 def leave_open(output_dir: str, rank: int) -> None:
     """Write to files the task leaves open (a text file, a gzip file: its end is written only as it is closed), and
     register an exit handler: as the rank ends, what the files hold back is written and the handler runs."""
@@ -144,6 +164,9 @@ def misbehave(behaviour: str) -> object:
             sys.stdout.write(chunk)
         raise RuntimeError("failed after a flood of output")
     if behaviour == "raise":
+        raise ValueError("rank asked to fail")
+    if behaviour == "raise_then_close":  # its peers fail as it ends, which it does only once the job is stopped
+        LEFT_OPEN.append(ClosesConnectionsOnClose())
         raise ValueError("rank asked to fail")
     if behaviour == "exit":
         os._exit(3)
