@@ -9,6 +9,7 @@ import json
 import os
 import pty
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,26 @@ def test_a_run_prints_a_start_line_and_a_summary_per_job_without_colour_on_a_pip
     assert table[1].split() == ["job", "status", "time", "rank", "0", "returned", "output", "dir", "overrides"]
     assert table[2].split()[:2] == ["#0", "COMPLETED"] and table[2].endswith("/0  behaviour=ok")
     assert table[3].split()[:2] == ["#1", "FAILED"] and "rank 1 failed: ValueError: rank asked..." in table[3]
+
+
+@pytest.mark.subprocess
+def test_each_line_of_hydra_ddpws_own_is_written_whole_so_no_job_beside_it_splits_it(tmp_path: Path) -> None:
+    """Jobs side by side share the console: a job process's stdout is unbuffered, and its start line went out as two
+    writes (the text, then its newline), so a line another job echoed between them was glued to its end
+    (`... output dir multirun/.../1[job 0] hello from rank 0`). Each write to a SEQPACKET socket is read back alone."""
+    reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with reader:
+        with writer:
+            proc = subprocess.Popen([sys.executable, str(APPS / "app.py"), "-m", "behaviour=ok,raise"], cwd=tmp_path,
+                                    stdout=writer.fileno(), stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        writes = []
+        while chunk := reader.recv(1 << 20):
+            writes.append(chunk.decode())
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 1, err
+    own = [write for write in writes if write.startswith(("[ddpw] job #", "[ddpw] sweep summary"))]
+    assert len(own) == 5, writes  # two start lines, a job's end each, the sweep's summary
+    assert all(write.endswith("\n") for write in own), own
 
 
 @pytest.mark.subprocess

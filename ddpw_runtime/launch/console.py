@@ -60,9 +60,12 @@ class _Lines:
 
 def show(text: str, stream: TextIO) -> None:
     """Print `text`, a line of hydra-ddpw's own, to `stream` (stdout). When its reader is gone (`| head`, `less` quit),
-    the rest goes nowhere, as Python advises, and the job goes on (its logs and summary file keep it)."""
+    the rest goes nowhere, as Python advises, and the job goes on (its logs and summary file keep it). The line and its
+    end go in one write: `print` writes them apart, and on an unbuffered stdout (a job process's) a line that a job
+    beside it echoed landed between the two."""
     try:
-        print(text, file=stream, flush=True)
+        stream.write(f"{text}\n")
+        stream.flush()
     except OSError:  # BrokenPipeError; EIO for a terminal that closed
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
