@@ -232,6 +232,19 @@ def test_a_running_job_says_where_each_rank_is_when_asked_and_goes_on(tmp_path: 
 
 
 @pytest.mark.subprocess
+def test_asking_where_in_a_folder_that_is_missing_or_holds_no_job_says_so(tmp_path: Path) -> None:
+    """A typo in RUN_DIR, or a folder without a job, read as "no running job answered" after the 5 s wait for
+    answers, as if the job had ended."""
+    (tmp_path / "empty").mkdir()
+    missing, empty = (subprocess.run([sys.executable, "-m", "ddpw_runtime.launch.where", str(tmp_path / name)],
+                                     capture_output=True, text=True, timeout=60) for name in ("outptus", "empty"))
+    assert missing.returncode == 1 and missing.stderr == \
+        f"{tmp_path / 'outptus'}: no such folder; give a job's output dir, or a folder above it\n", missing.stderr
+    assert empty.returncode == 1, empty.stderr
+    assert empty.stderr.startswith(f"no job under {tmp_path / 'empty'} (no rank_<k>.log in it or below)"), empty.stderr
+
+
+@pytest.mark.subprocess
 def test_a_stalled_job_is_reported_once_and_goes_on(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "behaviour=hang", "platform.stall_timeout_min=0.02", "platform.timeout_min=0.1")
     assert proc.stderr.count("where each rank was (no rank wrote a line or moved for") == 1, proc.stderr

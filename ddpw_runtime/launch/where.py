@@ -22,6 +22,8 @@ from ddpw_runtime.launch.payload import read_pickled, write_atomically
 def ask(run_dir: Path, wait_s: float = 10 * CHECK_S) -> dict[Path, list[WhereAnswer]]:
     """Ask every job under `run_dir` where its ranks are; each running job's answers (one per node) within `wait_s`."""
     jobs = sorted({log.parent for log in Path(run_dir).rglob("rank_*.log")})
+    if not jobs:  # nothing to ask, nothing to wait for
+        return {}
     token = uuid.uuid4().hex
     for job in jobs:
         write_atomically(job / REQUEST, pickle.dumps(WhereRequest(token)), 0o644)
@@ -45,6 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddpw_runtime.launch.where", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a job's output dir, or a folder above it")
     args = parser.parse_args(argv)
+    if not args.run_dir.is_dir():  # a typo: not the same as "no job runs there"
+        sys.stderr.write(f"{args.run_dir}: no such folder; give a job's output dir, or a folder above it\n")
+        return 1
+    if not any(args.run_dir.rglob("rank_*.log")):
+        sys.stderr.write(f"no job under {args.run_dir} (no rank_<k>.log in it or below): give a job's output dir, or a "
+                         "folder above it\n")
+        return 1
     answers = ask(args.run_dir)
     if not answers:
         sys.stderr.write(f"no running job answered under {args.run_dir}\n")
