@@ -212,6 +212,18 @@ def test_a_task_that_ends_with_sys_exit_0_on_every_rank_completes(tmp_path: Path
     assert "job #0 COMPLETED" in proc.stdout and "RankLost" not in proc.stdout + proc.stderr
 
 
+def test_a_plain_run_of_a_program_that_started_a_thread_is_refused_in_one_line_naming_it(tmp_path: Path) -> None:
+    """The refusal says what to do: it came with a traceback through hydra-ddpw's own frames, as a crash would."""
+    proc = run_app(tmp_path, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", app="thread_before_run.py")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("a plain run with a ddpw launcher goes on in a fork of this process (the program's "
+                                  "own process supervises the job), and the thread(s) prefetcher started before the "
+                                  "run would not be there; start them inside the task, or run with -m\n"), proc.stderr
+    assert "Traceback" not in proc.stderr and not list(tmp_path.rglob("rank_*.log"))
+    proc = run_app(tmp_path, "-m", "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", app="thread_before_run.py")
+    assert proc.returncode == 0 and "[ddpw] job #0 COMPLETED" in proc.stdout, proc.stderr
+
+
 def test_presets_of_hydra_ddpw_do_not_leak_into_other_apps(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "platform=gpu", app="own_platform_app.py")
     assert proc.returncode == 1 and "Could not find 'platform/gpu'" in proc.stderr

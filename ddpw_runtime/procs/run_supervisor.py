@@ -22,6 +22,7 @@ from types import FrameType
 from typing import NoReturn
 
 from ddpw_conf import Platform
+from ddpw_conf.errors import CompactError
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankFailure, Terminated
@@ -43,8 +44,9 @@ from ddpw_runtime.procs.starter import adopt_orphans, die_with_parent
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class ThreadsBeforeTheRun(RuntimeError):
-    """The program has threads besides its main one when a plain run would fork (the fork, rank 0, lacks them)."""
+class ThreadsBeforeTheRun(CompactError, RuntimeError):
+    """The program has threads besides its main one when a plain run would fork (the fork, rank 0, lacks them); the
+    message names them and what to do, so Hydra prints it alone, without a traceback."""
 
 
 def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
