@@ -161,7 +161,13 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "world size      : 3 (1 node(s) x 3 rank(s))" in proc.stdout
     assert "backend         : gloo" in proc.stdout
+    # No port is chosen before the job starts: the dry run showed one picked for it, which the job would not use.
+    assert "rendezvous      : tcp://127.0.0.1 (a free port, chosen when the job starts)\n" in proc.stdout, proc.stdout
     assert not any(tmp_path.rglob("rank_*.log"))
+    proc = run_app(tmp_path, "hydra.launcher.dry_run=true", "platform.master_port=29123")
+    assert "rendezvous      : tcp://127.0.0.1:29123\n" in proc.stdout, proc.stdout
+    proc = run_app(tmp_path, "-m", "hydra.launcher.dry_run=true", "platform.ipc_protocol=file")
+    assert "rendezvous      : file://<private dir>/rendezvous\n" in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("mode", [(), ("-m", "platform.exit_timeout_min=52560000"), ("platform.spawn_method=spawn",)],

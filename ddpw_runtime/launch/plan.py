@@ -73,12 +73,14 @@ class LaunchPlan:
         """A readable multi-line summary with the platform's, as the dry run prints it."""
         groups = str(self.groups or "world only") if self.makes_group else \
             "none: the task makes its own process group (ipc_groups=null)"
+        rendezvous = self.init_method
+        if rendezvous.startswith("tcp://") and not self.master_port:  # (a dry run's: no port chosen yet)
+            rendezvous = f"{rendezvous.rsplit(':', 1)[0]} (a free port, chosen when the job starts)"
         return "\n".join([
             f"world size      : {self.world_size} ({self.platform.n_nodes} node(s) x {self.ranks_per_node} rank(s))",
             f"device          : {self.device}",
             f"backend         : {self.backend}",
-            f"rendezvous      : {self.init_method if self.master_port else self.init_method.rsplit(':', 1)[0]}"
-            + ("" if self.master_port else " (a free port, chosen when the job starts)"),
+            f"rendezvous      : {rendezvous}",
             f"start method    : {self.platform.spawn_method}",
             f"threads per rank: {self.threads_per_rank}",
             f"groups          : {groups}",
@@ -100,9 +102,11 @@ def plan_local(platform: Platform, log_dir: Path, rendezvous_dir: Path, run_id: 
                master_addr: str | None = None, master_port: int | None = None, max_restarts: int = 0,
                restart_count: int = 0, share: Share | None = None) -> LaunchPlan:
     """The plan for node `node_rank` of a validated `platform`: address and port from `platform`, else the arguments,
-    else loopback and a free port; a `file` rendezvous in `rendezvous_dir`; with `share`, only its GPUs and cores."""
+    else loopback and a free port (`master_port` 0: none chosen yet, as a dry run shows it); a `file` rendezvous in
+    `rendezvous_dir`; with `share`, only its GPUs and cores."""
     addr = platform.master_addr or master_addr or LOOPBACK
-    port = platform.master_port or master_port or free_port(addr if platform.n_nodes == 1 else "")
+    port = platform.master_port or (free_port(addr if platform.n_nodes == 1 else "") if master_port is None
+                                    else master_port)
     init_method = f"file://{rendezvous_dir / 'rendezvous'}" if platform.ipc_protocol == "file" else f"tcp://{addr}:{port}"
     cpus = (share.n_cpus if share is not None else None) or platform.n_cpus_per_node or os.cpu_count() or 1
     return LaunchPlan(
