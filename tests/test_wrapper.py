@@ -444,6 +444,10 @@ def test_caller_rank_hanging_past_the_time_limit_is_stopped(tmp_path: Path, n_pr
     with pytest.raises(JobTimedOut) as info:
         runner.start(hang_on_every_rank)
     assert "time limit" in str(info.value)
+    # Rank 0, placed where it hung in the caller, is not also said to have ended (it was, as the other ranks' report
+    # counted it: not one of their processes).
+    assert "had ended" not in str(info.value) and str(info.value).count("\n  rank 0: ") == 1, str(info.value)
+    assert info.value.report is None or info.value.report.ended == ()
     assert [v[0] for v in runner.start(who, 3)] == list(range(n_procs))  # and the caller can run the next job
 
 

@@ -203,5 +203,8 @@ def with_rank_zero(timed_out: JobTimedOut, place: RankPlace | None) -> JobTimedO
     """`timed_out` (the other ranks') with where rank 0, in this process, was."""
     if place is None:
         return timed_out
-    report = None if timed_out.report is None else replace(timed_out.report, places=(place, *timed_out.report.places))
+    # (the other ranks' report counted rank 0, not one of their processes, as ended)
+    report = None if timed_out.report is None else replace(
+        timed_out.report, places=(place, *timed_out.report.places),
+        ended=tuple(rank for rank in timed_out.report.ended if rank != place.rank))
     return JobTimedOut(timed_out.timeout_min, {0: place.where(), **timed_out.where}, report, timed_out.stalled)
