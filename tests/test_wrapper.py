@@ -451,6 +451,21 @@ def test_caller_rank_hanging_past_the_time_limit_is_stopped(tmp_path: Path, n_pr
     assert [v[0] for v in runner.start(who, 3)] == list(range(n_procs))  # and the caller can run the next job
 
 
+def test_a_stall_report_places_the_callers_rank_0_where_it_is(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The report a stall prints (and the one a `where` request gets) said `rank 0: had ended` of a caller's rank 0
+    still in its task: the supervisor looked only at the ranks it started."""
+    runner = Wrapper(Platform(n_procs_per_node=2, stall_timeout_min=0.02, stop_on_stall=True), log_dir=tmp_path,
+                     caller_rank=True)
+    with pytest.raises(JobTimedOut) as info:
+        runner.start(hang_on_every_rank)
+    console = capfd.readouterr()
+    printed = console.out + console.err
+    assert "[ddpw]   rank 0: at hang_on_every_rank (" in printed, printed
+    assert "had ended" not in printed + str(info.value), printed + str(info.value)
+    assert info.value.stalled and str(info.value).count("\n  rank 0: ") == 1, str(info.value)
+
+
 INTERRUPTED_THEN_AGAIN = """
 import faulthandler, os, signal, sys, threading, time
 from ddpw_runtime import Platform, Wrapper

@@ -57,7 +57,8 @@ class NodeRanks(Children):
     `on_stop`: called as the job is being stopped; `outside`: rank 0, which this node did not start."""
 
     def __init__(self, local: LocalJob, ranks: Sequence[int], console: ConsoleRanks,
-                 on_stop: Callable[[], None] = lambda: None, outside: OutsideRank | None = None) -> None:
+                 on_stop: Callable[[], None] = lambda: None, outside: OutsideRank | None = None,
+                 own: Callable[[], RankPlace | None] | None = None) -> None:
         super().__init__()
         self.local = local
         self.key = str(local.workdir)
@@ -71,7 +72,9 @@ class NodeRanks(Children):
         self.signals_sent: set[int] = set()
         self.places: dict[int, RankPlace] = {}
         """Where each running rank was as the job was stopped."""
-        self.watch = Watch(local.plan, self.take_places, local.job.console_prefix)
+        self.own = own
+        """Where the rank that runs in this process is (a caller's rank 0), for a request's or a stall's report."""
+        self.watch = Watch(local.plan, self.watched_places, local.job.console_prefix)
         self._requests: list[int | None] = []  # what other threads asked for (`request_stop`)
         self._lock = threading.Lock()
 
@@ -129,6 +132,13 @@ class NodeRanks(Children):
     def take_places(self) -> dict[int, RankPlace]:
         """Where each running rank is now (its stacks, next to its log)."""
         return take_places(self.local.plan, {self.rank_of[rank.pid]: rank.pid for rank in self.running()})
+
+    def watched_places(self) -> dict[int, RankPlace]:
+        """`take_places`, and the rank in this process (`own`) where there is one: not a rank that had ended."""
+        places = self.take_places()
+        if self.own is not None and (place := self.own()) is not None:
+            places[place.rank] = place
+        return places
 
     def _begin_stop(self) -> float:
         """Freeze the console, take the ranks' stacks before any is stopped, send SIGTERM; when their grace ends."""

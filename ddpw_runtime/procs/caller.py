@@ -70,7 +70,8 @@ class CallerRank:
         self.interrupted: int | None = None
         """The signal (SIGINT, SIGTERM) passed on to the ranks when the caller got one."""
         self._console = local.console(skip=0)
-        self._ranks = NodeRanks(local, self.plan.global_ranks[1:], self._console, self._stop_rank_zero)
+        self._ranks = NodeRanks(local, self.plan.global_ranks[1:], self._console, self._stop_rank_zero,
+                                own=self._where_rank_zero)
         self._others: list[RankOutcome] | BaseException = []
         self._thread = threading.Thread(target=self._supervise, name="ddpw-other-ranks", daemon=True)
         self._task_over = threading.Event()
@@ -182,6 +183,10 @@ class CallerRank:
         self._place_zero = from_frame(0, _compat.main_thread_frame())
         self._send_stop()
 
+    def _where_rank_zero(self) -> RankPlace | None:
+        """Where rank 0's task is now (from the supervising thread); None once it is over."""
+        return None if self._task_over.is_set() else from_frame(0, _compat.main_thread_frame())
+
     def _send_stop(self) -> None:
         if self._saved_handlers and not self._task_over.is_set():
             signal.pthread_kill(threading.main_thread().ident or 0, STOP_SIGNAL)
@@ -203,8 +208,8 @@ def with_rank_zero(timed_out: JobTimedOut, place: RankPlace | None) -> JobTimedO
     """`timed_out` (the other ranks') with where rank 0, in this process, was."""
     if place is None:
         return timed_out
-    # (the other ranks' report counted rank 0, not one of their processes, as ended)
+    # (the other ranks' report counted rank 0, not one of their processes, as ended; a stall's placed it already)
     report = None if timed_out.report is None else replace(
-        timed_out.report, places=(place, *timed_out.report.places),
+        timed_out.report, places=(place, *(p for p in timed_out.report.places if p.rank != place.rank)),
         ended=tuple(rank for rank in timed_out.report.ended if rank != place.rank))
     return JobTimedOut(timed_out.timeout_min, {0: place.where(), **timed_out.where}, report, timed_out.stalled)
