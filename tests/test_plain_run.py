@@ -196,9 +196,10 @@ def test_a_killed_rank_is_named_with_its_signal(tmp_path: Path) -> None:
 
 def test_rank_0_whose_task_calls_sys_exit_in_the_job_is_named_with_its_own_exit_code(tmp_path: Path) -> None:
     """The program ends inside the job (rank 1 fails in its barrier, and the supervisor takes the stacks): as Python
-    lets go of its handlers, the supervisor's requests must not end it with their signal instead of its own code."""
+    lets go of its handlers, the supervisor's requests must not end it with their signal instead of its own code; and
+    the program exits with that code, as without hydra-ddpw (it exited 1)."""
     proc = run_app(tmp_path, "behaviour=sysexit", "fail_rank=0")
-    assert proc.returncode != 0
+    assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "rank 0 failed: RankExited: exited with code 4" in proc.stdout, proc.stdout + proc.stderr
     assert "signal" not in proc.stdout, proc.stdout
 

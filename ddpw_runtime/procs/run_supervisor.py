@@ -1,6 +1,7 @@
 """A plain run's supervisor: the program's own process, once its fork goes on as rank 0 (docs/architecture.md, "A
-plain run is Hydra's own run mode"). The program exits with rank 0's exit code, 130/143 after Ctrl-C/SIGTERM, or 1
-when rank 0 had to be killed (the supervisor then shows the job's error itself)."""
+plain run is Hydra's own run mode"). The program exits with rank 0's exit code (also when its own exit, `sys.exit(n)`
+in its task, failed the job), 130/143 after Ctrl-C/SIGTERM, or 1 when rank 0 was killed (the supervisor then shows the
+job's error itself)."""
 
 from __future__ import annotations
 
@@ -227,8 +228,9 @@ class RunSupervisor:
             return self._end_of_run()
         if failure is not None:  # rank 0 cannot say it (it died or was killed): say it here
             sys.stderr.write(f"Error executing job: {failure}\n")
+        own = isinstance(failure, RankFailure) and failure.rank == 0 and (self.exited or 0) > 0  # its `sys.exit(n)`
         self._kill_rank_zero()
-        return 1 if failure is not None else _exit_code(self.exited or 0)
+        return 1 if failure is not None and not own else _exit_code(self.exited or 0)
 
     def _answer(self, settled: JobSettled) -> None:
         with held(), suppress(OSError):  # answered and no longer waiting, or neither (OSError: it is gone)
