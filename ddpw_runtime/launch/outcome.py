@@ -124,10 +124,10 @@ def describe_exit(code: int | None, returned: bool = False) -> tuple[str, str]:
     if code is None:
         return "RankLost", "the rank ended without an exit status"
     if returned and code == -signal.SIGALRM:
-        return "HungAtExit", ("its task returned, then it did not end within platform.exit_timeout_min as it exited: "
-                              "an atexit handler (a tracker's upload, say) or closing a file its task left open hung "
-                              "or needed longer; it was ended by SIGALRM, every thread's stack in its log (raise "
-                              "platform.exit_timeout_min for work that takes longer)")
+        return "HungAtExit", ("its task returned, then it did not end within platform.exit_timeout_min: an atexit "
+                              "handler (a tracker's upload, say) or closing a file it left open hung or took longer "
+                              "(raise platform.exit_timeout_min if so); ended by SIGALRM, every thread's stack in its "
+                              "log")
     after = " after its task returned, as it exited (in an atexit handler, or closing a file its task left open)"
     if code < 0:
         return "RankKilled", f"killed by {signal_name(-code)} (exit code {code}){after if returned else ''}"
