@@ -225,10 +225,24 @@ def test_a_running_job_says_where_each_rank_is_when_asked_and_goes_on(tmp_path: 
     assert "    rank 0: waiting in barrier, at main (" in asked.stdout
     assert "in misbehave" in (job / "stacks_rank_1.txt").read_text()
     assert "in barrier" in (job / "stacks_rank_0.txt").read_text()
+    assert not (job / "where.request").exists()  # answered: the request is gone, nothing left once the job ends
     assert proc.poll() is None  # it goes on
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert "[ddpw] where each rank was (asked)" in stderr and "[ddpw]   rank 1: NOT IN THE COLLECTIVE" in stderr
+
+
+@pytest.mark.subprocess
+def test_asking_where_leaves_nothing_in_the_folder_of_a_job_that_had_ended(tmp_path: Path) -> None:
+    """Asking a finished sweep's folder wrote `where.request` into every job's dir and left it there (nobody
+    answers it)."""
+    assert run_app(tmp_path, "-m", "behaviour=ok,ok").returncode == 0
+    before = {job: sorted(job.rglob("*")) for job in job_dirs(tmp_path)}
+    assert len(before) == 2
+    asked = subprocess.run([sys.executable, "-m", "ddpw_runtime.launch.where", str(tmp_path)], capture_output=True,
+                           text=True, timeout=60)
+    assert asked.returncode == 1 and "no running job answered" in asked.stderr, asked.stderr
+    assert {job: sorted(job.rglob("*")) for job in job_dirs(tmp_path)} == before
 
 
 @pytest.mark.subprocess

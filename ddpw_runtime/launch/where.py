@@ -25,15 +25,21 @@ def ask(run_dir: Path, wait_s: float = 10 * CHECK_S) -> dict[Path, list[WhereAns
     if not jobs:  # nothing to ask, nothing to wait for
         return {}
     token = uuid.uuid4().hex
-    for job in jobs:
-        write_atomically(job / REQUEST, pickle.dumps(WhereRequest(token)), 0o644)
     answers: dict[Path, list[WhereAnswer]] = {}
-    end = time.monotonic() + wait_s
-    while time.monotonic() < end:
-        answers = {job: found for job in jobs if (found := _answers(job, token))}
-        if answers and all(len(found) == found[0].n_nodes for found in answers.values()):
-            break
-        time.sleep(CHECK_S / 5)
+    try:
+        for job in jobs:
+            write_atomically(job / REQUEST, pickle.dumps(WhereRequest(token)), 0o644)
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            answers = {job: found for job in jobs if (found := _answers(job, token))}
+            if answers and all(len(found) == found[0].n_nodes for found in answers.values()):
+                break
+            time.sleep(CHECK_S / 5)
+    finally:  # the wait is over: a job that ended (nobody answers) keeps no request in its folder
+        for job in jobs:
+            request = read_pickled(job / REQUEST, WhereRequest)
+            if request is not None and request.token == token:  # not a later asker's
+                (job / REQUEST).unlink(missing_ok=True)
     return answers
 
 
