@@ -170,3 +170,21 @@ def test_integration_app_runs_on_n_ranks(tmpdir: Any, n_ranks: int) -> None:
         ],
         expected_outputs=[str(n_ranks)] * 3,
     )
+
+
+@pytest.mark.parametrize("version_base", ["1.1", None], ids=["hydra-1.1-defaults", "current-defaults"])
+def test_hydras_job_warnings_show_once_per_multirun_as_under_its_own_launcher(
+        tmp_path: Path, version_base: str | None) -> None:
+    """An app of Hydra 1.1's defaults (`version_base="1.1"`, as apps written before Hydra 1.2): Hydra's `run_job` warns
+    that the working directory will no longer change. Hydra's launcher runs every job in one process and shows it
+    once; a ddpw multirun showed it once per job, from each job's process, as if hydra-ddpw's code raised it."""
+    app = tmp_path / "app.py"
+    app.write_text(f"import hydra\n\n@hydra.main(version_base={version_base!r}, config_path=None)\n"
+                   "def main(cfg):\n    pass\n\nif __name__ == '__main__':\n    main()\n")
+    counts = []
+    for launcher in ("basic", "ddpw_cpu"):
+        out = subprocess.run([sys.executable, str(app), "-m", f"hydra/launcher={launcher}", "+x=1,2,3"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        counts.append(out.stderr.count("Future Hydra versions will no longer change working directory"))
+    assert counts == ([1, 1] if version_base else [0, 0]), counts

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import signal
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,10 @@ class JobPayload:
     """`pickling.dumps` of (hydra_context, task_function, config)."""
     idx: int
     node_job: NodeJob
+    first: bool
+    """Whether it is the first job its launch starts: only that one shows Hydra's `run_job` warnings (the working
+    directory's, for apps of `version_base="1.1"`), once per sweep as in Hydra's launcher, which runs every job in one
+    process."""
 
 
 @dataclass
@@ -62,6 +67,8 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
         with open(payload_path, "rb") as src:
             payload: JobPayload = pickle.load(src)
         payload.state.enter({})
+        if not payload.first:
+            warnings.filterwarnings("ignore", category=UserWarning, module=__name__)  # (see `JobPayload.first`)
         hydra_context, task_function, config = pickle.loads(payload.hydra_job)
         task = JobTask(task_function, replace(payload.node_job, scratch=str(result.parent)), payload.idx)
         key, subkey = PreparedJob.dir_keys

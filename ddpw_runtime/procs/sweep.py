@@ -219,7 +219,8 @@ class _Sweep:
         job.pin()  # its output dir and ${now:...} as of its start, as Hydra's basic launcher resolves them
         self.summary.record(entry(job.idx, job.overrides, job.output_dir, 0.0, None, "RUNNING"))
         payload = JobPayload(ProcessState.capture(), pickling.dumps((self.hydra_context, self.task_function,
-                                                                        job.config)), job.idx, node_job)
+                                                                        job.config)), job.idx, node_job,
+                             first=not self.ended and not self.running)
         log.info(f"#{job.idx} : {job.shown}")
         # Ctrl-C or SIGTERM comes once the job is known here (so that it is stopped too), or before its private
         # folder exists (so that none is left behind).
