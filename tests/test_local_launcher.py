@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,6 +171,19 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
     assert "rendezvous      : tcp://127.0.0.1:29123\n" in proc.stdout, proc.stdout
     proc = run_app(tmp_path, "-m", "hydra.launcher.dry_run=true", "platform.ipc_protocol=file")
     assert "rendezvous      : file://<private dir>/rendezvous\n" in proc.stdout, proc.stdout
+
+
+def test_the_dry_run_shows_the_threads_per_rank_an_omp_num_threads_set_gives_the_ranks(tmp_path: Path) -> None:
+    """`OMP_NUM_THREADS` in the shell, or in `hydra.job.env_set`, is what the ranks use: the dry run showed the
+    split's 1 instead."""
+    def app(*overrides: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(APPS / "app.py"), *overrides], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "3"})
+    assert "threads per rank: 3 (OMP_NUM_THREADS)\n" in app("hydra.launcher.dry_run=true").stdout
+    assert app().returncode == 0
+    assert [data["threads"] for data in seen(job_dirs(tmp_path)[0]).values()] == [3, 3]  # as shown
+    proc = run_app(tmp_path, "-m", "hydra.launcher.dry_run=true", "+hydra.job.env_set.OMP_NUM_THREADS=2")
+    assert "threads per rank: 2 (OMP_NUM_THREADS)\n" in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("mode", [(), ("-m", "platform.exit_timeout_min=52560000"), ("platform.spawn_method=spawn",)],

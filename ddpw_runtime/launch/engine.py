@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -71,7 +71,9 @@ def _run_once(packed: bytes, state: ProcessState, job: NodeJob) -> list[Any]:
     return [o.result.value() for o in outcomes if o.result is not None]
 
 
-def describe(platform: Platform, log_dir: Path) -> str:
-    """The platform and launch plan as a dry run prints them (nothing is started)."""
+def describe(platform: Platform, log_dir: Path, env_set: Mapping[str, Any] | None = None) -> str:
+    """The platform and launch plan as a dry run prints them (nothing is started; `env_set`: the job's
+    `hydra.job.env_set`)."""
     check(platform)
-    return plan_local(platform, Path(log_dir).resolve(), Path("<private dir>"), "<run id>", master_port=0).describe()
+    plan = plan_local(platform, Path(log_dir).resolve(), Path("<private dir>"), "<run id>", master_port=0)
+    return plan.describe(env_set)

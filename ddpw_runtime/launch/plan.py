@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ddpw_conf import Device, Platform
 from ddpw_runtime.launch.devices import Share
@@ -18,6 +20,15 @@ DUMP_SIGNAL = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIG
 no library uses, where there are such, so a task's own SIGUSR1 handler (a checkpoint on signal) never runs for it."""
 RECORDER_PREFIX = "fr_rank_"
 """A rank's flight-recorder dump in the job's output dir, less its rank (torch's `TORCH_FR_DUMP_TEMP_FILE`)."""
+THREADS_ENV = "OMP_NUM_THREADS"
+"""The threads each rank's torch uses: the user's value where set, else the plan's split."""
+
+
+def threads_set_in(environ: Mapping[str, str]) -> int | None:
+    """The threads a rank's torch uses by its environment `environ`: `OMP_NUM_THREADS` when it is a count (kept, as
+    torchrun keeps it), else None (the plan's `threads_per_rank`)."""
+    value = environ.get(THREADS_ENV, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def stacks_file(log_dir: Path, rank: int | str) -> Path:
@@ -69,8 +80,11 @@ class LaunchPlan:
         return (f"{self.world_size} rank(s) ({self.platform.n_nodes} node(s) x {self.ranks_per_node}) on "
                 f"{self.device}, {self.backend} via {self.init_method}, logs in {self.log_dir}/rank_<rank>.log")
 
-    def describe(self) -> str:
-        """A readable multi-line summary with the platform's, as the dry run prints it."""
+    def describe(self, env_set: Mapping[str, Any] | None = None) -> str:
+        """A readable multi-line summary with the platform's, as the dry run prints it (`env_set`: the job's
+        `hydra.job.env_set`, which the ranks' environment gets on top of this process's)."""
+        set_threads = threads_set_in({**os.environ, **{k: str(v) for k, v in (env_set or {}).items()}})
+        threads = f"{set_threads} ({THREADS_ENV})" if set_threads else self.threads_per_rank
         groups = str(self.groups or "world only") if self.makes_group else \
             "none: the task makes its own process group (ipc_groups=null)"
         rendezvous = self.init_method
@@ -82,7 +96,7 @@ class LaunchPlan:
             f"backend         : {self.backend}",
             f"rendezvous      : {rendezvous}",
             f"start method    : {self.platform.spawn_method}",
-            f"threads per rank: {self.threads_per_rank}",
+            f"threads per rank: {threads}",
             f"groups          : {groups}",
             f"console ranks   : {self.console_ranks or 'none'}",
             f"rank logs       : {self.log_file(0).parent}/rank_<rank>.log",

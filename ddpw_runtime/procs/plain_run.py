@@ -168,7 +168,7 @@ def _start_run(config: DictConfig) -> RankZeroSide | None:
         if options.dry_run:
             shown = " ".join(filter_overrides(list(as_typed(config.hydra.overrides.task))))
             print(f"--- job #0: {shown or '(no overrides)'} (dry run, nothing started)\n"
-                  f"{describe(platform, Path(str(config.hydra.run.dir)).absolute())}")
+                  f"{describe(platform, Path(str(config.hydra.run.dir)).absolute(), config.hydra.job.env_set)}")
             sys.exit(0)
     return RankZeroSide.fork(platform, options)
 

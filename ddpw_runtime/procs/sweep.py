@@ -89,7 +89,7 @@ def _note_shared_ports(jobs: Sequence[PreparedJob]) -> None:
 def _dry_run(job: PreparedJob) -> JobReturn:
     log.info(f"#{job.idx} : {job.shown}")
     print(f"--- job #{job.idx}: {job.shown or '(no overrides)'} (dry run, nothing started)\n"
-          f"{describe(job.platform, job.output_dir)}")
+          f"{describe(job.platform, job.output_dir, job.config.hydra.job.env_set)}")
     return DdpwJobReturn(overrides=job.overrides, cfg=job.config, status=JobStatus.COMPLETED)
 
 

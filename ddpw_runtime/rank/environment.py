@@ -8,12 +8,10 @@ import os
 import sys
 from collections.abc import Mapping
 
-from ddpw_runtime.launch.plan import RECORDER_PREFIX, LaunchPlan
+from ddpw_runtime.launch.plan import RECORDER_PREFIX, THREADS_ENV, LaunchPlan, threads_set_in
 
 RESTART_COUNT_ENV = "DDPW_RESTART_COUNT"
 """The variable that carries `restart_count()` to the ranks."""
-THREADS_ENV = "OMP_NUM_THREADS"
-"""The threads each rank's torch uses: the user's value where set, else the plan's split."""
 RECORDED_COLLECTIVES = 2000
 """How many last collectives a rank's flight recorder keeps (`TORCH_FR_BUFFER_SIZE` unless set): cheap."""
 
@@ -63,8 +61,7 @@ def rank_environment(plan: LaunchPlan, rank: int, local_rank: int, given: Mappin
 
 def threads_per_rank(plan: LaunchPlan) -> int:
     """The threads this rank's torch uses: `OMP_NUM_THREADS` when it is a count, else the plan's split."""
-    value = os.environ.get(THREADS_ENV, "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else plan.threads_per_rank
+    return threads_set_in(os.environ) or plan.threads_per_rank
 
 
 def tell_imported_libraries(rank: int) -> None:

@@ -7,7 +7,7 @@ import math
 import shlex
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -105,12 +105,13 @@ def console_logs(platform: Platform, output_dir: Path) -> dict[int, Path]:
     return {rank: plan.log_file(rank) for rank in plan.console_ranks}
 
 
-def describe(platform: Platform, output_dir: Path) -> str:
-    """The launch plan a dry run prints for a job of `platform`: what every node will run."""
+def describe(platform: Platform, output_dir: Path, env_set: Mapping[str, Any] | None = None) -> str:
+    """The launch plan a dry run prints for a job of `platform`: what every node will run (`env_set`: the job's
+    `hydra.job.env_set`)."""
     plan = _plan(platform, output_dir)
     if platform.n_nodes == 1:
         where = f"{platform.master_addr or '127.0.0.1'}:{platform.master_port or '<a free port>'}"
     else:
         where = (f"{platform.master_addr or '<first node of the allocation>'}:"
                  f"{platform.master_port or f'<{PORT_BASE} + SLURM job id % {PORT_SPAN}>'}")
-    return replace(plan, init_method=f"tcp://{where}", platform=platform).describe()
+    return replace(plan, init_method=f"tcp://{where}", platform=platform).describe(env_set)

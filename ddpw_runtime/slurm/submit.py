@@ -159,7 +159,7 @@ def _print_dry_run(groups: list[list[_Job]], folder: Path) -> None:
         for job in group:
             p = job.prepared
             print(f"--- job #{p.idx}: {p.shown or '(no overrides)'}: launch plan on each node\n"
-                  f"{sbatch.describe(p.platform, p.output_dir)}")
+                  f"{sbatch.describe(p.platform, p.output_dir, p.config.hydra.job.env_set)}")
 
 
 def _submit(groups: list[list[_Job]], hydra_context: HydraContext, task_function: TaskFunction,
