@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -260,6 +261,34 @@ def test_fire_and_forget_returns_at_once_with_a_manifest(slurm_env: dict[str, st
     assert submitted["output_dir"] == str(out)
     wait_for(lambda: 0 in seen(out), timeout=60, what="the job to run on its own")
     assert seen(out)[0]["run_id"] == submitted["slurm_job_id"]
+
+
+@pytest.mark.subprocess
+def test_sigterm_to_the_waiting_program_leaves_its_jobs_running_and_says_how_to_collect_or_cancel_them(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The jobs are SLURM's (a login node that shuts down sends SIGTERM): they go on, and the program says so, with
+    the resume and the scancel that take it from there; it said `no rank was running`, which told neither."""
+    sweep = tmp_path / "sw"
+    proc = start_app(tmp_path, *multirun("behaviour=wait", "platform.n_procs_per_node=1", f"hydra.run.dir={sweep}"),
+                     app=APP)
+    try:
+        wait_for(lambda: (sweep / "running_rank_0").exists(), timeout=60, what="the job to run")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    (submitted,) = manifest(sweep)
+    job_id = submitted["slurm_job_id"]
+    try:
+        assert proc.returncode == 143, err
+        assert "no rank was running" not in err, err
+        assert (f"Terminated (SIGTERM): SLURM job(s) {job_id} go on without this program; collect them with the same "
+                f"command and hydra.launcher.resume=true hydra.sweep.dir={sweep}, or cancel them with scancel {job_id}"
+                in err), err
+        assert slurm("squeue", "--noheader", "--format=%T", f"--jobs={job_id}").split() == ["RUNNING"]
+    finally:
+        slurm("scancel", job_id)
 
 
 LAGGING_SACCT = "#!/bin/sh\necho 'JobID|State|NodeList'\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import subprocess
 import sys
 import time
@@ -23,11 +24,11 @@ from omegaconf import OmegaConf
 
 from ddpw_conf.launcher import SlurmLauncherConf
 from ddpw_runtime import _compat
-from ddpw_runtime.errors import SlurmJobError
+from ddpw_runtime.errors import SlurmJobError, Terminated
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob, task_config
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast_line
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
-from ddpw_runtime.launch import pickling
+from ddpw_runtime.launch import pickling, signals
 from ddpw_runtime.launch.console import ConsoleEcho, console_of
 from ddpw_runtime.launch.job import Grace
 from ddpw_runtime.launch.payload import write_atomically
@@ -79,14 +80,27 @@ def run_jobs(hydra_context: HydraContext, task_function: TaskFunction, prepared:
     echo = ConsoleEcho(shown, console_of(sys.stdout), {rank: f"[rank {rank}] " for rank in shown if len(shown) > 1})
     try:
         echo.start()
-        ended.update(_wait(waiting, summary, options.fail_fast) if waiting else {})
+        with signals.jobs_running():  # (a Ctrl-C or SIGTERM is reported below, not as one that came with no job)
+            ended.update(_wait(waiting, summary, options.fail_fast) if waiting else {})
     except KeyboardInterrupt:
-        for job in waiting:
-            job.slurm.cancel(check=False)
-            if summary.entries[job.prepared.idx].status == _SUBMITTED:
-                _record(summary, job, "INTERRUPTED")
-        log.error(f"Interrupted: cancelled SLURM job(s) {', '.join(job.slurm.job_id for job in waiting)}")
+        with signals.further(lambda: None):
+            for job in waiting:
+                job.slurm.cancel(check=False)
+                if summary.entries[job.prepared.idx].status == _SUBMITTED:
+                    _record(summary, job, "INTERRUPTED")
+            log.error(f"Interrupted: cancelled SLURM job(s) {', '.join(job.slurm.job_id for job in waiting)}")
         raise SystemExit(130) from None
+    except Terminated:  # the jobs are SLURM's (a login node's shutdown sends SIGTERM): they go on, as after a SIGKILL
+        with signals.further(lambda: None):
+            going = [job.slurm.job_id for job in waiting if summary.entries[job.prepared.idx].status == _SUBMITTED]
+            if going:
+                sweep_dir = manifest.parent
+                sys.stderr.write(f"Terminated (SIGTERM): SLURM job(s) {', '.join(going)} go on without this program; "
+                                 "collect them with the same command and hydra.launcher.resume=true "
+                                 f"hydra.sweep.dir={sweep_dir}, or cancel them with scancel {' '.join(going)}\n")
+            else:
+                sys.stderr.write(signals.nothing_running(signal.SIGTERM))
+        raise
     finally:
         echo.stop()
     return [ended[job.prepared.idx] for job in jobs]
