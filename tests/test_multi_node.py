@@ -380,6 +380,22 @@ def test_a_node_that_joined_and_died_while_node_0_waits_for_another_is_named_at_
 
 
 @pytest.mark.subprocess
+def test_a_node_that_joined_says_which_node_never_joined(tmp_path: Path) -> None:
+    """3 nodes, node 2 never starts: node 1, which joined and started its rank, names node 2 as node 0 does (it said
+    that a rank failed or the time limit passed on node 0)."""
+    port = free_port()
+    base = ["platform.n_nodes=3", "platform.n_procs_per_node=1", "platform.join_timeout_min=0.05", "behaviour=wait"]
+    zero = _node(tmp_path, [*base, *_explicit(port, 0)[0]], {})
+    one = _node(tmp_path, [*base, *_explicit(port, 1)[0]], {})
+    _, err0 = zero.communicate(timeout=60)
+    _, err1 = one.communicate(timeout=60)
+    assert (zero.returncode, one.returncode) == (1, 1), err0 + err1
+    never = "node(s) 2 of 3 never joined within platform.join_timeout_min=0.05"
+    assert never in err0, err0
+    assert f"[ddpw] {never}" in err1 and "a rank failed" not in err1, err1
+
+
+@pytest.mark.subprocess
 def test_a_multirun_whose_nodes_never_start_ends_without_waiting_for_them_to_read_its_end(tmp_path: Path) -> None:
     """Node 0's sweep ends waiting (up to 10 s) only for the nodes still following it: not for every node the job lost
     (it counted one per job: with two lost, it waited the whole 10 s for the second)."""
@@ -554,6 +570,19 @@ def test_node_1_killed_while_node_0s_rank_waits_for_it_in_a_collective_ends_node
     assert zero.returncode == 1 and "node 1 could no longer be reached" in err0, err0
     assert time.monotonic() - started < 15  # (it waited for node 1's end for 30 s)
     wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
+
+
+@pytest.mark.subprocess
+def test_a_node_whose_ranks_failed_only_as_a_peer_went_away_says_so(tmp_path: Path) -> None:
+    """Rank 1 (node 1) fails with gloo's `Connection closed by peer` (its connection to node 0 was lost, or a rank of
+    node 0 ended first and node 1's stop came before node 0's): node 1 says so in one line, and exits 1 (it said
+    nothing: no rank of its failed by itself, and no other node's stop came)."""
+    zero, one = _start_two(tmp_path, _explicit, "behaviour=peer_gone", "fail_rank=1")
+    _, err0 = zero.communicate(timeout=120)
+    _, err1 = one.communicate(timeout=120)
+    assert (zero.returncode, one.returncode) == (1, 1), err0 + err1
+    assert "[ddpw] rank 1 failed on this node (node 1) only because a peer went away (a rank of another node ended, " \
+           "or the network between the nodes failed); node 0 shows the job's error" in err1, err1
 
 
 @pytest.mark.subprocess

@@ -100,13 +100,12 @@ class Nodes:
         if stopped is not None:  # a node got Ctrl-C or SIGTERM before it joined, or runs another command (never joins)
             raise (NodeLost if stopped.why is not None else NodeError)(stopped.text())
         if missing:
-            channel.stop_job(NodeStop(0))
-            raise NodeLost(
-                f"node(s) {', '.join(map(str, missing))} of {platform.n_nodes} never joined within "
-                f"platform.join_timeout_min={platform.join_timeout_min:g} (node 0 waited at {channel.where}): start "
-                "the same command on each machine (its platform.node_rank, or its platform's variables, saying "
-                "which node it is), and check that it reaches this address and port", missing
-            )
+            never = (f"node(s) {', '.join(map(str, missing))} of {platform.n_nodes} never joined within "
+                     f"platform.join_timeout_min={platform.join_timeout_min:g} (node 0 waited at {channel.where}): "
+                     "start the same command on each machine (its platform.node_rank, or its platform's variables, "
+                     "saying which node it is), and check that it reaches this address and port")
+            channel.stop_job(NodeStop(0, why=never))  # (the nodes that joined say why, not that a rank failed)
+            raise NodeLost(never, missing)
         return Nodes(channel, local.job.grace)
 
     def ranks(self, local: LocalJob, console: ConsoleRanks, on_stop: Callable[[], None] = lambda: None,

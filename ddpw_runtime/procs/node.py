@@ -150,4 +150,9 @@ def _follow(platform: Platform, options: LauncherOptions,
         return 1, stopped
     if cause is None:
         sys.stderr.write(f"[ddpw] every rank of this node (node {node}) returned; node 0 shows the job's report\n")
-    return (1 if cause is not None else 0), None
+        return 0, None
+    # its ranks failed only as a peer went away, and this node's stop came first: node 0 shows the root cause
+    sys.stderr.write(f"[ddpw] rank {cause.rank} failed on this node (node {node}) only because a peer went away (a "
+                     "rank of another node ended, or the network between the nodes failed); node 0 shows the job's "
+                     "error\n")
+    return 1, None

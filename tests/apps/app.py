@@ -165,6 +165,8 @@ def misbehave(behaviour: str) -> object:
         raise RuntimeError("failed after a flood of output")
     if behaviour == "raise":
         raise ValueError("rank asked to fail")
+    if behaviour == "peer_gone":  # what gloo raises in a rank whose connection to another node was lost
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.2]:29500")
     if behaviour == "raise_then_close":  # its peers fail as it ends, which it does only once the job is stopped
         LEFT_OPEN.append(ClosesConnectionsOnClose())
         raise ValueError("rank asked to fail")
