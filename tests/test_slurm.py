@@ -291,6 +291,20 @@ def test_sigterm_to_the_waiting_program_leaves_its_jobs_running_and_says_how_to_
         slurm("scancel", job_id)
 
 
+@pytest.mark.subprocess
+def test_a_failed_job_of_a_slurm_sweep_is_reported_as_it_fails(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """As in a local sweep, `[ddpw] job #N FAILED after ...: <cause>` as the job ends, before the summary; the console
+    said only `SLURM job 42_0 ended (every node returned)`, the cause first shown at the sweep's end."""
+    proc = run(tmp_path, "lr=0.1,0.2", "behaviour=raise", "fail_rank=0", "platform.n_procs_per_node=1",
+               f"hydra.sweep.dir={tmp_path / 'sw'}")
+    assert proc.returncode == 1, proc.stderr
+    for job in (0, 1):
+        line = f"[ddpw] job #{job} FAILED after "
+        assert line in proc.stdout, proc.stdout
+        assert proc.stdout.index(line) < proc.stdout.index("[ddpw] sweep summary"), proc.stdout
+        assert proc.stdout.split(line)[1].split("\n")[0].endswith(": rank 0 failed: ValueError: rank asked to fail")
+
+
 LAGGING_SACCT = "#!/bin/sh\necho 'JobID|State|NodeList'\n"
 """A `sacct` whose accounting database has not recorded any job yet (slurmdbd lags behind the controller): the one
 thing here that stands in for SLURM, since the real lag cannot be made to order."""

@@ -26,10 +26,11 @@ from ddpw_conf.launcher import SlurmLauncherConf
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import SlurmJobError, Terminated
 from ddpw_runtime.hydra_jobs.prepare import PreparedJob, task_config
+from ddpw_runtime.hydra_jobs.summary import failed_summary, shown_path, use_colour
 from ddpw_runtime.hydra_jobs.sweep_summary import SweepSummary, entry, fail_fast_line
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
 from ddpw_runtime.launch import pickling, signals
-from ddpw_runtime.launch.console import ConsoleEcho, console_of
+from ddpw_runtime.launch.console import ConsoleEcho, console_of, show
 from ddpw_runtime.launch.job import Grace
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.slurm import outcomes as node_outcomes
@@ -251,6 +252,10 @@ def _wait(jobs: list[_Job], summary: SweepSummary, fail_fast: bool) -> dict[int,
                 p = job.prepared
                 returns[p.idx] = ret
                 summary.record(entry(p.idx, p.overrides, p.output_dir, now - start, ret), ret)
+                error = _compat.job_error(ret)
+                if error is not None:  # reported as it fails, as a local sweep reports it
+                    show(failed_summary(p.idx, error, now - start, shown_path(p.output_dir, Path.cwd()),
+                                        use_colour(sys.stdout)), sys.stdout)
                 if fail_fast and ret.status is JobStatus.FAILED:
                     _fail_fast(p.idx, ret, pending, summary)
         if not pending:
