@@ -94,19 +94,20 @@ def _in_rank_zero(action: Callable[[], _T]) -> _T:
     raised (`_interrupted_once`): the supervisor passes one sent to the process group on to rank 0 as well, and a
     second one raised while the first is handled showed its traceback."""
     ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (not where the program ignores Ctrl-C)
-    if ours:
-        _interrupts.clear()
-        signal.signal(signal.SIGINT, _interrupted_once)
-    try:
-        done = _compat.report_like_hydra(action)
-        if _interrupts:  # one that code run meanwhile dropped (`_interrupted_once`)
-            raise KeyboardInterrupt
-        return done
+    try:  # (outside all of it: a Ctrl-C while the handler is put in place or taken back ends the run quietly too)
+        if ours:
+            _interrupts.clear()
+            signal.signal(signal.SIGINT, _interrupted_once)
+        try:
+            done = _compat.report_like_hydra(action)
+            if _interrupts:  # one that code run meanwhile dropped (`_interrupted_once`)
+                raise KeyboardInterrupt
+            return done
+        finally:
+            if ours and signal.getsignal(signal.SIGINT) is _interrupted_once:
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # the task's Ctrl-C is Python's own
     except KeyboardInterrupt:
         _ended_by(signal.SIGINT)
-    finally:
-        if ours and signal.getsignal(signal.SIGINT) is _interrupted_once:
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # the task's Ctrl-C is Python's own
 
 
 _interrupts: list[int] = []
