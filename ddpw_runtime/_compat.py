@@ -149,6 +149,11 @@ def node_result_ready(task: Any) -> bool:
     return bool(task.paths.result_pickle.exists())
 
 
+def node_result_time(task: Any) -> float:
+    """When the node task of a submitit job wrote its result file (`time.time()`). Private: `paths.result_pickle`."""
+    return float(task.paths.result_pickle.stat().st_mtime)
+
+
 def compiled_original(model: Any) -> Any:
     """The module `torch.compile` wrapped in `model`, else None. Private: `_orig_mod`. Fallback: None."""
     from torch import nn

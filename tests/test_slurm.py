@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,10 @@ def test_rank_failure_on_the_second_node_is_the_reported_root_cause(slurm_env: d
     assert "--- traceback of rank 1 ---" in proc.stderr
     assert 'raise ValueError("rank asked to fail")' in proc.stderr
     assert "waiting for clients" not in proc.stderr and "Connection closed" not in proc.stderr
+    # Rank 0's console, echoed while the job ran, ends before its note of the error that followed (the connection
+    # rank 1 closed), as a local job's console stops: it came first on the console, before the real cause.
+    assert "hello from rank 0" in proc.stdout
+    assert "--- rank 0 failed" not in proc.stdout and "Connection closed" not in proc.stdout, proc.stdout
     _gone(seen(job_dirs(tmp_path)[0]))
 
 
@@ -239,6 +244,9 @@ def test_preempted_job_is_requeued_and_resumes_from_its_checkpoint(slurm_env: di
     finally:
         proc.kill()
     assert proc.returncode == 0, stderr
+    requeued = f"#0 : SLURM job {job_id} was requeued (restart 1): it resumes when SLURM starts it again\n"
+    assert stdout.count(requeued) == 1, stdout  # (the console said nothing of it)
+    assert stdout.index(requeued) < stdout.index(f"SLURM job {job_id} ended"), stdout
     saved = seen_files(out, "checkpoint")
     assert sorted(saved) == [0, 1]  # every rank, on both nodes, saved on the first run
     assert all(s["restart_count"] == 0 and s["step"] > 0 for s in saved.values())
@@ -305,6 +313,57 @@ def test_a_failed_job_of_a_slurm_sweep_is_reported_as_it_fails(slurm_env: dict[s
         assert proc.stdout.split(line)[1].split("\n")[0].endswith(": rank 0 failed: ValueError: rank asked to fail")
 
 
+@pytest.mark.subprocess
+def test_a_job_that_can_never_start_is_cancelled_at_once_saying_why_and_the_sweep_goes_on(
+        slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """3 nodes of a 2-node partition: sbatch takes the job, which then waits for ever (PENDING, PartitionNodeLimit);
+    the sweep waited silently, for ever. Now the job is cancelled as SLURM gives that reason, and fails with it and the
+    key to change; the other job of the sweep runs."""
+    sweep = tmp_path / "sw"
+    proc = run(tmp_path, "platform.n_nodes=1,3", "platform.n_procs_per_node=1", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 1, proc.stderr
+    never = manifest(sweep)[1]["slurm_job_id"]
+    line = proc.stdout.split("[ddpw] job #1 FAILED after ")[1].split("\n")[0]
+    assert (f"SLURM job {never} is pending (PartitionNodeLimit) and can never start as asked: it asks for more nodes "
+            "than partition debug has or allows: lower platform.n_nodes=3") in line, proc.stdout
+    assert line.endswith("It was cancelled."), line
+    assert slurm("squeue", "--noheader", f"--jobs={never}").strip() == ""
+    jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [e["status"] for e in jobs] == ["COMPLETED", "FAILED"]
+
+
+@pytest.mark.subprocess
+def test_a_job_pending_for_resources_says_so_once_and_waits(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """Both nodes are held by another job: the console says the job is pending and why, once, and the job runs when
+    they are free (it said nothing while the job waited)."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    blocker = slurm("sbatch", "--parsable", "--nodes=2", "--exclusive", f"--output={tmp_path / 'blocker.out'}",
+                    f"--wrap=while [ -e {hold} ]; do sleep 0.1; done").strip()
+    lines: list[str] = []
+    try:
+        wait_for(lambda: slurm("squeue", "--noheader", "--format=%T", f"--jobs={blocker}").strip() == "RUNNING",
+                 timeout=60, what="the blocking job to run")
+        proc = start_app(tmp_path, *multirun("platform.n_procs_per_node=1", f"hydra.sweep.dir={tmp_path / 'sw'}"),
+                         app=APP)
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+        reader.start()
+        try:
+            wait_for(lambda: any("pending" in line for line in lines), timeout=60, what="the pending line")
+            hold.unlink()
+            _, stderr = proc.communicate(timeout=120)
+            reader.join(timeout=10)
+        finally:
+            proc.kill()
+    finally:
+        slurm("scancel", blocker)
+    assert proc.returncode == 0, stderr
+    (submitted,) = manifest(tmp_path / "sw")
+    pending = [line.split("[HYDRA] ", 1)[-1] for line in lines if "pending" in line]  # (after Hydra's log prefix)
+    assert pending == [f"#0 : SLURM job {submitted['slurm_job_id']} is pending (Resources): it waits for free nodes\n"
+                       ], lines
+
+
 LAGGING_SACCT = "#!/bin/sh\necho 'JobID|State|NodeList'\n"
 """A `sacct` whose accounting database has not recorded any job yet (slurmdbd lags behind the controller): the one
 thing here that stands in for SLURM, since the real lag cannot be made to order."""
@@ -365,6 +424,9 @@ def test_a_sweep_whose_submitting_process_was_killed_resumes_without_submitting_
         ("COMPLETED", True, {"rank": 0, "world_size": 1, "lr": lr}) for lr in (0.1,)] + [
         ("COMPLETED", False, {"rank": 0, "world_size": 1, "lr": lr}) for lr in (0.2, 0.3)]
     assert "3 jobs, 3 COMPLETED (1 kept)" in stdout
+    # The collected job's time is its own, from its submission to its result (it was 0.0 s).
+    ended = (sweep / ".submitit" / id_1 / f"{id_1}_0_result.pkl").stat().st_mtime
+    assert jobs[1]["duration_s"] == round(ended - submitted[1]["submitted_at"], 3) > 0
 
 
 @pytest.mark.subprocess

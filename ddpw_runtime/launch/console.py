@@ -9,6 +9,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import select
 import sys
 import termios
@@ -19,6 +20,8 @@ from typing import TextIO
 
 _CHUNK = 1 << 16
 _IDLE_WAIT_S = 0.05
+_TAIL = 64
+"""Bytes of a followed file kept from one read to the next, where a pattern of `ConsoleEcho.until` may begin."""
 _DRAIN_WAIT_S = 2.0  # a terminal copy's wait for a rank's last output (a process it started may hold the terminal)
 
 Console = int | TextIO
@@ -82,10 +85,15 @@ def _write_all(console: Console, data: bytes) -> None:
 
 
 class ConsoleEcho:
-    """Follows log files onto the console in bounded chunks, each rank's lines after its prefix in `prefixes`."""
+    """Follows log files onto the console in bounded chunks, each rank's lines after its prefix in `prefixes`; a rank
+    with a pattern in `until` up to the line that it matches (the pattern starts with that line's newline)."""
 
-    def __init__(self, files: dict[int, Path], console: Console, prefixes: dict[int, str]) -> None:
+    def __init__(self, files: dict[int, Path], console: Console, prefixes: dict[int, str],
+                 until: dict[int, re.Pattern[bytes]] | None = None) -> None:
         self.files = files
+        self.until = until or {}
+        self._tails = {rank: b"\n" for rank in self.until}  # the end of what was read: a match may begin in it
+        self._ended: set[int] = set()
         self._lines = {rank: _Lines(console, prefixes.get(rank, "")) for rank in files}
         self._offsets = {rank: file_size(path) for rank, path in files.items()}  # earlier runs are not repeated
         self._lock = threading.Lock()
@@ -130,7 +138,7 @@ class ConsoleEcho:
     def _copy(self, rank: int, limit: int | None) -> bool:
         offset = self._offsets[rank]
         size = _CHUNK if limit is None else min(_CHUNK, limit - offset)
-        if size <= 0:
+        if size <= 0 or rank in self._ended:
             return False
         try:
             with open(self.files[rank], "rb") as src:
@@ -141,6 +149,12 @@ class ConsoleEcho:
         if not data:
             return False
         self._offsets[rank] += len(data)
+        if rank in self.until:
+            seen = self._tails[rank] + data
+            if (end := self.until[rank].search(seen)) is not None:
+                self._ended.add(rank)
+                data = data[:max(0, end.start() + 1 - len(self._tails[rank]))]
+            self._tails[rank] = seen[-_TAIL:]
         self._lines[rank].write(data)
         return True
 

@@ -4,6 +4,7 @@ process or node the ranks ran in (docs/architecture.md, "The root cause, once"),
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
@@ -151,6 +152,11 @@ _RAISED_BY_A_STOP = ("KeyboardInterrupt", "SystemExit", "ddpw_runtime.errors.Ran
 def _ends_a_line(fd: int) -> bool:
     """Whether the file open as `fd` (not empty) ends with a newline."""
     return os.pread(fd, 1, os.fstat(fd).st_size - 1) == b"\n"
+
+
+def note_start(rank: int) -> re.Pattern[bytes]:
+    """The start of `note_failures`'s note in rank `rank`'s log, with the newline that ends the line before it."""
+    return re.compile(rb"\n--- rank %d (?:failed|was stopped): " % rank)
 
 
 def note_failures(outcomes: Iterable[RankOutcome]) -> None:

@@ -3,12 +3,15 @@ rank 0's value, the root cause of a failure on any node (`launch/outcome.py`'s r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 
+from ddpw_conf import Platform
+from ddpw_conf.launcher import SlurmLauncherConf
 from ddpw_runtime.errors import RankFailure, SlurmJobError
 from ddpw_runtime.launch.outcome import failure, root_cause
 from ddpw_runtime.launch.rank_outcome import RankOutcome
@@ -27,6 +30,56 @@ _STATE_TEXT = {
     "DEADLINE": "passed its deadline",
     "FAILED": "failed",
 }
+
+
+_PER_JOB_LIMIT = re.compile(r"(Assoc|QOS)\w*PerJob\w*")
+"""squeue reasons of a job above a per-job limit of its account (association) or QOS: such as
+QOSMaxWallDurationPerJobLimit, AssocMaxNodesPerJobLimit."""
+
+
+def pending_reason(job_ids: list[str], reason: str, platform: Platform, options: SlurmLauncherConf) -> tuple[str, bool]:
+    """What the console says of the jobs `job_ids` (of equal parameters) pending for `reason` (squeue's): the line, and
+    whether they can never start as they are (a limit or a name their partition, account or QOS refuses: only a change
+    of the job resolves it)."""
+    shown = ", ".join(job_ids) if len(job_ids) <= 3 else f"{job_ids[0]} ... {job_ids[-1]} ({len(job_ids)} jobs)"
+    jobs = f"job {shown} is" if len(job_ids) == 1 else f"jobs {shown} are"
+    where = f"partition {platform.partition}" if platform.partition else "the default partition"
+    resources = (f"platform.n_procs_per_node / n_gpus_per_node, platform.n_cpus_per_node={platform.n_cpus_per_node}, "
+                 f"platform.mem_per_node={platform.mem_per_node}")
+    another = "or choose another platform.partition (sinfo lists them)"
+    never = {
+        "PartitionNodeLimit": f"it asks for more nodes than {where} has or allows: lower platform.n_nodes="
+                              f"{platform.n_nodes} {another}",
+        "PartitionTimeLimit": f"its time limit is above the MaxTime of {where}: lower platform.timeout_min="
+                              f"{platform.timeout_min:g} {another}",
+        "PartitionConfig": f"no node of {where} can hold one node of it ({platform.ranks_per_node} rank(s), the CPUs "
+                           f"and memory asked), or {where} does not take its account or QOS: lower {resources}, "
+                           f"{another}",
+        "BadConstraints": "no node has the features or resources it asks for: change hydra.launcher.constraint="
+                          f"{options.constraint} or platform.slurm_additional_parameters",
+        "InvalidQOS": f"SLURM does not take its QOS: change hydra.launcher.qos={options.qos}",
+        "InvalidAccount": f"SLURM does not take its account: change hydra.launcher.account={options.account}",
+        "DependencyNeverSatisfied": "a job it depends on did not end as it needs: change the dependency in "
+                                    "platform.slurm_additional_parameters",
+    }
+    nodes_out = ("nodes it needs are down, drained or reserved; it starts once they are back (hydra.launcher.exclude "
+                 "leaves nodes out; a shorter platform.timeout_min may end before a reservation)")
+    waits = {
+        "Priority": "jobs of higher priority go first",
+        "Resources": "it waits for free nodes",
+        "ReqNodeNotAvail": nodes_out,
+        "Nodes required for job are DOWN": nodes_out,  # (squeue's text of ReqNodeNotAvail without named nodes)
+        "PartitionDown": f"{where} is down; it starts once it is up again",
+        "BeginTime": "it waits for its begin time (SLURM starts a requeued job again after a short delay)",
+    }
+    name = reason.split(",")[0].split()[0] if reason.strip() else "None"
+    if name in never or _PER_JOB_LIMIT.fullmatch(name):
+        why = never.get(name, f"it is above a per-job limit of its account or QOS: lower {resources}, "
+                              f"platform.n_nodes={platform.n_nodes} or platform.timeout_min={platform.timeout_min:g}, "
+                              "or change hydra.launcher.qos / hydra.launcher.account")
+        return f"SLURM {jobs} pending ({reason}) and can never start as asked: {why}", True
+    why = next((text for key, text in waits.items() if reason.startswith(key)), "SLURM starts it when it can")
+    return f"SLURM {jobs} pending ({reason}): {why}", False
 
 
 @dataclass

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -32,6 +32,7 @@ from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, raise_job_error
 from ddpw_runtime.launch import pickling, signals
 from ddpw_runtime.launch.console import ConsoleEcho, console_of, show
 from ddpw_runtime.launch.job import Grace
+from ddpw_runtime.launch.outcome import note_start
 from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.slurm import outcomes as node_outcomes
 from ddpw_runtime.slurm import sbatch
@@ -57,6 +58,21 @@ class _Job:
     params: dict[str, Any]
     slurm: Any = None
     """The submitit Job, once submitted."""
+    submitted_at: float = 0.0
+    """When it was submitted (`time.time()`): a job's time is from its submission to its end."""
+    restarts: int = 0
+    """SLURM's restart count as last seen (a requeue raises it)."""
+    reasons: set[str] = field(default_factory=set)
+    """The reasons it was pending for that the console has shown."""
+
+
+@dataclass
+class _Queued:
+    """A job as squeue shows it while SLURM has it queued or running."""
+
+    state: str
+    restarts: int
+    reason: str
 
 
 def run_jobs(hydra_context: HydraContext, task_function: TaskFunction, prepared: Sequence[PreparedJob],
@@ -78,11 +94,14 @@ def run_jobs(hydra_context: HydraContext, task_function: TaskFunction, prepared:
         return [ended.get(job.prepared.idx) or _return(job, JobStatus.COMPLETED, job.slurm.job_id) for job in jobs]
     # A lone job's console ranks are echoed here while it runs, as a local run shows them.
     shown = sbatch.console_logs(jobs[0].prepared.platform, jobs[0].prepared.output_dir) if len(jobs) == 1 else {}
-    echo = ConsoleEcho(shown, console_of(sys.stdout), {rank: f"[rank {rank}] " for rank in shown if len(shown) > 1})
+    # Up to a rank's note of its error, written as the job ends (a local job's console stops as the first rank fails;
+    # the job's error shows the rank that failed first).
+    echo = ConsoleEcho(shown, console_of(sys.stdout), {rank: f"[rank {rank}] " for rank in shown if len(shown) > 1},
+                       {rank: note_start(rank) for rank in shown})
     try:
         echo.start()
         with signals.jobs_running():  # (a Ctrl-C or SIGTERM is reported below, not as one that came with no job)
-            ended.update(_wait(waiting, summary, options.fail_fast) if waiting else {})
+            ended.update(_wait(waiting, summary, options) if waiting else {})
     except KeyboardInterrupt:
         with signals.further(lambda: None):
             for job in waiting:
@@ -125,20 +144,23 @@ def _earlier_submissions(jobs: list[_Job], folder: Path, manifest: Path, summary
     for job in earlier:
         job.slurm = submitit.SlurmJob(folder=folder, job_id=latest[job.prepared.idx]["slurm_job_id"],
                                       tasks=tuple(range(job.prepared.platform.n_nodes)))
+        job.submitted_at = latest[job.prepared.idx].get("submitted_at", manifest.stat().st_mtime)  # (older runs)
     if earlier:
         _compat.refresh_sacct(earlier[0].slurm)
     collected: dict[int, JobReturn] = {}
     for job in earlier:
         p, state, ret = job.prepared, _compat.sacct_state(job.slurm), _ended(job)
         if ret is None and state == "UNKNOWN":  # sacct's accounting database may lag behind: squeue, not run twice
-            state = _queued_state(job.slurm.job_id) or state
+            queued = _queue([job.slurm.job_id]).get(job.slurm.job_id)
+            state = queued.state if queued else state
         if ret is None and state != "UNKNOWN":
             log.info(f"#{p.idx} : {p.shown} -> waiting for SLURM job {job.slurm.job_id} ({state}), submitted by "
                      "the earlier run".replace(" :  -> ", " : -> "))
         elif ret is not None and ret.status is JobStatus.COMPLETED:
             log.info(f"#{p.idx} : SLURM job {job.slurm.job_id} of the earlier run COMPLETED meanwhile: collected")
             collected[p.idx] = ret
-            summary.record(entry(p.idx, p.overrides, p.output_dir, 0.0, ret), ret)
+            ended_at = max(_compat.node_result_time(job.slurm.task(node)) for node in range(p.platform.n_nodes))
+            summary.record(entry(p.idx, p.overrides, p.output_dir, ended_at - job.submitted_at, ret), ret)
         else:
             why = "sacct does not know it" if ret is None else "it did not complete"
             log.info(f"#{p.idx} : SLURM job {job.slurm.job_id} of the earlier run is submitted again ({why})")
@@ -146,15 +168,17 @@ def _earlier_submissions(jobs: list[_Job], folder: Path, manifest: Path, summary
     return collected
 
 
-def _queued_state(job_id: str) -> str | None:
-    """squeue's state of job `job_id` while SLURM has it queued or running; else None."""
+def _queue(job_ids: list[str]) -> dict[str, _Queued]:
+    """squeue's view of the jobs `job_ids` (array tasks one by one) that SLURM has queued or running, by job id; none
+    where squeue does not answer."""
     try:
-        shown = subprocess.run(["squeue", "--noheader", "--format=%T", f"--jobs={job_id}"], capture_output=True,
-                               text=True, timeout=_SQUEUE_WAIT_S, check=False)
+        shown = subprocess.run(["squeue", "--noheader", "--array", f"--jobs={','.join(job_ids)}",
+                                "--Format=JobArrayID:|,State:|,RestartCnt:|,Reason:|"], capture_output=True, text=True,
+                               timeout=_SQUEUE_WAIT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    states = shown.stdout.split() if shown.returncode == 0 else []
-    return states[0] if states else None
+        return {}
+    rows = [line.split("|") for line in shown.stdout.splitlines()] if shown.returncode == 0 else []
+    return {row[0]: _Queued(row[1], int(row[2]), row[3]) for row in rows if len(row) == 5 and row[2].isdigit()}
 
 
 def _arrays(jobs: list[_Job]) -> list[list[_Job]]:
@@ -206,7 +230,7 @@ def _submit(groups: list[list[_Job]], hydra_context: HydraContext, task_function
             numbers = ", ".join(f"#{job.prepared.idx}" for job in group)
             raise SlurmJobError(f"SLURM refused job(s) {numbers}: {exc}") from None
         for job, slurm_job in zip(group, slurm_jobs, strict=True):
-            job.slurm = slurm_job
+            job.slurm, job.submitted_at = slurm_job, time.time()
             submitted.append(job)
             p = job.prepared
             partition = f"partition {p.platform.partition}" if p.platform.partition else "the default partition"
@@ -227,14 +251,15 @@ def _write_manifest(path: Path, jobs: list[_Job]) -> None:
     """Add the submitted jobs to the manifest (a sweep may call the launcher more than once)."""
     entries = _manifest_entries(path) + [
         {"job": job.prepared.idx, "overrides": job.prepared.overrides, "slurm_job_id": job.slurm.job_id,
-         "output_dir": str(job.prepared.output_dir), "node_logs": str(job.slurm.paths.folder)}
+         "output_dir": str(job.prepared.output_dir), "node_logs": str(job.slurm.paths.folder),
+         "submitted_at": job.submitted_at}
         for job in jobs
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, (json.dumps({"jobs": entries}, indent=2) + "\n").encode(), 0o644)
 
 
-def _wait(jobs: list[_Job], summary: SweepSummary, fail_fast: bool) -> dict[int, JobReturn]:
+def _wait(jobs: list[_Job], summary: SweepSummary, options: SlurmLauncherConf) -> dict[int, JobReturn]:
     """Wait until every job has ended (all its nodes sent their outcome of the same run, or sacct says it ended),
     noting each in `summary`; the JobReturns by job number. Result files are checked often, sacct less and less."""
     returns: dict[int, JobReturn] = {}
@@ -242,25 +267,64 @@ def _wait(jobs: list[_Job], summary: SweepSummary, fail_fast: bool) -> dict[int,
     start = next_sacct = time.monotonic()
     while True:
         now = time.monotonic()
+        never: dict[int, JobReturn] = {}
         if now >= next_sacct:
             _compat.refresh_sacct(jobs[0].slurm)
+            never = _watch_queue(pending, options)
             next_sacct = now + min(_SACCT_MAX_S, max(_SACCT_MIN_S, (now - start) / 10))
         for job in list(pending):
-            ret = _ended(job)
+            ret = never.get(job.prepared.idx) or _ended(job)
             if ret is not None:
                 pending.remove(job)
                 p = job.prepared
                 returns[p.idx] = ret
-                summary.record(entry(p.idx, p.overrides, p.output_dir, now - start, ret), ret)
+                duration = time.time() - job.submitted_at
+                summary.record(entry(p.idx, p.overrides, p.output_dir, duration, ret), ret)
                 error = _compat.job_error(ret)
                 if error is not None:  # reported as it fails, as a local sweep reports it
-                    show(failed_summary(p.idx, error, now - start, shown_path(p.output_dir, Path.cwd()),
+                    show(failed_summary(p.idx, error, duration, shown_path(p.output_dir, Path.cwd()),
                                         use_colour(sys.stdout)), sys.stdout)
-                if fail_fast and ret.status is JobStatus.FAILED:
+                if options.fail_fast and ret.status is JobStatus.FAILED:
                     _fail_fast(p.idx, ret, pending, summary)
         if not pending:
             return returns
         time.sleep(_POLL_S)
+
+
+def _watch_queue(jobs: list[_Job], options: SlurmLauncherConf) -> dict[int, JobReturn]:
+    """Say on the console, once, why a job of `jobs` is pending, and that a job was requeued; cancel each job that can
+    never start as it is (its partition's limits, its account or QOS refuse it). Their FAILED JobReturns by number."""
+    queued = _queue([job.slurm.job_id for job in jobs])
+    never: dict[int, JobReturn] = {}
+    waiting: dict[str, list[_Job]] = {}  # by reason: one line for the jobs of an array
+    for job in jobs:
+        seen, p = queued.get(job.slurm.job_id), job.prepared
+        if seen is None:
+            continue
+        _note_restarts(job, seen.restarts)
+        if seen.state != "PENDING" or seen.reason in job.reasons or seen.reason in ("None", ""):
+            continue
+        job.reasons.add(seen.reason)
+        line, never_starts = node_outcomes.pending_reason([job.slurm.job_id], seen.reason, p.platform, options)
+        if never_starts:
+            job.slurm.cancel(check=False)
+            never[p.idx] = _return(job, JobStatus.FAILED, SlurmJobError(f"{line}. It was cancelled."))
+        else:
+            waiting.setdefault(seen.reason, []).append(job)
+    for reason, group in waiting.items():
+        idxs = [f"#{job.prepared.idx}" for job in group]
+        line, _ = node_outcomes.pending_reason([job.slurm.job_id for job in group], reason, group[0].prepared.platform,
+                                               options)
+        log.info(f"{', '.join(idxs) if len(idxs) <= 3 else f'{idxs[0]} ... {idxs[-1]}'} : {line}")
+    return never
+
+
+def _note_restarts(job: _Job, restarts: int) -> None:
+    """Say on the console that `job` was requeued, where SLURM's restart count `restarts` is above the last seen."""
+    if restarts > job.restarts:
+        job.restarts = restarts
+        log.info(f"#{job.prepared.idx} : SLURM job {job.slurm.job_id} was requeued (restart {restarts}): it resumes "
+                 "when SLURM starts it again")
 
 
 def _fail_fast(failed: int, ret: JobReturn, pending: list[_Job], summary: SweepSummary) -> NoReturn:
@@ -291,6 +355,7 @@ def _ended(job: _Job) -> JobReturn | None:
         except Exception as exc:  # submitit's FailedJobError carries the controller's traceback
             errors[node] = str(exc)
     restarts = max((o.attempt for o in outcomes.values()), default=0)
+    _note_restarts(job, restarts)  # (a requeue between two looks at squeue)
     outcomes = {node: o for node, o in outcomes.items() if o.attempt == restarts}  # the latest run's only
     if not ended and (errors or len(outcomes) < len(tasks)):
         return None  # a result left by an earlier run of a requeued job; wait for this run's
