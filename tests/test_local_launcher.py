@@ -102,7 +102,10 @@ def test_cpu_threads_are_split_across_ranks(tmp_path: Path) -> None:
         ("sysexit", ["rank 1 (node 0) failed: SystemExit: 4",
                      f'Traceback (most recent call last):\n  File "{APPS}/app.py"']),
         ("kill", ["rank 1 (node 0) failed: RankKilled: killed by SIGKILL"]),
-        ("segfault", ["rank 1 (node 0) failed: RankKilled: killed by SIGSEGV", "Fatal Python error"]),
+        # (the crashing thread's stack, which faulthandler lists after the threads started later, shown first)
+        ("segfault", ["rank 1 (node 0) failed: RankKilled: killed by SIGSEGV",
+                      "Fatal Python error: Segmentation fault\n\nCurrent thread 0x",
+                      f' in string_at\n  File "{APPS}/app.py", line ']),
         # (what it said just before, which the end of its log shown started after)
         ("abort_after_saying", ["rank 1 (node 0) failed: RankKilled: killed by SIGABRT",
                                 "shard 17 is corrupted\nFatal Python error: Aborted",

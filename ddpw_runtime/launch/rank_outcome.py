@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from ddpw_runtime.launch.records import COLLECTIVE_TIMEOUT_MARKERS, RaisedError, RankResult
-from ddpw_runtime.launch.stacks import RankPlace, ends_in_a_dump, from_crash_report, from_traceback
+from ddpw_runtime.launch.stacks import RankPlace, ends_in_a_dump, from_crash_report, from_traceback, last_dump
 
 _LOG_TAIL_LINES = 20
 _CRASH_REPORT = "Fatal Python error"  # how faulthandler's report in a crashed rank's log starts
@@ -104,12 +104,24 @@ def log_tail(log_file: str | None) -> str:
         return "\n".join(lines[-_LOG_TAIL_LINES:])
     before = [line for line in lines[max(0, start - _BEFORE_CRASH_LINES):start] if line.strip()]
     crash, below_the_task = [], False
-    for line in lines[start:]:
+    for line in _current_thread_first(lines[start:]):
         frame = line.startswith("  File ")
         below_the_task = frame and (below_the_task or _OWN_FRAME in line)  # (each thread's stack anew)
         if not below_the_task and not line.startswith(_MODULES_LINE):
             crash.append(line)
     return "\n".join([*before, *crash[:_LOG_TAIL_LINES]])
+
+
+def _current_thread_first(report: list[str]) -> list[str]:
+    """faulthandler's `report` with the stack of the thread that crashed or was signalled ('Current thread', listed
+    after the threads started later: a DataLoader's, a tracker's) before the other threads', so that the end of the log
+    shown, which is cut, holds it."""
+    threads = last_dump(report)
+    current = next((i for i in threads if report[i].startswith("Current thread")), None)
+    if current is None or current == threads[0]:
+        return report
+    end = next((i for i in threads if i > current), len(report))
+    return [*report[:threads[0]], *report[current:end], *report[threads[0]:current], *report[end:]]
 
 
 def _report_start(lines: list[str]) -> int | None:

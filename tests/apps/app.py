@@ -181,7 +181,9 @@ def misbehave(behaviour: str) -> object:
     if behaviour == "abort_after_saying":  # what C++ code says as it aborts, then the abort
         print("shard 17 is corrupted", flush=True)
         os.abort()
-    if behaviour == "segfault":
+    if behaviour == "segfault":  # with threads of its own, as a DataLoader's and a tracker's, listed before it
+        for _ in range(3):
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
         ctypes.string_at(0)
     if behaviour == "unpicklable":
         return threading.Lock()
