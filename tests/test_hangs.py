@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddpw_conf import Platform
-from ddpw_runtime import RankFailure, rank
+from ddpw_runtime import RankFailure, Wrapper, rank
 from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.recorded import Collective, Recorded, recorded_in
 from ddpw_runtime.launch.stacks import Frame, HangReport, RankPlace, from_dump, from_traceback
@@ -99,11 +99,11 @@ def test_a_waiting_rank_stopped_as_it_ends_is_still_known_to_have_waited(tmp_pat
     assert "  rank 1: waiting in all_reduce, at hold_up (" in proc.stderr
 
 
-def _held_up_by_rank_1() -> None:
+def _held_up_by_rank(holder: int = 1) -> None:
     import torch
     import torch.distributed as dist
 
-    if rank() == 1:
+    if rank() == holder:
         while True:
             time.sleep(1)
     dist.all_reduce(torch.ones(1))
@@ -150,17 +150,34 @@ def test_in_ddp_training_the_rank_outside_the_gradient_all_reduce_is_named_among
 @pytest.mark.subprocess
 def test_the_failure_names_the_rank_outside_the_collective_among_2(tmp_path: Path) -> None:
     with pytest.raises(RankFailure) as info:
-        run_ranks(_held_up_by_rank_1, platform=Platform(n_procs_per_node=2, collective_timeout_min=0.03),
+        run_ranks(_held_up_by_rank, platform=Platform(n_procs_per_node=2, collective_timeout_min=0.03),
                   log_dir=tmp_path)
     failure = info.value
     assert (failure.rank, failure.error_type) == (1, "NotInCollective")
     assert failure.hang is not None
     assert (failure.hang.culprits, failure.hang.waiting) == ([1], [0])
     place = failure.hang.place(1)
-    assert place is not None and place.where().startswith(f"_held_up_by_rank_1 ({__file__}:")
+    assert place is not None and place.where().startswith(f"_held_up_by_rank ({__file__}:")
     assert failure.hang.place(0).call == "all_reduce"  # type: ignore[union-attr]
     assert "Timed out waiting" in failure.waiting_error
     assert failure.__cause__ is not None and "Timed out waiting" in str(failure.__cause__)
+
+
+@pytest.mark.subprocess
+def test_the_callers_rank_0_outside_the_collective_is_named(tmp_path: Path) -> None:
+    """`Wrapper(caller_rank=True)` whose rank 0, the caller, never reaches the collective rank 1 waits in: rank 0 is
+    named, where it was in the caller, and the timeout is the cause. The failure was rank 1's bare gloo timeout (where
+    the caller's rank 0 was, taken as the job was stopped, did not reach the job's outcome), caused by the RankStopped
+    that stopped rank 0."""
+    runner = Wrapper(Platform(n_procs_per_node=2, collective_timeout_min=0.03), log_dir=tmp_path, caller_rank=True)
+    with pytest.raises(RankFailure) as info:
+        runner.start(_held_up_by_rank, 0)
+    failure = info.value
+    assert (failure.rank, failure.error_type) == (0, "NotInCollective"), str(failure)
+    assert failure.hang is not None and (failure.hang.culprits, failure.hang.waiting) == ([0], [1])
+    place = failure.hang.place(0)
+    assert place is not None and place.where().startswith(f"_held_up_by_rank ({__file__}:")
+    assert "Timed out waiting" in str(failure.__cause__)
 
 
 @pytest.mark.subprocess

@@ -42,8 +42,8 @@ def _run_once(task: TaskCall, packed: bytes, state: ProcessState, job: NodeJob) 
         try:
             settle(job, outcomes)
         except RankFailure as failure:
-            if failure.rank == 0 and rank_zero.own_error is not None:
-                failure.__cause__ = rank_zero.own_error  # the object itself, not a copy
+            if failure.rank == 0 and rank_zero.own_error is not None and not rank_zero.stopped:
+                failure.__cause__ = rank_zero.own_error  # the object itself, not a copy (not the stop's RankStopped)
             raise
         return [own, *(o.result.value() for o in outcomes[1:] if o.result is not None)]
 
@@ -147,7 +147,7 @@ class CallerRank:
     def _own_outcome(self) -> RankOutcome:
         own = self.own
         return RankOutcome(rank=0, node=0, result=None if self.stopped else own, exit_code=None, stopped=self.stopped,
-                           ended_at=own.finished_at if own is not None else time.time())
+                           ended_at=own.finished_at if own is not None else time.time(), place=self._place_zero)
 
     def _abort(self, exc: BaseException) -> None:
         """Rank 0 ended by `exc` (Ctrl-C, SIGTERM, `sys.exit`): stop the other ranks (the signal passed on, with the
