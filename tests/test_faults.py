@@ -93,6 +93,25 @@ def test_sigterm_gives_ranks_time_to_save_then_exits_143(tmp_path: Path) -> None
     assert leftover(ranks) == []
 
 
+def test_sigterm_lets_a_rank_whose_dataloader_has_workers_save(tmp_path: Path) -> None:
+    """SIGTERM reaches each rank alone, not its DataLoader's workers (they end with the job, after it): they died of
+    it while the rank's handler saved its checkpoint, and the DataLoader raised there ('DataLoader worker (pid N) is
+    killed by signal: Terminated'), so that only a plain run's rank 0, signalled alone already, saved."""
+    proc = start_app(tmp_path, "behaviour=loader_wait")
+    wait_for(lambda: len(list(tmp_path.rglob("loading_rank_*"))) == 2 or proc.poll() is not None,
+             what="every rank's DataLoader workers to run")
+    assert proc.poll() is None, proc.communicate()
+    job = job_dirs(tmp_path)[0]
+    ranks = seen(job)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert sorted(p.name for p in job.glob("saved_rank_*.txt")) == ["saved_rank_0.txt", "saved_rank_1.txt"], \
+        (job / "rank_1.log").read_text()
+    assert "--- rank 1 was stopped: SystemExit: 143" in (job / "rank_1.log").read_text()
+    assert leftover(ranks) == []
+
+
 def test_ranks_exit_when_the_controller_is_killed(tmp_path: Path) -> None:
     proc = start_app(tmp_path, "behaviour=wait")
     ranks = _started(tmp_path, proc)

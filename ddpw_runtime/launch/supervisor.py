@@ -123,9 +123,12 @@ class NodeRanks(Children):
         super().send(sig, to, group)
 
     def signal(self, child: Child, sig: int, group: bool) -> None:
-        """An outside rank gets a signal alone, and no Ctrl-C when the terminal's reaches it (`OutsideRank`)."""
+        """An outside rank gets a signal alone, and no Ctrl-C when the terminal's reaches it (`OutsideRank`). SIGTERM
+        reaches a rank alone: the processes it started stop as the job ends (`end`), after it. Its DataLoader's workers,
+        which SIGTERM kills, would otherwise die while its handler saves a checkpoint, and the DataLoader then raises
+        there ('DataLoader worker ... is killed by signal: Terminated'), losing the checkpoint."""
         if self.outside is None or child.pid != self.outside.pid:
-            send_to_group(child.pid, sig, group)
+            send_to_group(child.pid, sig, group and sig != signal.SIGTERM)
         elif not (sig == signal.SIGINT and self.outside.sees_ctrl_c):
             send_to_group(child.pid, sig, group=False)
 

@@ -61,10 +61,12 @@ def report(cfg: DictConfig) -> dict:
     return seen
 
 
-def save_on_sigterm(rank: int, output_dir: str) -> None:
-    """On SIGTERM, save (write a file) and exit, as a real task would: set before the rank says it started."""
+def save_on_sigterm(rank: int, output_dir: str, takes_s: float = 0.0) -> None:
+    """On SIGTERM, save (write a file, after `takes_s`: a large checkpoint's save) and exit, as a real task would: set
+    before the rank says it started."""
 
     def save_and_exit(signum: int, frame: object) -> None:
+        time.sleep(takes_s)
         with open(os.path.join(output_dir, f"saved_rank_{rank}.txt"), "w") as out:
             out.write("saved")
         print(f"rank {rank} saved its checkpoint", flush=True)
@@ -231,6 +233,15 @@ def load_until_a_peer_fails(failing: int) -> None:
     for step, _ in enumerate(torch.utils.data.DataLoader(data, batch_size=8, num_workers=2)):
         if step == 0:
             dist.barrier()
+
+
+def load_for_ever(output_dir: str, rank: int) -> None:
+    """Iterate a DataLoader with two workers for ever, as a training loop does; `loading_rank_<k>` once they run."""
+    data = torch.utils.data.TensorDataset(torch.arange(1 << 24))
+    for step, _ in enumerate(torch.utils.data.DataLoader(data, batch_size=8, num_workers=2)):
+        if step == 0:
+            open(os.path.join(output_dir, f"loading_rank_{rank}"), "w").close()
+        time.sleep(0.01)
 
 
 def load_batch() -> None:
@@ -435,6 +446,9 @@ def main(cfg: DictConfig) -> object:
         report_forked_handlers(seen["output_dir"])
     if cfg.behaviour == "freeze" and seen["rank"] == cfg.fail_rank:
         freeze(cfg.freezer)
+    if cfg.behaviour == "loader_wait":  # a DataLoader's workers, and a save on SIGTERM that takes its time
+        save_on_sigterm(seen["rank"], seen["output_dir"], takes_s=0.5)
+        load_for_ever(seen["output_dir"], seen["rank"])
     if cfg.behaviour == "fork_wait":  # a fork without exec (a worker, an environment), then wait for a signal
         fork_a_sleeper(seen["output_dir"], seen["rank"])
         save_on_sigterm(seen["rank"], seen["output_dir"])
