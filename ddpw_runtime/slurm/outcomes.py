@@ -52,9 +52,9 @@ def pending_reason(job_ids: list[str], reason: str, platform: Platform, options:
                               f"{platform.n_nodes} {another}",
         "PartitionTimeLimit": f"its time limit is above the MaxTime of {where}: lower platform.timeout_min="
                               f"{platform.timeout_min:g} {another}",
-        "PartitionConfig": f"no node of {where} can hold one node of it ({platform.ranks_per_node} rank(s), the CPUs "
-                           f"and memory asked), or {where} does not take its account or QOS: lower {resources}, "
-                           f"{another}",
+        "PartitionConfig": f"{where} cannot hold it as asked ({platform.n_nodes} node(s) of {platform.ranks_per_node} "
+                           f"rank(s), the CPUs and memory asked) or does not take its account or QOS: lower "
+                           f"platform.n_nodes={platform.n_nodes}, {resources}, {another}",
         "BadConstraints": "no node has the features or resources it asks for: change hydra.launcher.constraint="
                           f"{options.constraint} or platform.slurm_additional_parameters",
         "InvalidQOS": f"SLURM does not take its QOS: change hydra.launcher.qos={options.qos}",
