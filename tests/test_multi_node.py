@@ -343,6 +343,27 @@ def test_ctrl_c_on_node_1_ends_the_job_on_both_and_node_0_says_which_node(tmp_pa
 
 
 @pytest.mark.subprocess
+@pytest.mark.parametrize("pressed", [0, 1], ids=["node-0", "node-1"])
+def test_sigterm_on_one_node_reaches_every_rank_of_the_other_with_its_grace(tmp_path: Path, pressed: int) -> None:
+    """One machine preempted (SIGTERM to node 1, as Kubernetes evicts a pod): rank 0, on node 0 in the program's own
+    process, gets SIGTERM too, and its handler saves a checkpoint, as on one machine; it was stopped as after another
+    rank's failure (`RankStopped`, no handler run, nothing saved). Each node notes in its ranks' logs how they ended
+    (SIGTERM to node 0: rank 1's log, on node 1, said nothing of it)."""
+    zero, one, ranks = _two_running(tmp_path)
+    got, other = (zero, one) if pressed == 0 else (one, zero)
+    got.send_signal(signal.SIGTERM)
+    _, err_got = got.communicate(timeout=60)
+    _, err_other = other.communicate(timeout=60)
+    assert got.returncode == 143, err_got
+    assert other.returncode == 1 and f"node {pressed} got SIGTERM, which ends the job on every node" in err_other, \
+        err_other
+    [job] = job_dirs(tmp_path)
+    assert sorted(path.name for path in job.glob("saved_rank_*.txt")) == ["saved_rank_0.txt", "saved_rank_1.txt"]
+    assert "--- rank 1 was stopped: SystemExit: 143" in (job / "rank_1.log").read_text()
+    wait_for(lambda: leftover(ranks) == [], timeout=10, what="every rank to end")
+
+
+@pytest.mark.subprocess
 def test_a_node_that_never_starts_is_named_by_node_0_within_the_join_timeout(tmp_path: Path) -> None:
     own, environ = _explicit(free_port(), 0)
     started = time.monotonic()
@@ -374,8 +395,8 @@ def test_a_node_that_joined_and_died_while_node_0_waits_for_another_is_named_at_
     _, err = zero.communicate(timeout=60)
     one.communicate()
     assert zero.returncode == 1, err
-    assert "node 1 could no longer be reached (it ended, or the network between the nodes failed); node(s) 2 had not " \
-           "joined yet" in err, err
+    assert "node 1 could no longer be reached (its program ended: its connection to node 0 closed); node(s) 2 had " \
+           "not joined yet" in err, err
     assert time.monotonic() - started < 30  # not the join timeout (60 s)
 
 
@@ -481,7 +502,11 @@ def test_the_time_limit_names_the_rank_outside_the_collective_on_another_node(tm
 
 
 @pytest.mark.subprocess
-def test_a_second_process_started_as_the_same_node_is_refused_and_the_job_goes_on(tmp_path: Path) -> None:
+def test_a_second_process_started_as_the_same_node_or_as_a_node_the_job_has_not_is_refused_and_the_job_goes_on(
+        tmp_path: Path) -> None:
+    """A process started as node 1 again, or as node 2 of 3 where node 0's job has 2 nodes (its rank 2 joined a world
+    of 2 and failed, and node 0 said the job was stopped on node 2, showing no cause), is refused before it starts a
+    rank."""
     zero, one, ranks = _two_running(tmp_path)
     port = int(ranks[0]["env"]["MASTER_PORT"])
     own, environ = _explicit(port, 1)
@@ -489,6 +514,14 @@ def test_a_second_process_started_as_the_same_node_is_refused_and_the_job_goes_o
     _, err = again.communicate(timeout=60)
     assert again.returncode == 1, err
     assert f"node 1 already joined node 0's job at {HOST}:{port}: another process runs as node 1" in err
+    own, environ = _explicit(port, 2)
+    stray = _node(tmp_path, ["platform.n_nodes=3", "platform.n_procs_per_node=1", *own], environ)
+    _, err = stray.communicate(timeout=60)
+    assert stray.returncode == 1, err
+    assert f"node 2 is not a node of node 0's job at {HOST}:{port}, which runs on 2 node(s) (platform.n_nodes=2 on " \
+           "node 0, 3 here): give every machine the same platform.n_nodes and its own platform.node_rank from 0 to 1" \
+           in err, err
+    assert not (job_dirs(tmp_path)[0] / "rank_2.log").exists()
     assert (zero.poll(), one.poll()) == (None, None)  # the job goes on, untouched
     zero.send_signal(signal.SIGINT)
     zero.communicate(timeout=60)
@@ -516,6 +549,27 @@ def test_a_node_whose_overrides_differ_runs_node_0s_config_and_names_the_differe
                          f"behaviour=raise {own_dir}, on node 0 behaviour=ok\n") == 1, errs[1]
     assert not (tmp_path / "elsewhere").exists()
     assert "differ" not in errs[0]  # (node_rank, which differs by design, is never named)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("mode", [(), ("-m",)], ids=["plain", "multirun"])
+def test_a_dry_run_on_another_node_shows_what_that_node_will_do(tmp_path: Path, mode: tuple[str, ...]) -> None:
+    """Node 1's dry run (nothing starts: node 0 need not run) shows its place, and that the output dir and the console
+    ranks are node 0's: it showed an output dir of its own, which it never uses, and console ranks [0], whose output
+    its console never shows. In a multirun, each job's rendezvous is a port node 0 chooses, not master_port (the
+    sweep's store), which the dry run showed."""
+    port = free_port()
+    own, environ = _explicit(port, 1)
+    node = _node(tmp_path, [*mode, "platform.n_nodes=2", "platform.n_procs_per_node=2", "hydra.launcher.dry_run=true",
+                            *own], environ)
+    out, err = node.communicate(timeout=60)
+    assert node.returncode == 0, err
+    assert "node            : 1 of 2, rank(s) 2-3; it takes node 0's config, output dir and task as it joins" in out
+    assert "console ranks   : none (this node's among platform.console_ranks, node 0's value)\n" in out, out
+    assert "rank logs       : node 0's output dir (its dry run shows it)/rank_<rank>.log" in out, out
+    assert str(tmp_path) not in out, out
+    rendezvous = f"{HOST} (a free port, node 0 chooses as each job starts)" if mode else f"{HOST}:{port}"
+    assert f"rendezvous      : tcp://{rendezvous}\n" in out, out
 
 
 @pytest.mark.subprocess
@@ -548,12 +602,15 @@ def test_node_0_killed_ends_node_1_naming_it_and_nothing_is_left(tmp_path: Path)
 
 @pytest.mark.subprocess
 def test_node_1_killed_ends_node_0_naming_it_within_seconds(tmp_path: Path) -> None:
+    """Node 0 counts node 1 lost as its connection closes, not once it heard no beat for 5 s (`SILENT_S`), which is
+    left for a machine or a network gone, where nothing closes."""
     zero, one, ranks = _two_running(tmp_path)  # ranks that never notice a peer gone
     started = time.monotonic()
     one.kill()
     one.communicate(timeout=30)
     _, err0 = zero.communicate(timeout=60)
-    assert zero.returncode == 1 and "node 1 could no longer be reached" in err0, err0
+    assert zero.returncode == 1, err0
+    assert "node 1 could no longer be reached (its program ended: its connection to node 0 closed)" in err0, err0
     assert time.monotonic() - started < 30
     wait_for(lambda: leftover(ranks) == [], timeout=15, what="every rank to end")
 
@@ -784,7 +841,7 @@ def test_node_1_killed_between_two_jobs_of_a_multirun_ends_the_next_job_at_once_
     one.communicate(timeout=30)
     out0, err0 = zero.communicate(timeout=60)
     assert zero.returncode == 1, err0
-    assert "node 1 could no longer be reached (it ended, or the network between the nodes failed)" in err0, err0
+    assert "node 1 could no longer be reached (its program ended: its connection to node 0 closed)" in err0, err0
     assert time.monotonic() - started < 40  # (not the join timeout, 120 s)
     summary = json.loads((_sweep_dirs(tmp_path)[0].parent / "sweep_summary.json").read_text())
     assert [job["status"] for job in summary["jobs"]] == ["COMPLETED", "FAILED"]

@@ -73,7 +73,8 @@ def _run_once(packed: bytes, state: ProcessState, job: NodeJob) -> list[Any]:
 
 def describe(platform: Platform, log_dir: Path, env_set: Mapping[str, Any] | None = None) -> str:
     """The platform and launch plan as a dry run prints them (nothing is started; `env_set`: the job's
-    `hydra.job.env_set`)."""
+    `hydra.job.env_set`); for node `platform.node_rank` of a job across machines."""
     check(platform)
-    plan = plan_local(platform, Path(log_dir).resolve(), Path("<private dir>"), "<run id>", master_port=0)
+    plan = plan_local(platform, Path(log_dir).resolve(), Path("<private dir>"), "<run id>",
+                      node_rank=platform.node_rank or 0, master_port=0)
     return plan.describe(env_set)

@@ -89,8 +89,21 @@ class LaunchPlan:
             "none: the task makes its own process group (ipc_groups=null)"
         rendezvous = self.init_method
         if rendezvous.startswith("tcp://") and not self.master_port:  # (a dry run's: no port chosen yet)
-            rendezvous = f"{rendezvous.rsplit(':', 1)[0]} (a free port, chosen when the job starts)"
+            chosen = "node 0 chooses as each job starts" if self.platform.n_nodes > 1 else "chosen when the job starts"
+            rendezvous = f"{rendezvous.rsplit(':', 1)[0]} (a free port, {chosen})"
+        console = str(self.console_ranks or "none")
+        logs = f"{self.log_file(0).parent}/rank_<rank>.log"
+        node = []
+        if self.node_rank:  # another node of a job across machines runs node 0's config, in node 0's output dir
+            first, last = self.global_ranks[0], self.global_ranks[-1]
+            node = [f"node            : {self.node_rank} of {self.platform.n_nodes}, rank(s) "
+                    f"{first if first == last else f'{first}-{last}'}; it takes node 0's config, output dir and task "
+                    "as it joins (node 0's values count where its command differs from this one)"]
+            here = [rank for rank in self.console_ranks if rank in self.global_ranks]
+            console = f"{here or 'none'} (this node's among platform.console_ranks, node 0's value)"
+            logs = "node 0's output dir (its dry run shows it)/rank_<rank>.log, as this machine sees that path"
         return "\n".join([
+            *node,
             f"world size      : {self.world_size} ({self.platform.n_nodes} node(s) x {self.ranks_per_node} rank(s))",
             f"device          : {self.device}",
             f"backend         : {self.backend}",
@@ -98,8 +111,8 @@ class LaunchPlan:
             f"start method    : {self.platform.spawn_method}",
             f"threads per rank: {threads}",
             f"groups          : {groups}",
-            f"console ranks   : {self.console_ranks or 'none'}",
-            f"rank logs       : {self.log_file(0).parent}/rank_<rank>.log",
+            f"console ranks   : {console}",
+            f"rank logs       : {logs}",
             "--- platform ---",
             self.platform.summary(),
         ])

@@ -5,6 +5,7 @@ ended (`NodeEnd`). Every wait is bounded. Torch is imported only by `StoreSide.c
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import pickle
 import signal
@@ -38,7 +39,8 @@ _ANSWER_S = 5.0  # for node 0's store, once reached, to answer (a program that h
 _SAY_WAITING_S = 5.0  # before node 0 says on its console that it waits for the other nodes
 _BEAT_S = 0.1  # how often a node other than 0 beats in node 0's store while it takes part
 SILENT_S = 5.0
-"""How long node 0 hears no beat from another node before it counts that node as lost."""
+"""How long node 0 hears no beat from another node before it counts that node as lost (at once when the node's
+connection to node 0 closes: its program ended)."""
 _Side = TypeVar("_Side", bound="StoreSide")
 
 
@@ -70,13 +72,17 @@ class NodeStop:
     signal: int | None = None
     lost: bool = False
     why: str | None = None
+    ended: bool = False
+    """(With `lost`) its connection to node 0 closed: its program ended, not only its beats."""
 
     def text(self) -> str:
         """Why the job was stopped, in the words every node prints."""
         if self.why is not None:
             return self.why
         if self.lost:
-            return f"node {self.node} could no longer be reached (it ended, or the network between the nodes failed)"
+            how = ("its program ended: its connection to node 0 closed" if self.ended else
+                   "it ended, or the network between the nodes failed")
+            return f"node {self.node} could no longer be reached ({how})"
         if self.signal is not None:
             what = "Ctrl-C (SIGINT)" if self.signal == signal.SIGINT else signal.Signals(self.signal).name
             return f"node {self.node} got {what}, which ends the job on every node"
@@ -125,12 +131,52 @@ class StoreSide:
         self._beats = False
         self._beating_now = threading.Lock()  # held while a beat is sent (see `stop_beating`)
         self._heard: dict[int, tuple[int, float]] = {}  # node 0: each node's last beat count, when first seen
+        self._ended: set[int] = set()  # node 0: the nodes whose connection closed (`hold_connections`)
+        self._connection: socket.socket | None = None  # another node's, to node 0, held until this process ends
+
+    def hold_connections(self) -> None:
+        """Node 0: accept each other node's connection, held while its program runs (`start_beating` makes it): one
+        that closes counts that node as lost at once (its program ended), not after `SILENT_S` without beats (those
+        still tell a machine or a network gone, which closes nothing)."""
+        host = self._host()
+        try:  # (on node 0's address, as its store: the other nodes reach it there)
+            listening = socket.create_server((host, 0), family=socket.getaddrinfo(host, 0)[0][0])
+        except OSError:  # (then node 0 counts the other nodes by their beats alone)
+            return
+        self.store.set(f"{self.prefix}connect", str(listening.getsockname()[1]))
+
+        def held(peer: socket.socket) -> None:
+            with peer, contextlib.suppress(OSError, ValueError):
+                node = int(peer.makefile().readline())
+                try:
+                    while peer.recv(64):  # (the node sends nothing more: this returns as its connection closes)
+                        pass
+                finally:
+                    self._ended.add(node)
+
+        def accepting() -> None:
+            with listening, contextlib.suppress(OSError):
+                while True:
+                    threading.Thread(target=held, args=(listening.accept()[0],), name="ddpw-node-connection",
+                                     daemon=True).start()
+
+        threading.Thread(target=accepting, name="ddpw-node-connections", daemon=True).start()
+
+    def _host(self) -> str:
+        """Node 0's address."""
+        return self.where.rsplit(":", 1)[0]
 
     def start_beating(self) -> None:
-        """A node other than 0: beat now, then every `_BEAT_S` on a thread until `stop_beating` or node 0 is gone."""
+        """A node other than 0: beat now, then every `_BEAT_S` on a thread until `stop_beating` or node 0 is gone; and
+        hold a connection to node 0 until this process ends (`hold_connections`)."""
         self._beat()
         self._beats = True
         threading.Thread(target=self._beating, name="ddpw-node-beat", daemon=True).start()
+        with contextlib.suppress(OSError, RuntimeError):  # (node 0 then counts this node by its beats alone)
+            if self.store.check([f"{self.prefix}connect"]):  # (set before the job or the sweep, if at all)
+                port = int(self.store.get(f"{self.prefix}connect"))
+                self._connection = socket.create_connection((self._host(), port), _ANSWER_S)
+                self._connection.sendall(f"{self.node}\n".encode())
 
     def stop_beating(self) -> None:
         """No more beats; none is in flight once this returns, so none fails on a store node 0 closed after this
@@ -158,7 +204,11 @@ class StoreSide:
         beats = {node: self.store.add(f"{self.prefix}beat/{node}", 0) for node in nodes}
         self._heard = {node: (count, self._heard[node][1] if self._heard.get(node, (-1, 0.0))[0] == count else now)
                        for node, count in beats.items()}
-        return [node for node, (_, when) in self._heard.items() if now - when > SILENT_S]
+        return [node for node, (_, when) in self._heard.items() if now - when > SILENT_S or node in self._ended]
+
+    def lost_stop(self, node: int) -> NodeStop:
+        """Node 0: the stop for `node`, lost (`_silent_among` found it)."""
+        return NodeStop(node, lost=True, ended=node in self._ended)
 
     @classmethod
     def connect(cls: type[_Side], platform: Platform, say_waiting: bool = True) -> _Side:
@@ -224,6 +274,7 @@ class NodeChannel(StoreSide):
 
     def publish(self, spec: JobSpec) -> None:
         """Node 0: the job, for the other nodes."""
+        self.hold_connections()
         self.store.set(SPEC_KEY, pickling.dumps(spec))
 
     def spec(self, timeout_min: float) -> JobSpec:
@@ -257,7 +308,7 @@ class NodeChannel(StoreSide):
         while True:
             missing = [node for node in range(1, self.n_nodes) if not self.store.check([f"{_KEY}joined/{node}"])]
             if missing and (gone := [node for node in self.silent() if node not in missing]):
-                self.stop_job(NodeStop(gone[0], lost=True))
+                self.stop_job(self.lost_stop(gone[0]))
                 return missing
             waited = time.monotonic() - start
             if missing and not said and waited >= _SAY_WAITING_S:

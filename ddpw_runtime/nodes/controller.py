@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from ddpw_runtime.errors import JobTimedOut, NodeError, NodeLost, Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S
+from ddpw_runtime.launch.children import Child
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.job import Grace
-from ddpw_runtime.launch.outcome import root_cause
+from ddpw_runtime.launch.outcome import note_failures, root_cause
 from ddpw_runtime.launch.rank_outcome import RankOutcome
-from ddpw_runtime.launch.signals import held
+from ddpw_runtime.launch.signals import held, send_to_group
 from ddpw_runtime.launch.stacks import shown_ranks
 from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
 from ddpw_runtime.nodes.channel import JobSpec, NodeChannel, NodeEnd, NodeStop
@@ -56,6 +57,13 @@ class _RanksOfANode(NodeRanks):
             return
         self.send(sig)
         self.kill()
+
+    def signal(self, child: Child, sig: int, group: bool) -> None:
+        """Another node's Ctrl-C reaches rank 0 in the user's own process too: no terminal here sent it one."""
+        if self.nodes.seen is not None and self.outside is not None and child.pid == self.outside.pid:
+            send_to_group(child.pid, sig, group=False)
+        else:
+            super().signal(child, sig, group)
 
 
 def lead(local: LocalJob, console: ConsoleRanks, starting: JobStarting) -> list[RankOutcome]:
@@ -145,15 +153,15 @@ class Nodes:
                         done.set()
                 else:
                     if news is None and (silent := channel.silent()):
-                        news = NodeStop(silent[0], lost=True)
+                        news = channel.lost_stop(silent[0])
                         channel.stop_job(news)
                     if news is not None:
                         done.set()
                 if news is not None and stop is None:
                     stop = news
-                    if stop.node != channel.node:
+                    if stop.node != channel.node:  # another node's Ctrl-C or SIGTERM is passed on, as this node's
                         self.seen, self.seen_at = stop, time.time()
-                        ranks.request_stop()
+                        ranks.request_stop(stop.signal)
 
         watcher = threading.Thread(target=watch, name="ddpw-nodes", daemon=True)
         watcher.start()
@@ -183,7 +191,8 @@ class Nodes:
             return outcomes
         ends, lost = self.channel.ends(self._ends_within_s)
         for end in ends.values():
-            if end.interrupted is not None:
+            if end.interrupted is not None:  # (that node noted how its ranks ended; each node notes its own then)
+                note_failures(outcomes)
                 raise NodeError(NodeStop(end.node, end.interrupted).text())
         if self.seen is not None and self.seen.lost:  # this node's ranks were stopped for it: how they ended is not it
             raise NodeLost(self.seen.text(), sorted({self.seen.node, *lost}))
@@ -196,7 +205,7 @@ class Nodes:
                 raise with_every_node(errors[0], outcomes, ends)
             raise errors[0]
         if lost:  # (once this node's ranks had ended)
-            raise NodeLost(NodeStop(lost[0], lost=True).text(), lost)
+            raise NodeLost(self.channel.lost_stop(lost[0]).text(), lost)
         missing = [node for node in range(1, self.channel.n_nodes) if node not in ends]
         if missing:
             raise NodeError(f"node(s) {', '.join(map(str, missing))} sent no end of their ranks (their controller "

@@ -39,7 +39,9 @@ class SweepChannel(StoreSide):
         store = TCPStore(platform.master_addr, platform.master_port, is_master=True, wait_for_workers=False,
                          timeout=timedelta(minutes=platform.join_timeout_min))
         store.set(MULTIRUN_KEY, json.dumps(overrides))
-        return SweepChannel(store, 0, platform.n_nodes, f"{platform.master_addr}:{platform.master_port}")
+        channel = SweepChannel(store, 0, platform.n_nodes, f"{platform.master_addr}:{platform.master_port}")
+        channel.hold_connections()
+        return channel
 
     def overrides(self) -> tuple[str, ...]:
         """A node other than 0: the sweep's overrides as typed on node 0."""

@@ -15,7 +15,7 @@ from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import JobTimedOut, NodeError, Terminated
 from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
-from ddpw_runtime.launch.outcome import failure, root_cause
+from ddpw_runtime.launch.outcome import failure, note_failures, root_cause
 from ddpw_runtime.launch.records import portable
 from ddpw_runtime.launch.signals import signal_of, sigterm_raises
 from ddpw_runtime.launch.supervisor import supervise
@@ -94,6 +94,11 @@ def _follow(platform: Platform, options: LauncherOptions,
     try:
         channel = NodeChannel.connect(platform, say_waiting=overrides is not None)
         spec = channel.spec(platform.join_timeout_min)
+        if node >= spec.platform.n_nodes:  # (before it joins: node 0's job goes on without it)
+            raise NodeError(f"node {node} is not a node of node 0's job at {channel.where}, which runs on "
+                            f"{spec.platform.n_nodes} node(s) (platform.n_nodes={spec.platform.n_nodes} on node 0, "
+                            f"{platform.n_nodes} here): give every machine the same platform.n_nodes and its own "
+                            f"platform.node_rank from 0 to {spec.platform.n_nodes - 1} (or its platform's variables)")
         channel.join()
         if overrides is not None:
             _say_differences(overrides, spec.overrides, node, options.platform_key)
@@ -146,6 +151,8 @@ def _follow(platform: Platform, options: LauncherOptions,
         sys.stderr.write(f"[ddpw] rank {cause.rank} failed on this node (node {node}); node 0 shows the job's error\n")
         return 1, stopped
     if stopped is not None:
+        if stopped.signal is not None:  # how each rank ended, in its log (node 0 notes those of a failed job)
+            note_failures(outcomes)
         sys.stderr.write(f"[ddpw] {stopped.text()}; this node's ranks were stopped\n")
         return 1, stopped
     if cause is None:

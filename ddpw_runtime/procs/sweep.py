@@ -38,7 +38,6 @@ from ddpw_runtime.launch.job import Grace, NodeJob, starter_for
 from ddpw_runtime.launch.payload import read_pickled, write_private
 from ddpw_runtime.launch.plan import free_port
 from ddpw_runtime.launch.process_state import ProcessState
-from ddpw_runtime.nodes.channel import NodeStop
 from ddpw_runtime.nodes.environment import place_node
 from ddpw_runtime.nodes.sweep_channel import SweepChannel, hosted, stop_job_at
 from ddpw_runtime.procs.job import RESULT, JobEnd, JobPayload, run_job_process
@@ -88,8 +87,10 @@ def _note_shared_ports(jobs: Sequence[PreparedJob]) -> None:
 
 def _dry_run(job: PreparedJob) -> JobReturn:
     log.info(f"#{job.idx} : {job.shown}")
+    # across machines, master_port is the sweep's store: each job's is a free port node 0 chooses (`_Sweep._start`)
+    platform = job.platform if job.platform.n_nodes == 1 else replace(job.platform, master_port=None)
     print(f"--- job #{job.idx}: {job.shown or '(no overrides)'} (dry run, nothing started)\n"
-          f"{describe(job.platform, job.output_dir, job.config.hydra.job.env_set)}")
+          f"{describe(platform, job.output_dir, job.config.hydra.job.env_set)}")
     return DdpwJobReturn(overrides=job.overrides, cfg=job.config, status=JobStatus.COMPLETED)
 
 
@@ -275,7 +276,7 @@ class _Sweep:
         if silent:
             self.silent_seen = True
             for running in self.running.values():
-                stop_job_at(self.across, int(running.job.platform.master_port or 0), NodeStop(silent[0], lost=True))
+                stop_job_at(self.across, int(running.job.platform.master_port or 0), self.across.lost_stop(silent[0]))
 
     def _fail_fast(self, job: PreparedJob, ret: JobReturn) -> None:
         """Job `job` failed (`ret`) with `fail_fast`: stop the jobs running beside it, start no more."""
