@@ -743,6 +743,8 @@ def test_a_multirun_spans_two_nodes_job_by_job_and_every_node_ends_with_the_swee
     assert "COMPLETED" in out0 and "COMPLETED" not in out1  # the jobs' reports are on node 0's console
     after_first = err1.partition("every rank of this node (node 1) returned")[2]
     assert after_first and "is waiting for node 0" not in after_first, err1  # node 0 serves each job's store at once
+    assert err1.endswith("[ddpw] node 0's sweep ended; this node (node 1) ran its ranks of 2 job(s); node 0 shows the "
+                         "sweep's summary\n"), err1  # (it ended saying nothing of the sweep)
 
 
 @pytest.mark.subprocess

@@ -148,11 +148,9 @@ class StoreSide:
         def held(peer: socket.socket) -> None:
             with peer, contextlib.suppress(OSError, ValueError):
                 node = int(peer.makefile().readline())
-                try:
-                    while peer.recv(64):  # (the node sends nothing more: this returns as its connection closes)
-                        pass
-                finally:
-                    self._ended.add(node)
+                while peer.recv(64):  # (the node sends nothing more: this returns as its connection closes)
+                    pass
+                self._ended.add(node)  # closed as its program ended; a reset (OSError) may be the network's
 
         def accepting() -> None:
             with listening, contextlib.suppress(OSError):
@@ -176,6 +174,8 @@ class StoreSide:
             if self.store.check([f"{self.prefix}connect"]):  # (set before the job or the sweep, if at all)
                 port = int(self.store.get(f"{self.prefix}connect"))
                 self._connection = socket.create_connection((self._host(), port), _ANSWER_S)
+                # idle for hours otherwise: a firewall that forgot it would reset it
+                self._connection.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
                 self._connection.sendall(f"{self.node}\n".encode())
 
     def stop_beating(self) -> None:

@@ -50,6 +50,8 @@ def _follow_jobs(sweep: SweepChannel, platform: Platform, options: LauncherOptio
             sweep.stop(signal_of(stop))
             return 128 + signal_of(stop)
         if port is None:
+            sys.stderr.write(f"[ddpw] node 0's sweep ended; this node (node {sweep.node}) ran its ranks of {job} "
+                             "job(s); node 0 shows the sweep's summary\n")
             return 0
         if job == 0:  # (node 0 said its sweep's overrides as it started serving its store, before its first job)
             _say_differences(overrides, sweep.overrides(), sweep.node, options.platform_key)
