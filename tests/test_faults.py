@@ -93,6 +93,19 @@ def test_sigterm_gives_ranks_time_to_save_then_exits_143(tmp_path: Path) -> None
     assert leftover(ranks) == []
 
 
+def test_at_the_time_limit_rank_0_of_a_plain_run_runs_the_tasks_sigterm_handler_as_every_rank_does(
+        tmp_path: Path) -> None:
+    """Past the time limit every rank is stopped, the others with SIGTERM; rank 0 of a plain run (the user's own
+    process, asked to stop with hydra-ddpw's own signal) runs the task's SIGTERM handler too: a checkpoint on SIGTERM
+    was saved by every rank but rank 0, the one that usually saves."""
+    proc = run_app(tmp_path, "behaviour=wait", "platform.timeout_min=0.03")
+    assert proc.returncode == 1, proc.stderr
+    assert "the job ran past its time limit (platform.timeout_min=0.03)" in proc.stderr, proc.stderr
+    job = job_dirs(tmp_path)[0]
+    assert sorted(p.name for p in job.glob("saved_rank_*.txt")) == ["saved_rank_0.txt", "saved_rank_1.txt"]
+    assert "rank 0 saved its checkpoint" in (job / "rank_0.log").read_text()  # (the console stops at the stop)
+
+
 def test_sigterm_lets_a_rank_whose_dataloader_has_workers_save(tmp_path: Path) -> None:
     """SIGTERM reaches each rank alone, not its DataLoader's workers (they end with the job, after it): they died of
     it while the rank's handler saved its checkpoint, and the DataLoader raised there ('DataLoader worker (pid N) is

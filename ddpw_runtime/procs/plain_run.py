@@ -193,9 +193,12 @@ _stopped = threading.Event()
 
 
 def _on_stop(signum: int, frame: FrameType | None) -> None:
-    """`STOP_SIGNAL` from the supervisor: another rank failed or the time limit passed."""
+    """`STOP_SIGNAL` from the supervisor: another rank failed or the time limit passed. The task's own SIGTERM handler
+    (a checkpoint on SIGTERM) runs first, as it does in the other ranks, which are sent SIGTERM."""
     if on_stack(frame, _stoppable):
         _stopped.set()
+        if callable(own := signal.getsignal(signal.SIGTERM)):
+            own(signal.SIGTERM, frame)
         raise RankStopped()
 
 
