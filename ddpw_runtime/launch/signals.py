@@ -212,10 +212,12 @@ def stopped_line(job: int, signum: int) -> str:
     return f"{_stopped_by(signum)}: every rank of job #{job} was stopped.\n"
 
 
-def killed_line(name: str, pid: int, the_programs_task: bool = False) -> str:
-    """The stderr line: rank `name` (`the_programs_task`: a plain run's rank 0) did not end in time and was killed."""
+def killed_line(name: str, pid: int, the_programs_task: bool = False, again: bool = False) -> str:
+    """The stderr line: rank `name` (`the_programs_task`: a plain run's rank 0) did not end in time and was killed
+    (`again`: killed before its time was up, as the signal came again)."""
     task = ", the program's task" if the_programs_task else ""
-    return f"[ddpw] {name} (pid {pid}{task}) did not end in the time it was given; killed\n"
+    why = "killed at once, as the signal came again" if again else "did not end in the time it was given; killed"
+    return f"[ddpw] {name} (pid {pid}{task}) {why}\n"
 
 
 def stopping_line(signum: int, jobs: list[int]) -> str:

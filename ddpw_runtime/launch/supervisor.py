@@ -197,15 +197,16 @@ class NodeRanks(Children):
             still = self.starting()
             self.send(signal.SIGKILL, to=still)
             self.wait(start + grace, until=lambda: bool(self._requests))
-        self.kill()
+        self.kill(again=time.monotonic() < start + grace)
 
-    def kill(self, spare: int | None = None, group: bool = True) -> list[Child]:
-        """`Children.kill`, naming each rank in its task that a stop's signal reached (not one still joining)."""
+    def kill(self, spare: int | None = None, group: bool = True, again: bool = False) -> list[Child]:
+        """`Children.kill`, naming each rank in its task that a stop's signal reached (not one still joining); `again`:
+        before the grace was over, as the signal came again."""
         outside = self.outside.pid if self.outside is not None else None
         starting = self.starting()
         for rank in self.running(spare):
             if rank.stopped and rank not in starting:
-                sys.stderr.write(killed_line(rank.name, rank.pid, rank.pid == outside))
+                sys.stderr.write(killed_line(rank.name, rank.pid, rank.pid == outside, again))
         return super().kill(spare, group)
 
     def outcomes(self) -> list[RankOutcome]:

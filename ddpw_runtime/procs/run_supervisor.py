@@ -276,8 +276,9 @@ class RunSupervisor:
             if self.exited is None and not (self.interrupted or self.awaiting.is_set()
                                             or sig == signal.SIGINT and self.sees_ctrl_c):
                 send_to_group(self.pid, sig, group=False)
-            if not self._exited_within(self.grace.interrupt_s if len(self.received) < 2 else 0.0, stopped=sig):
-                sys.stderr.write(signals.killed_line("rank 0", self.pid, the_programs_task=True))
+            again = len(self.received) > 1
+            if not self._exited_within(0.0 if again else self.grace.interrupt_s, stopped=sig):
+                sys.stderr.write(signals.killed_line("rank 0", self.pid, the_programs_task=True, again=again))
             elif self.job_over and len(self.received) < 2:
                 return _exit_code(self.exited or 0)
         self._kill_rank_zero()
