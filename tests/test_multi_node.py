@@ -783,6 +783,30 @@ def test_ctrl_c_on_either_node_in_a_multirun_ends_the_sweep_on_both_and_the_othe
 
 
 @pytest.mark.subprocess
+def test_a_second_process_started_as_a_node_of_a_multirun_is_refused_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    """As node 1 again (refused only as it joined the running job, it had counted as node 1 in node 0's sweep, and its
+    leaving counted node 1 as gone from the sweep: node 0 no longer heard whether the real node 1 was lost between
+    jobs, nor waited for it to read the sweep's end), or as node 2 of 3 where node 0's sweep has 2 nodes: refused as
+    it reaches node 0's sweep, and the sweep goes on."""
+    zero, one, ranks = _two_running(tmp_path, "-m", "fail_rank=0,1")
+    port = int(str(zero.args).split("platform.master_port=")[1].split("'")[0])  # (the sweep's store)
+    for node, n_nodes, said in (
+            (1, 2, f"node 1 already follows node 0's sweep at {HOST}:{port}: another process runs as node 1"),
+            (2, 3, f"node 2 is not a node of node 0's sweep at {HOST}:{port}, which runs on 2 node(s)")):
+        own, environ = _explicit(port, node)
+        again = _node(tmp_path, ["-m", f"platform.n_nodes={n_nodes}", "platform.n_procs_per_node=1", "fail_rank=0,1",
+                                 *own], environ)
+        _, err = again.communicate(timeout=60)
+        assert again.returncode == 1 and said in err, err
+    assert (zero.poll(), one.poll()) == (None, None)  # the sweep goes on, untouched
+    zero.send_signal(signal.SIGINT)
+    _, err0 = zero.communicate(timeout=60)
+    _, err1 = one.communicate(timeout=60)
+    assert (zero.returncode, one.returncode) == (130, 1), err0 + err1
+    wait_for(lambda: leftover(ranks) == [], timeout=10, what="every rank to end")
+
+
+@pytest.mark.subprocess
 def test_an_optuna_study_across_two_nodes_runs_every_trial_on_both(tmp_path: Path) -> None:
     """Node 0's Optuna sweeper decides each trial (4, 2 per batch); node 1 runs its rank of each as it comes."""
     zero, one = _start_two(tmp_path, _explicit, "-m", app="sweep_app.py")

@@ -261,6 +261,21 @@ class StoreSide:
         made[0].set_timeout(timedelta(minutes=platform.join_timeout_min))
         return cls(made[0], platform.node_rank, platform.n_nodes, where)
 
+    def claim(self, key: str, what: str) -> None:
+        """Count this node at `key` (it `what`, "joined node 0's job"); NodeError when another process did first."""
+        if self.store.add(key, 1) > 1:
+            raise NodeError(f"node {self.node} already {what} at {self.where}: another process runs as node "
+                            f"{self.node}; give every machine its own platform.node_rank (or its platform's variables)")
+
+    def check_placed(self, n_nodes: int, what: str = "job") -> None:
+        """NodeError unless this node is one of the `n_nodes` of node 0's `what` (this node's platform may say
+        another count)."""
+        if self.node >= n_nodes:
+            raise NodeError(f"node {self.node} is not a node of node 0's {what} at {self.where}, which runs on "
+                            f"{n_nodes} node(s) (platform.n_nodes={n_nodes} on node 0, {self.n_nodes} here): give "
+                            "every machine the same platform.n_nodes and its own platform.node_rank from 0 to "
+                            f"{n_nodes - 1} (or its platform's variables)")
+
     def stop_job(self, stop: NodeStop) -> None:
         """Stop the job of this store on every node, unless another node stopped it first."""
         self.store.compare_set(_STOP_KEY, "", pickling.dumps(stop))  # set only where not set yet
@@ -294,10 +309,7 @@ class NodeChannel(StoreSide):
         """This node has the job and starts its ranks, beating until it sent its end (node 0 counts a node that
         joined and fell silent as lost); NodeError when another process joined as this node already."""
         self._beat()  # (before it counts as joined: node 0 then sees a beat it had not seen)
-        if self.store.add(f"{_KEY}joined/{self.node}", 1) > 1:
-            raise NodeError(f"node {self.node} already joined node 0's job at {self.where}: another process runs as "
-                            f"node {self.node}; give every machine its own platform.node_rank (or its platform's "
-                            "variables)")
+        self.claim(f"{_KEY}joined/{self.node}", "joined node 0's job")
         self.start_beating()
 
     def missing(self, timeout_min: float) -> list[int]:

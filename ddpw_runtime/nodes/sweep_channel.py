@@ -38,6 +38,7 @@ class SweepChannel(StoreSide):
         assert platform.master_addr is not None and platform.master_port is not None
         store = TCPStore(platform.master_addr, platform.master_port, is_master=True, wait_for_workers=False,
                          timeout=timedelta(minutes=platform.join_timeout_min))
+        store.set(_KEY + "n_nodes", str(platform.n_nodes))
         store.set(MULTIRUN_KEY, json.dumps(overrides))
         channel = SweepChannel(store, 0, platform.n_nodes, f"{platform.master_addr}:{platform.master_port}")
         channel.hold_connections()
@@ -59,9 +60,13 @@ class SweepChannel(StoreSide):
             time.sleep(_POLL_S)
 
     def follow(self) -> None:
-        """A node other than 0 follows the sweep from now on, beating until it leaves."""
-        self.start_beating()
-        self.store.set(f"{_KEY}following/{self.node}", "1")
+        """A node other than 0 follows the sweep from now on, beating until it leaves; NodeError when node 0's sweep has
+        no such node, or another process follows it as this node (then it never counts as following, nor leaves)."""
+        if self.store.check([_KEY + "n_nodes"]):  # (not where node 0 runs a plain run: `next_port` says so)
+            self.check_placed(int(self.store.get(_KEY + "n_nodes")), "sweep")
+        self._beat()  # (before it counts as following: node 0 then sees a beat it had not seen)
+        self.claim(f"{_KEY}following/{self.node}", "follows node 0's sweep")
+        self.start_beating()  # (not before: a refused process's connection, closing, would count this node lost)
 
     def leave(self, node: int | None = None) -> None:
         """Node `node` (this one when None) no longer follows the sweep: said by it, or by node 0 for one a job lost;

@@ -34,8 +34,8 @@ def follow_sweep(platform: Platform, options: LauncherOptions, overrides: tuple[
             sweep = SweepChannel.connect(platform)
         except (KeyboardInterrupt, Terminated) as stop:  # while it waits for node 0: nothing runs here yet
             return 128 + signal_of(stop)
+        sweep.follow()  # (a process refused there never followed: it leaves nothing)
         try:
-            sweep.follow()
             return _follow_jobs(sweep, platform, options, overrides)
         finally:
             sweep.leave()
@@ -96,11 +96,7 @@ def _follow(platform: Platform, options: LauncherOptions,
     try:
         channel = NodeChannel.connect(platform, say_waiting=overrides is not None)
         spec = channel.spec(platform.join_timeout_min)
-        if node >= spec.platform.n_nodes:  # (before it joins: node 0's job goes on without it)
-            raise NodeError(f"node {node} is not a node of node 0's job at {channel.where}, which runs on "
-                            f"{spec.platform.n_nodes} node(s) (platform.n_nodes={spec.platform.n_nodes} on node 0, "
-                            f"{platform.n_nodes} here): give every machine the same platform.n_nodes and its own "
-                            f"platform.node_rank from 0 to {spec.platform.n_nodes - 1} (or its platform's variables)")
+        channel.check_placed(spec.platform.n_nodes)  # (before it joins: node 0's job goes on without it)
         channel.join()
         if overrides is not None:
             _say_differences(overrides, spec.overrides, node, options.platform_key)
