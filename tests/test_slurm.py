@@ -177,6 +177,8 @@ def test_rank_failure_on_the_second_node_is_the_reported_root_cause(slurm_env: d
     assert "--- traceback of rank 1 ---" in proc.stderr
     assert 'raise ValueError("rank asked to fail")' in proc.stderr
     assert "waiting for clients" not in proc.stderr and "Connection closed" not in proc.stderr
+    # Every rank is listed: node 0's too, which the failure stopped before it sent how its ranks ended (it was missing).
+    assert re.search(r"\n  rank 0: (ok|stopped)", proc.stdout), proc.stdout
     # Rank 0's console, echoed while the job ran, ends before its note of the error that followed (the connection
     # rank 1 closed), as a local job's console stops: it came first on the console, before the real cause.
     assert "hello from rank 0" in proc.stdout
@@ -332,6 +334,19 @@ def test_a_job_that_can_never_start_is_cancelled_at_once_saying_why_and_the_swee
     assert slurm("squeue", "--noheader", f"--jobs={never}").strip() == ""
     jobs = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
     assert [e["status"] for e in jobs] == ["COMPLETED", "FAILED"]
+
+
+@pytest.mark.subprocess
+def test_a_job_sbatch_refuses_names_the_key_to_change_and_says_it_once(slurm_env: dict[str, str],
+                                                                        tmp_path: Path) -> None:
+    """A partition the cluster does not have: sbatch's refusal was shown twice (submitit printed it too), and named
+    no key; now once, with the key, its value and the fix."""
+    proc = run(tmp_path, "platform.partition=nope", f"hydra.sweep.dir={tmp_path / 'sw'}")
+    assert proc.returncode == 1, proc.stderr
+    assert ("SLURM refused job(s) #0: SLURM has no partition 'nope': change platform.partition to one sinfo lists"
+            in proc.stderr), proc.stderr
+    assert proc.stderr.count("Invalid partition name specified") == 1, proc.stderr
+    assert not (tmp_path / "sw" / MANIFEST).exists()
 
 
 @pytest.mark.subprocess
@@ -533,13 +548,13 @@ def _failed(rank: int, node: int, message: str, at: float) -> NodeOutcome:
 def test_a_cancelled_job_is_reported_as_cancelled_not_as_a_lost_connection() -> None:
     lost = _failed(0, 0, "Connection closed by peer", at=1.0)
     ended = SlurmJobError("SLURM job 7 was cancelled")
-    ret, _ = job_return(JobReturn(status=JobStatus.FAILED), 2, "CANCELLED by 0", {0: lost}, {}, ended)
+    ret, _ = job_return(JobReturn(status=JobStatus.FAILED), 2, 1, "CANCELLED by 0", {0: lost}, {}, ended)
     assert ret.status is JobStatus.FAILED and ret._return_value is ended
     own = _failed(3, 1, "bad batch", at=2.0)
-    ret, _ = job_return(JobReturn(status=JobStatus.FAILED), 2, "CANCELLED by 0", {0: lost, 1: own}, {}, ended)
+    ret, _ = job_return(JobReturn(status=JobStatus.FAILED), 2, 1, "CANCELLED by 0", {0: lost, 1: own}, {}, ended)
     assert isinstance(ret._return_value, RankFailure) and ret._return_value.rank == 3  # a rank's own failure first
     ok = NodeOutcome(0, 0, ["a"], job_return=JobReturn(status=JobStatus.COMPLETED, _return_value="a"))
-    done, values = job_return(ok.job_return, 2, "COMPLETED", {0: ok, 1: NodeOutcome(1, 0, ["b"])}, {}, ended)  # type: ignore[arg-type]
+    done, values = job_return(ok.job_return, 2, 1, "COMPLETED", {0: ok, 1: NodeOutcome(1, 0, ["b"])}, {}, ended)  # type: ignore[arg-type]
     assert done.return_value == "a" and values == ["a", "b"]
 
 

@@ -15,7 +15,7 @@ from ddpw_conf.launcher import SlurmLauncherConf
 from ddpw_runtime.errors import RankFailure, SlurmJobError
 from ddpw_runtime.launch.outcome import failure, root_cause
 from ddpw_runtime.launch.rank_outcome import RankOutcome
-from ddpw_runtime.launch.records import portable
+from ddpw_runtime.launch.records import RankResult, portable
 
 INCOMPLETE_STATES = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "PREEMPTED",
                      "RESIZING", "SUSPENDED", "UNKNOWN", "READY")
@@ -37,17 +37,20 @@ _PER_JOB_LIMIT = re.compile(r"(Assoc|QOS)\w*PerJob\w*")
 QOSMaxWallDurationPerJobLimit, AssocMaxNodesPerJobLimit."""
 
 
-def pending_reason(job_ids: list[str], reason: str, platform: Platform, options: SlurmLauncherConf) -> tuple[str, bool]:
-    """What the console says of the jobs `job_ids` (of equal parameters) pending for `reason` (squeue's): the line, and
-    whether they can never start as they are (a limit or a name their partition, account or QOS refuses: only a change
-    of the job resolves it)."""
-    shown = ", ".join(job_ids) if len(job_ids) <= 3 else f"{job_ids[0]} ... {job_ids[-1]} ({len(job_ids)} jobs)"
-    jobs = f"job {shown} is" if len(job_ids) == 1 else f"jobs {shown} are"
-    where = f"partition {platform.partition}" if platform.partition else "the default partition"
-    resources = (f"platform.n_procs_per_node / n_gpus_per_node, platform.n_cpus_per_node={platform.n_cpus_per_node}, "
-                 f"platform.mem_per_node={platform.mem_per_node}")
+def _where(platform: Platform) -> str:
+    return f"partition {platform.partition}" if platform.partition else "the default partition"
+
+
+def _resources(platform: Platform) -> str:
+    return (f"platform.n_procs_per_node / n_gpus_per_node, platform.n_cpus_per_node={platform.n_cpus_per_node}, "
+            f"platform.mem_per_node={platform.mem_per_node}")
+
+
+def _never_starts(platform: Platform, options: SlurmLauncherConf) -> dict[str, str]:
+    """Why a job SLURM gives one of these (squeue's) reasons can never start as asked, and the key to change."""
+    where, resources = _where(platform), _resources(platform)
     another = "or choose another platform.partition (sinfo lists them)"
-    never = {
+    return {
         "PartitionNodeLimit": f"it asks for more nodes than {where} has or allows: lower platform.n_nodes="
                               f"{platform.n_nodes} {another}",
         "PartitionTimeLimit": f"its time limit is above the MaxTime of {where}: lower platform.timeout_min="
@@ -62,6 +65,55 @@ def pending_reason(job_ids: list[str], reason: str, platform: Platform, options:
         "DependencyNeverSatisfied": "a job it depends on did not end as it needs: change the dependency in "
                                     "platform.slurm_additional_parameters",
     }
+
+
+_SBATCH_REFUSALS = {
+    "Invalid partition name specified": "partition",
+    "Invalid node name specified": "node name",
+    "Requested reservation is invalid": "reservation",
+    "Invalid feature specification": "BadConstraints",
+    "Invalid qos specification": "InvalidQOS",
+    "Invalid account": "InvalidAccount",
+    "Node count specification invalid": "PartitionNodeLimit",
+    "Requested time limit is invalid": "PartitionTimeLimit",
+    "Requested node configuration is not available": "PartitionConfig",
+    "Requested partition configuration not available": "PartitionConfig",
+    "Job violates accounting/QOS policy": "QOSMaxPerJobLimit",
+}
+"""sbatch's refusals (part of SLURM's error text) and the pending reason whose fix is theirs, or a fix of their own."""
+
+
+def sbatch_refusal(text: str, platform: Platform, options: SlurmLauncherConf) -> str:
+    """What to change where sbatch refused a job of `platform` with `text` (its error output); '' if not known."""
+    found = next((name for start, name in _SBATCH_REFUSALS.items() if start in text), None)
+    own = {
+        "partition": f"SLURM has no partition {platform.partition!r}: change platform.partition to one sinfo lists, "
+                     "or leave it unset (null) for the cluster's default",
+        "node name": f"SLURM has no node of a name it was given: change hydra.launcher.exclude={options.exclude} "
+                     "(or a node list in platform.slurm_additional_parameters) to nodes sinfo -N lists",
+        "reservation": "SLURM has no such reservation, or it is not yours: change the reservation in "
+                       "platform.slurm_additional_parameters (scontrol show reservation lists them)",
+    }
+    if found is None:
+        return ""
+    return own.get(found) or _never_text(found, platform, options)
+
+
+def _never_text(name: str, platform: Platform, options: SlurmLauncherConf) -> str:
+    """Why a job pending for `name`, a reason that never passes, cannot start, and the keys to change."""
+    return _never_starts(platform, options).get(name) or (
+        f"it is above a per-job limit of its account or QOS: lower {_resources(platform)}, platform.n_nodes="
+        f"{platform.n_nodes} or platform.timeout_min={platform.timeout_min:g}, or change hydra.launcher.qos / "
+        "hydra.launcher.account")
+
+
+def pending_reason(job_ids: list[str], reason: str, platform: Platform, options: SlurmLauncherConf) -> tuple[str, bool]:
+    """What the console says of the jobs `job_ids` (of equal parameters) pending for `reason` (squeue's): the line, and
+    whether they can never start as they are (a limit or a name their partition, account or QOS refuses: only a change
+    of the job resolves it)."""
+    shown = ", ".join(job_ids) if len(job_ids) <= 3 else f"{job_ids[0]} ... {job_ids[-1]} ({len(job_ids)} jobs)"
+    jobs = f"job {shown} is" if len(job_ids) == 1 else f"jobs {shown} are"
+    where = _where(platform)
     nodes_out = ("nodes it needs are down, drained or reserved; it starts once they are back (hydra.launcher.exclude "
                  "leaves nodes out; a shorter platform.timeout_min may end before a reservation)")
     waits = {
@@ -73,10 +125,8 @@ def pending_reason(job_ids: list[str], reason: str, platform: Platform, options:
         "BeginTime": "it waits for its begin time (SLURM starts a requeued job again after a short delay)",
     }
     name = reason.split(",")[0].split()[0] if reason.strip() else "None"
-    if name in never or _PER_JOB_LIMIT.fullmatch(name):
-        why = never.get(name, f"it is above a per-job limit of its account or QOS: lower {resources}, "
-                              f"platform.n_nodes={platform.n_nodes} or platform.timeout_min={platform.timeout_min:g}, "
-                              "or change hydra.launcher.qos / hydra.launcher.account")
+    if name in _never_starts(platform, options) or _PER_JOB_LIMIT.fullmatch(name):
+        why = _never_text(name, platform, options)
         return f"SLURM {jobs} pending ({reason}) and can never start as asked: {why}", True
     why = next((text for key, text in waits.items() if reason.startswith(key)), "SLURM starts it when it can")
     return f"SLURM {jobs} pending ({reason}): {why}", False
@@ -114,8 +164,8 @@ def state_error(job_id: str, state: str, logs: str, restarts: int) -> SlurmJobEr
     return SlurmJobError(f"SLURM job {job_id} {text}{again} (sacct state: {state}); node logs: {logs}")
 
 
-def job_failure(n_nodes: int, state: str, outcomes: dict[int, NodeOutcome], node_errors: dict[int, str],
-                ended: SlurmJobError) -> BaseException | None:
+def job_failure(n_nodes: int, ranks_per_node: int, state: str, outcomes: dict[int, NodeOutcome],
+                node_errors: dict[int, str], ended: SlurmJobError) -> BaseException | None:
     """Why a SLURM job failed, or None, in this order: a rank's own failure on any node; a node's own error (its
     time limit); a node controller that raised (`node_errors`: their text); how SLURM ended the job (`ended`:
     cancelled, timed out, out of memory: what the ranks saw follows from it); a rank that only lost its peers;
@@ -124,7 +174,7 @@ def job_failure(n_nodes: int, state: str, outcomes: dict[int, NodeOutcome], node
     cause = root_cause(ranks)
     errors = [node.error for _, node in sorted(outcomes.items()) if node.error is not None]
     if cause is not None and not cause.is_secondary:
-        return failure(ranks)
+        return _with_every_rank(failure(ranks), n_nodes, ranks_per_node, outcomes)
     if errors:
         return errors[0]
     if node_errors:
@@ -140,10 +190,26 @@ def job_failure(n_nodes: int, state: str, outcomes: dict[int, NodeOutcome], node
     return None
 
 
-def job_return(ret: JobReturn, n_nodes: int, state: str, outcomes: dict[int, NodeOutcome], node_errors: dict[int, str],
-               ended: SlurmJobError) -> tuple[JobReturn, list[Any]]:
+def _with_every_rank(made: RankFailure | None, n_nodes: int, ranks_per_node: int,
+                     outcomes: dict[int, NodeOutcome]) -> RankFailure | None:
+    """`made` listing every rank of the job, where a node sent none of its ranks' ends: its ranks as returned
+    (`values`: they all did) or as stopped (it sent nothing: the failure elsewhere stopped it)."""
+    if made is None:
+        return None
+    listed = {o.rank for o in made.outcomes}
+    for node in range(n_nodes):
+        returned = node in outcomes and not outcomes[node].ranks and outcomes[node].error is None
+        made.outcomes += [RankOutcome(rank, node, RankResult(rank) if returned else None, 0 if returned else None,
+                                      stopped=not returned)
+                          for rank in range(node * ranks_per_node, (node + 1) * ranks_per_node) if rank not in listed]
+    made.outcomes.sort(key=lambda o: o.rank)
+    return made
+
+
+def job_return(ret: JobReturn, n_nodes: int, ranks_per_node: int, state: str, outcomes: dict[int, NodeOutcome],
+               node_errors: dict[int, str], ended: SlurmJobError) -> tuple[JobReturn, list[Any]]:
     """The JobReturn of one SLURM job and every rank's value; `ret`: node 0's JobReturn, else a FAILED shell."""
-    made = job_failure(n_nodes, state, outcomes, node_errors, ended)
+    made = job_failure(n_nodes, ranks_per_node, state, outcomes, node_errors, ended)
     if made is not None or ret.status is not JobStatus.COMPLETED:
         ret.status = JobStatus.FAILED
         ret.return_value = made if made is not None else ended

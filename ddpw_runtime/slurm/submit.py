@@ -7,6 +7,8 @@ again. With `fail_fast`, the first failed job cancels the others.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import signal
@@ -221,14 +223,16 @@ def _submit(groups: list[list[_Job]], hydra_context: HydraContext, task_function
                            max_restarts=options.max_restarts, grace=grace)
                  for job in group]
         try:
-            with executor.batch():
+            # (submitit prints sbatch's refusal too: it is shown once, below, with what to change)
+            with contextlib.redirect_stderr(io.StringIO()), executor.batch():
                 slurm_jobs = [executor.submit(node) for node in nodes]
         except Exception as exc:
             # Nothing half-submitted stays behind: the jobs submitted before this one are cancelled.
             for job in submitted:
                 job.slurm.cancel(check=False)
             numbers = ", ".join(f"#{job.prepared.idx}" for job in group)
-            raise SlurmJobError(f"SLURM refused job(s) {numbers}: {exc}") from None
+            fix = node_outcomes.sbatch_refusal(str(exc), group[0].prepared.platform, options)
+            raise SlurmJobError(f"SLURM refused job(s) {numbers}: {fix + chr(10) if fix else ''}{exc}") from None
         for job, slurm_job in zip(group, slurm_jobs, strict=True):
             job.slurm, job.submitted_at = slurm_job, time.time()
             submitted.append(job)
@@ -366,7 +370,8 @@ def _ended(job: _Job) -> JobReturn | None:
     slurm_end = node_outcomes.state_error(job.slurm.job_id, state, str(job.slurm.paths.folder), restarts)
     if not outcomes and not errors and not state.startswith(("CANCELLED", "TIMEOUT")):
         slurm_end = SlurmJobError(f"{slurm_end}{_stderr_tail(job)}")
-    ret, values = node_outcomes.job_return(ret, job.prepared.platform.n_nodes, state, outcomes, errors, slurm_end)
+    ret, values = node_outcomes.job_return(ret, job.prepared.platform.n_nodes, job.prepared.platform.ranks_per_node,
+                                              state, outcomes, errors, slurm_end)
     return DdpwJobReturn.of(ret, values)
 
 
