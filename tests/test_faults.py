@@ -58,6 +58,16 @@ def test_a_hung_rank_is_stopped_at_the_time_limit_showing_where_each_rank_was(tm
     assert leftover(seen(job)) == []
 
 
+def test_each_rank_log_ends_saying_how_the_stop_ended_it(tmp_path: Path) -> None:
+    """A rank the stop's signal killed (past the time limit here; after another rank's failure too) has it at the end
+    of its log, as a rank that raised has its error there: its log just ended, saying nothing."""
+    proc = run_app(tmp_path, "-m", "behaviour=hang", "platform.timeout_min=0.03")
+    assert proc.returncode == 1, proc.stderr
+    job = job_dirs(tmp_path)[0]
+    for rank in (0, 1):
+        assert (job / f"rank_{rank}.log").read_text().endswith(f"--- rank {rank} was stopped: killed by SIGTERM\n")
+
+
 def test_a_stalled_collective_fails_after_the_collective_timeout(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "behaviour=hang", "platform.collective_timeout_min=0.05")
     assert proc.returncode == 1

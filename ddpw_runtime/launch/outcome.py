@@ -161,14 +161,20 @@ def note_start(rank: int) -> re.Pattern[bytes]:
 
 def note_failures(outcomes: Iterable[RankOutcome]) -> None:
     """Write what each failed rank raised at the end of its log (ranks do not print it: the console shows the root
-    cause, not the errors that follow from it)."""
+    cause, not the errors that follow from it), and how a rank the stop's signal killed ended."""
     for outcome in outcomes:
-        if outcome.error is None or outcome.log_file is None:
+        if outcome.log_file is None:
+            continue
+        if outcome.error is not None:
+            # Stopped (Ctrl-C, or another rank's failure) when what it raised is the stop's; a rank the stop reached
+            # after it had raised an error of its own failed.
+            ended = "was stopped" if outcome.stopped and outcome.error.type_name in _RAISED_BY_A_STOP else "failed"
+            note = f"{outcome.error.headline}\n{outcome.error.traceback}"
+        elif outcome.stopped and not outcome.own_failure and outcome.exit_code is not None and outcome.exit_code < 0:
+            ended, note = "was stopped", f"killed by {signal_name(-outcome.exit_code)}\n"
+        else:  # (a rank that failed by itself with no error to tell: the job's error shows its log's end)
             continue
         with suppress(OSError), open(outcome.log_file, "a+", encoding="utf-8", errors="backslashreplace") as log:
             if log.tell() and not _ends_a_line(log.fileno()):  # its last write had no newline: `print(.., end="")`
                 log.write("\n")
-            # Stopped (Ctrl-C, or another rank's failure) when what it raised is the stop's; a rank the stop reached
-            # after it had raised an error of its own failed.
-            ended = "was stopped" if outcome.stopped and outcome.error.type_name in _RAISED_BY_A_STOP else "failed"
-            log.write(f"--- rank {outcome.rank} {ended}: {outcome.error.headline}\n{outcome.error.traceback}")
+            log.write(f"--- rank {outcome.rank} {ended}: {note}")

@@ -269,6 +269,7 @@ def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], ob
         finally:
             ranks.end()
     if timed_out:
+        note_failures(ranks.outcomes())
         stalled = ranks.watch.stalled if ranks.watch.stopped_job else None
         report = stalled or report_of(plan, f"the time limit, platform.timeout_min={plan.platform.timeout_min:g}",
                                       ranks.places)
