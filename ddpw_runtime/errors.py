@@ -100,9 +100,15 @@ class JobTimedOut(CompactError, RuntimeError):
         if report is not None:
             lines = [f"{head}; {report.text()}"]
         else:
-            lines = [f"{head}; where each rank was:"]
-            lines += [f"  rank {rank}: {place}" for rank, place in sorted(where.items())]
+            lines = [f"{head}; where each rank was:", *(f"  {line}" for line in self.places)]
         super().__init__("\n".join(lines))
+
+    @property
+    def places(self) -> list[str]:
+        """Where each rank was, a line per rank (those that held up the others first, `report.lines()`)."""
+        if self.report is not None:
+            return self.report.lines()
+        return [f"rank {rank}: {place}" for rank, place in sorted(self.where.items())]
 
 
 class SlurmJobError(CompactError, RuntimeError):

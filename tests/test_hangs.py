@@ -218,6 +218,20 @@ def test_a_multirun_job_names_the_rank_outside_the_collective_in_its_summary(tmp
 
 
 @pytest.mark.subprocess
+def test_a_multirun_job_past_its_time_limit_names_the_rank_that_held_it_up_as_it_ends(tmp_path: Path) -> None:
+    """In a sweep only the first failed job's error is printed: each job's FAILED line (stdout) and its summary entry
+    say where each rank was (they said only that the time limit passed)."""
+    proc = run_app(tmp_path, "-m", "behaviour=hold_up", "platform.timeout_min=0.03")
+    assert proc.returncode == 1, proc.stderr
+    assert f"  rank 1: NOT IN THE COLLECTIVE, at load_batch ({APP}:{LOAD_BATCH})" in proc.stdout
+    assert "  rank 0: waiting in all_reduce, at hold_up (" in proc.stdout
+    (summary,) = tmp_path.rglob("sweep_summary.json")
+    (entry,) = json.loads(summary.read_text())["jobs"]
+    assert entry["error"].startswith("JobTimedOut: the job ran past its time limit (platform.timeout_min=0.03) and "
+                                     f"was stopped; rank 1 held up the others, at load_batch ({APP}:{LOAD_BATCH})")
+
+
+@pytest.mark.subprocess
 def test_the_time_limit_names_the_rank_outside_the_collective(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "behaviour=hold_up", "platform.timeout_min=0.03")
     assert proc.returncode != 0

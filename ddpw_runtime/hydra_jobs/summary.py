@@ -88,7 +88,8 @@ def _head(colour: bool, job: int, what: str, *colours: str) -> str:
 
 
 def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: str, colour: bool = False) -> str:
-    """The lines printed when a job failed: the cause in one line and, for a `RankFailure`, each rank's status."""
+    """The lines printed when a job failed: the cause in one line and, for a `RankFailure`, each rank's status; for a
+    `JobTimedOut`, where each rank was."""
     head = f"{_head(colour, job, 'FAILED', 'red', 'bold')} after {duration_s:.1f} s: "
     lines = [head + one_line(error)]
     if isinstance(error, RankFailure):
@@ -98,16 +99,23 @@ def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: s
         for status, ranks in sorted(by_status.items(), key=lambda item: item[1][0]):
             label = ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
             lines.append(f"  {label}: {_style(colour, status, _STATUS_COLOURS.get(status.split()[0], 'yellow'))}")
+    elif isinstance(error, JobTimedOut):  # where each rank was: in a sweep, only the first failed job's error is shown
+        lines += [f"  {line}" for line in error.places]
     lines.append(f"  logs: {log_dir}/rank_<k>.log")
     return "\n".join(lines)
 
 
 def one_line(error: BaseException) -> str:
-    """Why a job failed, in one line: the root cause of a `RankFailure`, else `Type: first line`."""
+    """Why a job failed, in one line: the root cause of a `RankFailure`, what a `JobTimedOut` stopped and the rank that
+    held up the others, else `Type: first line`."""
     if isinstance(error, RankFailure):
         return f"rank {error.rank} failed: {error.cause}"
     if isinstance(error, JobTimedOut):
-        return f"JobTimedOut: {error.head}"
+        report = error.report
+        held = [place for place in report.places if place.rank in report.culprits] if report is not None else []
+        by = (f"; rank {held[0].rank} held up the others, at {held[0].where()}" if len(held) == 1 else
+              f"; ranks {rank_ranges([place.rank for place in held])} held up the others" if held else "")
+        return f"JobTimedOut: {error.head}{by}"
     message = str(error).splitlines()
     return type(error).__name__ + (f": {message[0]}" if message and message[0] else "")
 
