@@ -303,6 +303,29 @@ def test_sigterm_to_the_waiting_program_leaves_its_jobs_running_and_says_how_to_
 
 
 @pytest.mark.subprocess
+def test_ctrl_c_to_the_waiting_program_cancels_its_jobs(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """Ctrl-C while the job runs cancels it, says so, and exits 130; the summary gives the job its time from its
+    submission (it said 0.0 s for a job that had run)."""
+    sweep = tmp_path / "sw"
+    proc = start_app(tmp_path, *multirun("behaviour=wait", "platform.n_procs_per_node=1", f"hydra.run.dir={sweep}"),
+                     app=APP)
+    try:
+        wait_for(lambda: (sweep / "running_rank_0").exists(), timeout=60, what="the job to run")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    (submitted,) = manifest(sweep)
+    job_id = submitted["slurm_job_id"]
+    assert proc.returncode == 130, err
+    assert f"Interrupted: cancelled SLURM job(s) {job_id}" in out, out
+    wait_for(lambda: slurm("squeue", "--noheader", f"--jobs={job_id}").strip() == "", timeout=30,
+             what="the cancelled job to leave the queue")
+    (job,) = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert job["status"] == "INTERRUPTED" and job["duration_s"] > 0, job
+
+
+@pytest.mark.subprocess
 def test_a_failed_job_of_a_slurm_sweep_is_reported_as_it_fails(slurm_env: dict[str, str], tmp_path: Path) -> None:
     """As in a local sweep, `[ddpw] job #N FAILED after ...: <cause>` as the job ends, before the summary; the console
     said only `SLURM job 42_0 ended (every node returned)`, the cause first shown at the sweep's end."""

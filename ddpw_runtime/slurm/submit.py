@@ -129,9 +129,11 @@ def run_jobs(hydra_context: HydraContext, task_function: TaskFunction, prepared:
 
 
 def _record(summary: SweepSummary, job: _Job, status: str) -> None:
-    """Note in `summary` that `job` is SUBMITTED, or never ended (INTERRUPTED, STOPPED, NOT STARTED)."""
+    """Note in `summary` that `job` is SUBMITTED, or never ended (INTERRUPTED, STOPPED, NOT STARTED: its time is
+    from its submission, as an ended job's)."""
     p = job.prepared
-    summary.record(entry(p.idx, p.overrides, p.output_dir, 0.0, None, status))
+    took = time.time() - job.submitted_at if status != _SUBMITTED and job.submitted_at else 0.0
+    summary.record(entry(p.idx, p.overrides, p.output_dir, took, None, status))
 
 
 def _earlier_submissions(jobs: list[_Job], folder: Path, manifest: Path, summary: SweepSummary) -> dict[int, JobReturn]:
