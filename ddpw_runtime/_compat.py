@@ -93,6 +93,17 @@ def forget_failed_process_group() -> None:
         world.group_count = 0
 
 
+def set_start_processes(start_processes: Callable[..., Any]) -> None:
+    """Make `start_processes` what `torch.multiprocessing.start_processes` and `torch.multiprocessing.spawn` call.
+    Private: `spawn` calls the `start_processes` of its own module (`torch.multiprocessing.spawn`). Fallback: the
+    public name only (a task's `spawn` then starts its processes unwatched)."""
+    import torch.multiprocessing
+
+    for module in (torch.multiprocessing, sys.modules.get("torch.multiprocessing.spawn")):
+        if hasattr(module, "start_processes"):
+            setattr(module, "start_processes", start_processes)  # noqa: B010 - mypy refuses assigning a function
+
+
 def forget_exit_handlers() -> None:
     """Drop the `atexit` handlers inherited from the process this is a fork of (the controller's, which must not run
     in its ranks). Private: `atexit._clear`. Fallback: nothing (a rank then runs no exit handlers)."""

@@ -116,6 +116,9 @@ def test_a_torchrun_task_in_the_callers_process_leaves_it_ready_for_the_next_job
 
     assert not dist.is_initialized()
     assert dist.init_process_group.__module__ == "torch.distributed.distributed_c10d"  # torch's own again
+    import torch.multiprocessing
+
+    assert torch.multiprocessing.start_processes.__module__ == "torch.multiprocessing.spawn"
 
 
 @pytest.mark.subprocess
@@ -135,6 +138,29 @@ def test_a_call_that_asks_for_another_group_names_the_setting(tmp_path: Path, ca
         Wrapper(Platform(n_procs_per_node=2, verbose=False), log_dir=tmp_path).start(torchrun_task, call)
     assert f"ConfigError: {key}=" in str(failure.value) and fix in str(failure.value)
     assert "twice" not in str(failure.value)
+
+
+@pytest.mark.subprocess
+def test_a_script_that_starts_its_own_ranks_with_mp_spawn_fails_at_once_naming_the_change(tmp_path: Path) -> None:
+    # Its processes, started in a rank, have that rank's RANK and WORLD_SIZE and, as under torchrun,
+    # TORCHELASTIC_USE_AGENT_STORE: the group they make at the port the script sets waited for a store nobody
+    # hosts, and the job hung until its time limit (30 minutes in init_process_group, were the limit longer).
+    proc = run_app(tmp_path, "hydra/launcher=ddpw_cpu", "+n_procs=2", "platform.timeout_min=1", app="spawn_repo.py")
+    assert proc.returncode == 1
+    assert ("platform.n_procs_per_node=1: 2 processes that mp.spawn started in rank 0 of 1 call init_process_group, "
+            "each with rank 0's RANK and rendezvous: call the function in each rank") in proc.stderr
+    assert "with platform.n_procs_per_node=2 (docs/from-torchrun.md)" in proc.stderr
+    assert "JobTimedOut" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("groups", ["[]", "null"])
+def test_the_documented_change_runs_an_mp_spawn_script_as_one_job(tmp_path: Path, groups: str) -> None:
+    proc = run_app(tmp_path, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", f"platform.ipc_groups={groups}",
+                   "+n_procs=2", "+recipe=true", app="spawn_repo.py")
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    assert [(data["world_size"], data["total"]) for data in seen(job).values()] == [(2, 3.0)] * 2
 
 
 @pytest.mark.parametrize(("change", "key"), [

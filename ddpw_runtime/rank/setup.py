@@ -16,7 +16,7 @@ from ddpw_runtime import _compat
 from ddpw_runtime.launch.plan import LaunchPlan
 from ddpw_runtime.rank import context
 from ddpw_runtime.rank.environment import threads_per_rank
-from ddpw_runtime.rank.task_init import JobGroup, answer_task_init, restore_init
+from ddpw_runtime.rank.task_init import JobGroup, answer_task_init, restore_init, watch_spawns
 
 # The job's store while this process is a rank: a task that makes its own group finds it through `env://`, and the
 # rank that hosts it waits until every rank is done with it (`leave_store`).
@@ -51,6 +51,7 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
         # while a slower peer still connects, which fails with gloo's "Connection closed by peer". No device used.
         _count_in(_held_store, "joined", plan.world_size)
         answer_task_init(JobGroup(plan, rank, timeout, gpu, dist.group.WORLD))
+    watch_spawns(plan, rank)
     context.enter(plan, rank, local_rank, gpu or torch.device(plan.device), own_group, mesh)
     random.seed(plan.platform.seed)
     # Only the job's devices: `torch.manual_seed` would also queue seeds for CUDA, XPU and MTIA where they are not

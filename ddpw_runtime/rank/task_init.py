@@ -1,10 +1,12 @@
 """`init_process_group()` called by a task whose rank is in its job's process group already (a script written
-for torchrun): docs/architecture.md, "A torchrun script's own `init_process_group()`"."""
+for torchrun): docs/architecture.md, "A torchrun script's own `init_process_group()`"; and by processes the task starts
+with `torch.multiprocessing.spawn`, which cannot make one (docs/from-torchrun.md)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,9 +18,11 @@ from torch.distributed import distributed_c10d
 
 from ddpw_conf import ConfigError
 from ddpw_conf.platform import BACKENDS
+from ddpw_runtime import _compat
 from ddpw_runtime.launch.plan import LaunchPlan
 
 _ORIGINAL: Callable[..., Any] = distributed_c10d.init_process_group  # (imported before any rank replaces it)
+_ORIGINAL_START: Callable[..., Any] = torch.multiprocessing.start_processes
 _EXPORTED_BY = (dist, distributed_c10d)
 
 _NO_GROUP = "platform.ipc_groups=null, so that hydra-ddpw makes no process group and this call makes it"
@@ -53,16 +57,61 @@ def answer_task_init(group: JobGroup) -> None:
             raise mismatch
         return None
 
-    for module in _EXPORTED_BY:
-        setattr(module, "init_process_group", init_process_group)  # noqa: B010 - mypy refuses assigning a function
+    _set_init(init_process_group)
+
+
+def watch_spawns(plan: LaunchPlan, rank: int) -> None:
+    """From now on, the processes the task starts with `torch.multiprocessing.spawn` (or `start_processes`), several
+    at once, cannot make a process group of more than one process: each has this rank's `RANK` and the job's
+    rendezvous, so such a group waited for its timeout (or joined others' keys). Undo with `restore_init`."""
+
+    @functools.wraps(_ORIGINAL_START)
+    def start_processes(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: int = 1, join: bool = True,
+                        daemon: bool = False, start_method: str = "spawn") -> Any:
+        if nprocs == 1:  # one process stands in for its rank (Lightning's ddp_spawn at one device per rank)
+            return _ORIGINAL_START(fn, args, nprocs, join, daemon, start_method)
+        key = "platform.n_gpus_per_node" if plan.device == "cuda" else "platform.n_procs_per_node"
+        refusal = (key, plan.ranks_per_node,
+                   f"{nprocs} processes that mp.spawn started in rank {rank} of {plan.world_size} call "
+                   f"init_process_group, each with rank {rank}'s RANK and rendezvous: call the function in each rank, "
+                   f"fn(int(os.environ['LOCAL_RANK']), ...), with {key}={nprocs} (docs/from-torchrun.md); Lightning: "
+                   f"strategy='ddp'")
+        try:
+            return _ORIGINAL_START(functools.partial(_spawned, fn, refusal), args, nprocs, join, daemon, start_method)
+        except torch.multiprocessing.ProcessRaisedException as error:
+            if refusal[2] in str(error):  # the job's error says why in one line, the processes' traceback its cause
+                raise ConfigError(*refusal) from error
+            raise
+
+    _compat.set_start_processes(start_processes)
+
+
+def _spawned(fn: Callable[..., Any], refusal: tuple[str, Any, str], index: int, *args: Any) -> Any:
+    """`fn(index, *args)` in a process that `watch_spawns` let start: its `init_process_group` raises `ConfigError(
+    *refusal)`, but for a world of its own of one process (Lightning's ddp_spawn in a one-rank job, as under torchrun).
+    """
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        world_size = inspect.signature(_ORIGINAL).bind(*args, **kwargs).arguments.get("world_size", -1)
+        if (int(os.environ["WORLD_SIZE"]) if world_size == -1 else world_size) != 1:
+            raise ConfigError(*refusal)
+        _ORIGINAL(*args, **kwargs)
+
+    _set_init(init_process_group)
+    return fn(index, *args)
 
 
 def restore_init() -> None:
-    """`init_process_group` is torch's own again."""
+    """`init_process_group` and `torch.multiprocessing.start_processes` are torch's own again."""
     global _answering
     _answering = None
+    _set_init(_ORIGINAL)
+    _compat.set_start_processes(_ORIGINAL_START)
+
+
+def _set_init(init_process_group: Callable[..., Any]) -> None:
     for module in _EXPORTED_BY:
-        setattr(module, "init_process_group", _ORIGINAL)  # noqa: B010
+        setattr(module, "init_process_group", init_process_group)  # noqa: B010 - mypy refuses assigning a function
 
 
 def explained(error: BaseException) -> BaseException:
