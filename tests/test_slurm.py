@@ -373,6 +373,17 @@ def test_a_job_sbatch_refuses_names_the_key_to_change_and_says_it_once(slurm_env
 
 
 @pytest.mark.subprocess
+def test_a_failed_setup_line_ends_the_job_naming_it(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """A line of hydra.launcher.setup that fails (a `module load` or an `activate` that is not there) ends the job, the
+    line named on the console; the batch script went on and the nodes started without it (the job completed)."""
+    proc = run(tmp_path, "hydra.launcher.setup=[no_such_command]", "platform.n_procs_per_node=1",
+               f"hydra.sweep.dir={tmp_path / 'sw'}")
+    assert proc.returncode == 1, proc.stdout
+    assert "hydra-ddpw: a line of hydra.launcher.setup failed (exit 127): no_such_command" in proc.stderr, proc.stderr
+    assert not list((tmp_path / "sw").glob("*/seen_rank_*.json"))  # no rank ran
+
+
+@pytest.mark.subprocess
 def test_a_job_pending_for_resources_says_so_once_and_waits(slurm_env: dict[str, str], tmp_path: Path) -> None:
     """Both nodes are held by another job: the console says the job is pending and why, once, and the job runs when
     they are free (it said nothing while the job waited)."""

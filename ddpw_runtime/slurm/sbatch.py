@@ -21,6 +21,10 @@ PORT_BASE = 20000
 PORT_SPAN = 20000
 """A multi-node job's rendezvous port, unless `platform.master_port` is set: PORT_BASE + job id % PORT_SPAN."""
 
+_SETUP_FAILED = ("trap 'echo \"hydra-ddpw: a line of hydra.launcher.setup failed (exit $?): $BASH_COMMAND\" >&2' "
+                 "ERR")
+"""The first line of the batch script's setup: names the line of `hydra.launcher.setup` that failed."""
+
 _GPU_KEYS = {"gres", "gpus", "gpus_per_task", "gpus_per_node"}
 """Additional sbatch options that ask for GPUs themselves; then `--gpus-per-node` is not added."""
 
@@ -70,8 +74,8 @@ def sbatch_parameters(platform: Platform, options: SlurmLauncherConf) -> dict[st
     for key in ("qos", "account", "constraint", "exclude"):
         if getattr(options, key) is not None:
             params[key] = getattr(options, key)
-    if options.setup:
-        params["setup"] = list(options.setup)
+    if options.setup:  # a line that fails ends the job, saying which, rather than the nodes starting without it
+        params["setup"] = [_SETUP_FAILED, "set -e", *options.setup, "set +e", "trap - ERR"]
     if extra:
         params["additional_parameters"] = extra
     return params
