@@ -207,8 +207,11 @@ def further(kill: Callable[[], None]) -> Iterator[None]:
         _raised.clear()
 
 
-def stopped_line(job: int, signum: int) -> str:
-    """The stderr line: Ctrl-C (SIGINT) or SIGTERM stopped every rank of job #`job`."""
+def stopped_line(job: int, signum: int, again: bool = False) -> str:
+    """The stderr line: Ctrl-C (SIGINT) or SIGTERM stopped every rank of job #`job` (`again`: the job, what of it still
+    ran, was killed at once, as the signal came again)."""
+    if again:
+        return f"{_stopped_by(signum)}: job #{job} was killed at once, as {_again(signum)} came again.\n"
     return f"{_stopped_by(signum)}: every rank of job #{job} was stopped.\n"
 
 
@@ -222,10 +225,15 @@ def killed_line(name: str, pid: int, the_programs_task: bool = False, again: boo
 
 def stopping_line(signum: int, jobs: list[int]) -> str:
     """The stderr line: Ctrl-C (SIGINT) or SIGTERM is stopping the jobs `jobs`, and how to end them at once."""
-    again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    again = _again(signum)
     numbers = ", ".join(f"#{job}" for job in jobs)
     them = "them" if len(jobs) > 1 else "it"
     return f"{_stopped_by(signum)}: stopping job {numbers}; {again} again kills {them} at once.\n"
+
+
+def _again(signum: int) -> str:
+    """How the console names `signum` when it comes again: `Ctrl-C` or `SIGTERM`."""
+    return "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
 
 
 def nothing_running(signum: int) -> str:

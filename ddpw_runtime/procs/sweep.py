@@ -311,16 +311,23 @@ class _Sweep:
         """Ctrl-C or SIGTERM: pass it on to every running job, wait until each ended (a line per job), raise what ends
         the program. A job process not ended `interrupt_grace_s` + `KILL_WAIT_S` later (held by a user's callback that
         blocks with signals blocked, say) is killed (`Children.stop`); a second Ctrl-C or SIGTERM kills every job
-        process at once, wherever it lands, raising nothing, so each job's end is still noted and the summary right.
+        process at once, wherever it lands, raising nothing, so each job's end is still noted (its ranks killed at once)
+        and the summary right.
         The rank starter kills what a killed job process started; it counts as stopped by `signum`."""
         self.stopped_by = signum
-        with signals.further(lambda: self.children.send(signal.SIGKILL, group=False)):
+        killed: set[int] = set()  # the jobs still running as the signal came again
+
+        def kill() -> None:
+            killed.update(running.job.idx for running in self.running.values())
+            self.children.send(signal.SIGKILL, group=False)
+
+        with signals.further(kill):
             if self.running:
                 sys.stderr.write(signals.stopping_line(signum, sorted(r.job.idx for r in self.running.values())))
                 sys.stderr.flush()
             self.children.stop(signum, self.options.interrupt_grace_s + KILL_WAIT_S, group=False)
-            lines = [signals.stopped_line(idx, end.stopped_by) for idx, end in sorted(self.ended.items())
-                     if end.stopped_by]
+            lines = [signals.stopped_line(idx, end.stopped_by, again=idx in killed)
+                     for idx, end in sorted(self.ended.items()) if end.stopped_by]
             sys.stderr.write("".join(lines) or signals.nothing_running(signum))  # (it may come as a job is started)
             self._record_not_started()
         raise Terminated() if signum == signal.SIGTERM else Interrupted()
