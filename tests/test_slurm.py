@@ -178,12 +178,27 @@ def test_rank_failure_on_the_second_node_is_the_reported_root_cause(slurm_env: d
     assert 'raise ValueError("rank asked to fail")' in proc.stderr
     assert "waiting for clients" not in proc.stderr and "Connection closed" not in proc.stderr
     # Every rank is listed: node 0's too, which the failure stopped before it sent how its ranks ended (it was missing).
-    assert re.search(r"\n  rank 0: (ok|stopped)", proc.stdout), proc.stdout
+    # (or node 0 sent rank 0's own end: it failed too, as rank 1's connection closed, before node 1's stop came)
+    assert re.search(r"\n  rank 0: (ok|stopped|failed too)", proc.stdout), proc.stdout
     # Rank 0's console, echoed while the job ran, ends before its note of the error that followed (the connection
     # rank 1 closed), as a local job's console stops: it came first on the console, before the real cause.
     assert "hello from rank 0" in proc.stdout
     assert "--- rank 0 failed" not in proc.stdout and "Connection closed" not in proc.stdout, proc.stdout
     _gone(seen(job_dirs(tmp_path)[0]))
+
+
+@pytest.mark.subprocess
+def test_past_the_time_limit_the_rank_holding_up_another_nodes_ranks_is_named(slurm_env: dict[str, str],
+                                                                              tmp_path: Path) -> None:
+    """Rank 0 (node 0) never reaches the barrier rank 1 (node 1) waits in. Each node's time limit stops its ranks; the
+    job's error names rank 0 as the one that held up the other, from where every node's ranks were. Node 1's time limit,
+    when it came first, cancelled node 0, so the error showed only rank 1 waiting and never named rank 0."""
+    proc = run(tmp_path, "platform.n_nodes=2", "platform.n_procs_per_node=1", "behaviour=hold_up", "fail_rank=0",
+               "platform.timeout_min=0.1", timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "ran past its time limit (platform.timeout_min=0.1)" in proc.stderr, proc.stderr
+    assert re.search(r"rank 0: NOT IN THE COLLECTIVE, at hold_up \(.*slurm_app\.py:\d+\)", proc.stderr), proc.stderr
+    assert "rank 1: waiting in barrier" in proc.stderr, proc.stderr
 
 
 @pytest.mark.subprocess

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,7 @@ from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.signals import held, send_to_group
 from ddpw_runtime.launch.stacks import shown_ranks
 from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
-from ddpw_runtime.nodes.channel import JobSpec, NodeChannel, NodeEnd, NodeStop
+from ddpw_runtime.nodes.channel import JobSpec, NodeChannel, NodeStop
 
 if TYPE_CHECKING:
     from ddpw_runtime.launch.job import LocalJob
@@ -170,7 +170,8 @@ class Nodes:
         except JobTimedOut as here:  # node 0 shows where every node's ranks were; another node, its own
             if channel.node != 0:
                 raise
-            raise with_every_node(here, [], channel.ends(self._ends_within_s)[0]) from None
+            ends = channel.ends(self._ends_within_s)[0].values()
+            raise with_every_node(here, [o for end in ends for o in end.ranks], [end.error for end in ends]) from None
         except (KeyboardInterrupt, Terminated):
             if channel.node == 0:  # the other nodes read why (the stop published) before node 0's store goes
                 channel.ends(self._ends_within_s)
@@ -202,7 +203,7 @@ class Nodes:
         errors = [end.error for end in ends.values() if end.error is not None]
         if errors:
             if isinstance(errors[0], JobTimedOut):  # another node's time limit came first: this one's ranks too
-                raise with_every_node(errors[0], outcomes, ends)
+                raise with_every_node(errors[0], every, errors)
             raise errors[0]
         if lost:  # (once this node's ranks had ended)
             raise NodeLost(self.channel.lost_stop(lost[0]).text(), lost)
@@ -213,23 +214,25 @@ class Nodes:
         return every
 
 
-def with_every_node(timed_out: JobTimedOut, outcomes: list[RankOutcome], ends: dict[int, NodeEnd]) -> JobTimedOut:
-    """`timed_out` (one node's time limit or stall) with where every other rank was, from `outcomes` and the other
-    nodes' `ends`, so the report names the ranks that held the others up on whichever node they ran."""
+def with_every_node(timed_out: JobTimedOut, outcomes: Iterable[RankOutcome],
+                    errors: Iterable[BaseException | None]) -> JobTimedOut:
+    """`timed_out` (one node's time limit or stall) with where every other rank was, from the ranks' `outcomes` and
+    the other nodes' `errors` (their own time limit's), so the report names the ranks that held the others up on
+    whichever node they ran."""
     report = timed_out.report
     if report is None:
         return timed_out
     places = {place.rank: place for place in report.places}
     ended, recorded = set(report.ended), list(report.recorded)
-    for end in ends.values():
-        theirs = end.error.report if isinstance(end.error, JobTimedOut) else None
+    for error in errors:
+        theirs = error.report if isinstance(error, JobTimedOut) and error is not timed_out else None
         if theirs is not None:
             places.update({place.rank: place for place in theirs.places if place.rank not in places})
             ended.update(theirs.ended)
             recorded.extend(theirs.recorded)
-    for outcome in [*outcomes, *(o for end in ends.values() for o in end.ranks)]:
-        if outcome.place is not None:
-            places.setdefault(outcome.rank, outcome.place)
+    for outcome in outcomes:  # (a rank that failed as its peers went, where it waited: its traceback's place)
+        if (place := outcome.where()) is not None:
+            places.setdefault(outcome.rank, place)
         ended.add(outcome.rank)
     whole = replace(report, places=tuple(places[rank] for rank in sorted(places)),
                     ended=tuple(sorted(ended - places.keys())), recorded=tuple(recorded))

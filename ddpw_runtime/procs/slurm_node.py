@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_runtime import _compat
-from ddpw_runtime.errors import SlurmJobError, Terminated
+from ddpw_runtime.errors import JobTimedOut, SlurmJobError, Terminated
 from ddpw_runtime.hydra_jobs.prepare import task_config
 from ddpw_runtime.hydra_jobs.task import JobTask
 from ddpw_runtime.launch.checks import check
@@ -108,9 +108,12 @@ class _NodeRun:
         except Preempted:
             self._requeue(submitit_warning)
         self.done = True
-        # This node failed on its own (not its ranks only losing peers elsewhere): SIGTERM to the other nodes.
+        # This node failed on its own (not its ranks only losing peers elsewhere): SIGTERM to the other nodes. Not past
+        # the time limit: every node's own stops its ranks, taking where each was (the rank holding the others up may
+        # be on another node; a SIGTERM there would end it without its place).
         cause = root_cause(outcome.ranks)
-        if self.spec.platform.n_nodes > 1 and (outcome.error or (cause is not None and not cause.is_secondary)):
+        own = outcome.error is not None or cause is not None and not cause.is_secondary
+        if self.spec.platform.n_nodes > 1 and own and not isinstance(outcome.error, JobTimedOut):
             result = subprocess.run(["scancel", "--signal=TERM", self.env.job_id], capture_output=True, text=True,
                                     timeout=60, check=False)
             if result.returncode != 0:

@@ -12,10 +12,11 @@ from hydra.core.utils import JobReturn, JobStatus
 
 from ddpw_conf import Platform
 from ddpw_conf.launcher import SlurmLauncherConf
-from ddpw_runtime.errors import RankFailure, SlurmJobError
+from ddpw_runtime.errors import JobTimedOut, RankFailure, SlurmJobError
 from ddpw_runtime.launch.outcome import failure, root_cause
 from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RankResult, portable
+from ddpw_runtime.nodes.controller import with_every_node
 
 INCOMPLETE_STATES = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "PREEMPTED",
                      "RESIZING", "SUSPENDED", "UNKNOWN", "READY")
@@ -175,8 +176,8 @@ def job_failure(n_nodes: int, ranks_per_node: int, state: str, outcomes: dict[in
     errors = [node.error for _, node in sorted(outcomes.items()) if node.error is not None]
     if cause is not None and not cause.is_secondary:
         return _with_every_rank(failure(ranks), n_nodes, ranks_per_node, outcomes)
-    if errors:
-        return errors[0]
+    if errors:  # (past the time limit, the report names the rank that held up the others on whichever node)
+        return with_every_node(errors[0], ranks, errors) if isinstance(errors[0], JobTimedOut) else errors[0]
     if node_errors:
         node = min(node_errors)
         return SlurmJobError(f"the controller of node {node} failed:\n{node_errors[node]}")

@@ -69,6 +69,12 @@ def save_or_resume(rank: int, output_dir: Path) -> dict:
         time.sleep(0.05)
 
 
+def hold_up() -> None:
+    """Never reach the collective the other ranks wait in."""
+    while True:
+        time.sleep(0.05)
+
+
 @hydra.main(version_base=None, config_path="conf", config_name="slurm")
 def main(cfg: DictConfig) -> object:
     seen = report(cfg)
@@ -82,6 +88,8 @@ def main(cfg: DictConfig) -> object:
             signal.pause()
     if cfg.behaviour == "checkpoint":
         return save_or_resume(rank, Path(seen["output_dir"]))
+    if cfg.behaviour == "hold_up" and rank == cfg.fail_rank:  # the others wait for it in the barrier below
+        hold_up()
     if cfg.behaviour == "hold":
         (Path(seen["output_dir"]) / f"running_rank_{rank}").touch()
         while (Path(cfg.holds) / f"hold_{HydraConfig.get().job.num}").exists():
