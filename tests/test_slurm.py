@@ -289,23 +289,29 @@ def test_fire_and_forget_returns_at_once_with_a_manifest(slurm_env: dict[str, st
     assert seen(out)[0]["run_id"] == submitted["slurm_job_id"]
 
 
+def _signal_the_waiting_program(tmp_path: Path, sig: int) -> tuple[subprocess.Popen, str, str, Path, str]:
+    """A one-job sweep whose job runs (and waits), the program that waits for it sent `sig`: the program (ended), its
+    stdout and stderr, the sweep dir and the job's SLURM id."""
+    sweep = tmp_path / "sw"
+    proc = start_app(tmp_path, *multirun("behaviour=wait", "platform.n_procs_per_node=1", f"hydra.run.dir={sweep}"),
+                     app=APP)
+    try:
+        wait_for(lambda: (sweep / "running_rank_0").exists(), timeout=60, what="the job to run")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    (submitted,) = manifest(sweep)
+    return proc, out, err, sweep, submitted["slurm_job_id"]
+
+
 @pytest.mark.subprocess
 def test_sigterm_to_the_waiting_program_leaves_its_jobs_running_and_says_how_to_collect_or_cancel_them(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
     """The jobs are SLURM's (a login node that shuts down sends SIGTERM): they go on, and the program says so, with
     the resume and the scancel that take it from there; it said `no rank was running`, which told neither."""
-    sweep = tmp_path / "sw"
-    proc = start_app(tmp_path, *multirun("behaviour=wait", "platform.n_procs_per_node=1", f"hydra.run.dir={sweep}"),
-                     app=APP)
-    try:
-        wait_for(lambda: (sweep / "running_rank_0").exists(), timeout=60, what="the job to run")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    (submitted,) = manifest(sweep)
-    job_id = submitted["slurm_job_id"]
+    proc, _, err, sweep, job_id = _signal_the_waiting_program(tmp_path, signal.SIGTERM)
     try:
         assert proc.returncode == 143, err
         assert "no rank was running" not in err, err
@@ -321,17 +327,7 @@ def test_sigterm_to_the_waiting_program_leaves_its_jobs_running_and_says_how_to_
 def test_ctrl_c_to_the_waiting_program_cancels_its_jobs(slurm_env: dict[str, str], tmp_path: Path) -> None:
     """Ctrl-C while the job runs cancels it, says so, and exits 130; the summary gives the job its time from its
     submission (it said 0.0 s for a job that had run)."""
-    sweep = tmp_path / "sw"
-    proc = start_app(tmp_path, *multirun("behaviour=wait", "platform.n_procs_per_node=1", f"hydra.run.dir={sweep}"),
-                     app=APP)
-    try:
-        wait_for(lambda: (sweep / "running_rank_0").exists(), timeout=60, what="the job to run")
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    (submitted,) = manifest(sweep)
-    job_id = submitted["slurm_job_id"]
+    proc, out, err, sweep, job_id = _signal_the_waiting_program(tmp_path, signal.SIGINT)
     assert proc.returncode == 130, err
     assert f"Interrupted: cancelled SLURM job(s) {job_id}" in out, out
     wait_for(lambda: slurm("squeue", "--noheader", f"--jobs={job_id}").strip() == "", timeout=30,
