@@ -269,10 +269,14 @@ def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], ob
         finally:
             ranks.end()
     if timed_out:
-        note_failures(ranks.outcomes())
+        outcomes = ranks.outcomes()
+        note_failures(outcomes)
         stalled = ranks.watch.stalled if ranks.watch.stopped_job else None
+        # A rank that failed before as another node's time limit stopped its peers: where it waited (its traceback).
+        ended = {o.rank: place for o in outcomes if o.rank not in ranks.places and o.is_secondary
+                 and (place := o.where()) is not None}
         report = stalled or report_of(plan, f"the time limit, platform.timeout_min={plan.platform.timeout_min:g}",
-                                      ranks.places)
+                                      {**ended, **ranks.places})
         raise JobTimedOut(plan.platform.timeout_min, shown_ranks(report.places), report, stalled is not None)
     outcomes = ranks.outcomes()
     ranks.local.starter.preload_modules(sorted({name for o in outcomes if o.result for name in o.result.imported}))
