@@ -151,6 +151,20 @@ def test_fail_fast_stops_the_jobs_beside_the_failed_one_and_starts_no_more(tmp_p
     assert not (meet / "started_2").exists()
 
 
+def test_fail_fast_keeps_the_value_of_a_job_beside_it_whose_task_had_returned(tmp_path: Path) -> None:
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    # Job #0's task returns, then its rank waits in an atexit handler (a tracker's upload) as job #1 fails.
+    proc = run_app(tmp_path, "-m", "job=0,1", "together=2", "fail_job=1", "behaviour=linger", f"meet={meet}",
+                   "hydra.sweep.dir=sw", "hydra.launcher.max_parallel_jobs=2", "hydra.launcher.fail_fast=true",
+                   app="side_by_side_app.py", timeout=90)
+    assert proc.returncode == 1
+    assert "ValueError: job 1 asked to fail" in proc.stderr
+    jobs = summary(tmp_path / "sw")
+    assert {job: e["status"] for job, e in jobs.items()} == {0: "COMPLETED", 1: "FAILED"}
+    assert jobs[0]["return_value"]["job"] == 0  # kept by a resume, which runs only job #1 again
+
+
 def test_a_sweeper_that_chooses_its_jobs_as_it_goes_refuses_resume(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "-m", "hydra.launcher.resume=true", app="sweep_app.py")  # Optuna
     assert proc.returncode == 1

@@ -39,8 +39,9 @@ class RankOutcome:
 
     @property
     def failed(self) -> bool:
-        """Whether the rank did not return a value and end cleanly."""
-        return self.result is None or not self.result.ok or self.exit_code not in (0, None)
+        """Whether the rank did not return a value and end cleanly (a stop that ended it after its task returned, as it
+        exited, is no failure: its task was done)."""
+        return self.result is None or not self.result.ok or (self.exit_code not in (0, None) and not self.stopped)
 
     @property
     def own_failure(self) -> bool:

@@ -253,7 +253,8 @@ class NodeRanks(Children):
 def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], object] = raise_terminated
               ) -> list[RankOutcome]:
     """Start `ranks`, wait for them, tell how each ended; JobTimedOut past the time limit. Ctrl-C or SIGTERM here
-    (through `on_sigterm`, which raises `Terminated`) is passed on to the ranks, then raised."""
+    (through `on_sigterm`, which raises `Terminated`) is passed on to the ranks, then raised, unless every rank's task
+    had returned."""
     plan = ranks.local.plan
     with sigterm_raises(on_sigterm):
         try:
@@ -261,8 +262,12 @@ def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], ob
             timed_out = ranks.wait_for_ranks()
         except (KeyboardInterrupt, Terminated) as stop:
             ranks.interrupt(signal_of(stop))
-            note_failures(ranks.outcomes())
-            raise
+            note_failures(outcomes := ranks.outcomes())
+            if any(o.failed for o in outcomes):
+                raise
+            # Every rank's task had returned (the stop came as they exited: a tracker's upload in an atexit handler):
+            # the job is done, its values kept (a sweep's `fail_fast` stops the jobs beside a failed one so).
+            timed_out = False
         except BaseException:
             ranks.kill()
             raise

@@ -1,8 +1,10 @@
 """Jobs of a sweep that meet in a shared folder (`meet`): each says it started (pid, cores, GPUs, the
 jobs that had ended and those still running then) and waits until `together` jobs have started; job
 `fail_job` then fails, and `behaviour=block` makes every job wait for a signal. A job that returns says
-it ended. Rank 0 returns what it saw."""
+it ended. Rank 0 returns what it saw. `behaviour=linger`: each other job's rank waits for a signal as it
+exits (an atexit handler: a tracker's upload), and job `fail_job` fails once all of them do."""
 
+import atexit
 import json
 import logging
 import os
@@ -24,6 +26,12 @@ def jobs_that(meet: Path, event: str) -> list[int]:
     return sorted(int(p.name.split("_")[1]) for p in meet.glob(f"{event}_*"))
 
 
+def linger(mark: Path) -> None:
+    """As the rank exits: say so, then wait for a signal."""
+    mark.touch()
+    threading.Event().wait()
+
+
 @hydra.main(version_base=None, config_path="conf", config_name="side_by_side")
 def main(cfg: DictConfig) -> dict:
     started = time.time()
@@ -42,6 +50,13 @@ def main(cfg: DictConfig) -> dict:
     while len(jobs_that(meet, "started")) < cfg.together:
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {cfg.job} never saw {cfg.together} jobs running at once")
+        time.sleep(0.01)
+    if cfg.behaviour == "linger" and cfg.job != cfg.fail_job:
+        atexit.register(linger, meet / f"lingering_{cfg.job}")
+    last = cfg.behaviour == "linger" and cfg.job == cfg.fail_job
+    while last and len(jobs_that(meet, "lingering")) < cfg.together - 1:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {cfg.job} never saw the other jobs lingering as they exit")
         time.sleep(0.01)
     if cfg.job == cfg.fail_job:
         raise ValueError(f"job {cfg.job} asked to fail")
