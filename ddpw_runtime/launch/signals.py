@@ -211,7 +211,7 @@ def stopped_line(job: int, signum: int, again: bool = False) -> str:
     """The stderr line: Ctrl-C (SIGINT) or SIGTERM stopped every rank of job #`job` (`again`: the job, what of it still
     ran, was killed at once, as the signal came again)."""
     if again:
-        return f"{_stopped_by(signum)}: job #{job} was killed at once, as {_again(signum)} came again.\n"
+        return f"{_stopped_by(signum)}: job #{job} was killed at once, as {named(signum, short=True)} came again.\n"
     return f"{_stopped_by(signum)}: every rank of job #{job} was stopped.\n"
 
 
@@ -225,15 +225,17 @@ def killed_line(name: str, pid: int, the_programs_task: bool = False, again: boo
 
 def stopping_line(signum: int, jobs: list[int]) -> str:
     """The stderr line: Ctrl-C (SIGINT) or SIGTERM is stopping the jobs `jobs`, and how to end them at once."""
-    again = _again(signum)
+    again = named(signum, short=True)
     numbers = ", ".join(f"#{job}" for job in jobs)
     them = "them" if len(jobs) > 1 else "it"
     return f"{_stopped_by(signum)}: stopping job {numbers}; {again} again kills {them} at once.\n"
 
 
-def _again(signum: int) -> str:
-    """How the console names `signum` when it comes again: `Ctrl-C` or `SIGTERM`."""
-    return "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+def named(signum: int, short: bool = False) -> str:
+    """How the console names a stop's signal: `Ctrl-C (SIGINT)` (`short`: `Ctrl-C`), else its name (`SIGTERM`)."""
+    if signum == signal.SIGINT:
+        return "Ctrl-C" if short else "Ctrl-C (SIGINT)"
+    return signal.Signals(signum).name
 
 
 def nothing_running(signum: int) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import pickle
-import signal
 import socket
 import sys
 import threading
@@ -24,6 +23,7 @@ from ddpw_runtime.errors import NodeError
 from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.rank_outcome import RankOutcome
+from ddpw_runtime.launch.signals import named
 
 _KEY = "ddpw/nodes/"
 SPEC_KEY = _KEY + "spec"
@@ -84,8 +84,7 @@ class NodeStop:
                    "it ended, or the network between the nodes failed")
             return f"node {self.node} could no longer be reached ({how})"
         if self.signal is not None:
-            what = "Ctrl-C (SIGINT)" if self.signal == signal.SIGINT else signal.Signals(self.signal).name
-            return f"node {self.node} got {what}, which ends the job on every node"
+            return f"node {self.node} got {named(self.signal)}, which ends the job on every node"
         return (f"the job was stopped on node {self.node}, where a rank failed or the time limit passed (node 0 shows "
                 "the root cause, which may be a rank of any node)")
 

@@ -10,12 +10,12 @@ import atexit
 import contextlib
 import json
 import pickle
-import signal
 import time
 from datetime import timedelta
 
 from ddpw_conf import Platform
 from ddpw_runtime.errors import NodeError
+from ddpw_runtime.launch.signals import named
 from ddpw_runtime.nodes.channel import MULTIRUN_KEY, SPEC_KEY, NodeStop, StoreSide
 
 _KEY = "ddpw/sweep/"
@@ -127,8 +127,7 @@ class SweepChannel(StoreSide):
         if not self.store.check([_KEY + "stop"]):
             return None
         node, sig = pickle.loads(self.store.get(_KEY + "stop"))
-        what = "Ctrl-C (SIGINT)" if sig == signal.SIGINT else signal.Signals(sig).name
-        return f"node {node} got {what}, which ends the sweep on every node"
+        return f"node {node} got {named(sig)}, which ends the sweep on every node"
 
 
 def stop_waiting_job(side: StoreSide, stop: NodeStop) -> None:

@@ -257,7 +257,7 @@ class RunSupervisor:
                 self.ranks.send(signal.SIGKILL)
             send_to_group(self.pid, signal.SIGKILL, group=False)
         else:  # os.write: this may interrupt a write to sys.stderr
-            what = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+            what = signals.named(signum, short=True)
             who, them = ("the program (its job is over) gets it", "it") if self.job_over else ("every rank gets it",
                                                                                                  "them")
             os.write(2, f"[ddpw] {what}: {who} and {self.grace.interrupt_s:g} s to end; {what} again ends {them} at "
