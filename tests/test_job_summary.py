@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import signal
 import socket
 import subprocess
@@ -235,3 +236,4 @@ def test_a_callback_that_exits_in_on_job_end_fails_its_job_in_the_summary_and_st
     assert [(job["status"], job["error"]) for job in jobs] == [
         ("FAILED", "outside its task: SystemExit: 3"), ("NOT STARTED", None)]
     assert "1 FAILED, 1 NOT STARTED" in proc.stdout
+    assert re.search(r"^  #1 +NOT STARTED +- +\S+/1 ", proc.stdout, re.M), proc.stdout  # no time: it never ran

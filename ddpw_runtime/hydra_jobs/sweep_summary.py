@@ -203,7 +203,8 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
         if len(shown) > _SHOWN_VALUE_CHARS:
             shown = shown[:_SHOWN_VALUE_CHARS - 3] + "..."
         status = str(e["status"]) + (" (kept)" if e.get("kept") else "")
-        rows.append([f"#{e['job']}", status, f"{e['duration_s']:.1f} s", shown,
+        time = "-" if e["status"] == "NOT STARTED" else f"{e['duration_s']:.1f} s"
+        rows.append([f"#{e['job']}", status, time, shown,
                      shown_path(Path(e["output_dir"]), base), " ".join(o for o in own if o not in common)])
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]) - 1)]
     lines = [f"{PREFIX} sweep summary: {jobs}, {tally} ({shown_path(path, base)})"]
