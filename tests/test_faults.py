@@ -737,6 +737,18 @@ def test_a_failed_job_starts_again_in_the_same_output_dir_until_restarts_run_out
     assert [a["restart_count"] for a in _attempts(job_dirs(tmp_path)[-1], 1)] == [0, 1]
 
 
+def test_a_plain_runs_rank_0_whose_sigterm_handler_exits_is_started_again(tmp_path: Path) -> None:
+    """A failure with restarts left stops rank 0 of a plain run (the program's own process), which runs the task's
+    SIGTERM handler, and a checkpoint on SIGTERM ends with `sys.exit`: that ended the program as the job started again
+    (`BrokenPipeError`, exit 1), where the other ranks, new processes, ran the next attempt."""
+    proc = run_app(tmp_path, "behaviour=wait_fail_first_attempt", "hydra.launcher.max_restarts=1")
+    assert proc.returncode == 0, proc.stderr
+    assert "attempt 1 of 2 failed: rank 1 (node 0) failed: ValueError: the first attempt fails" in proc.stdout
+    (job,) = job_dirs(tmp_path)
+    assert [a["restart_count"] for a in _attempts(job, 0)] == [0, 1]
+    assert (job / "saved_rank_0.txt").exists()
+
+
 def test_a_sweeps_process_killed_as_its_job_starts_again_leaves_no_private_folder(tmp_path: Path) -> None:
     """The sweep's process SIGKILLed right as a failed job starts again: the job process, killed with it, had made the
     new attempt's private folder (the payload for its ranks) and not yet told the rank starter, which removes what it

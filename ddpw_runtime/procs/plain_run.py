@@ -194,11 +194,13 @@ _stopped = threading.Event()
 
 def _on_stop(signum: int, frame: FrameType | None) -> None:
     """`STOP_SIGNAL` from the supervisor: another rank failed or the time limit passed. The task's own SIGTERM handler
-    (a checkpoint on SIGTERM) runs first, as it does in the other ranks, which are sent SIGTERM."""
+    (a checkpoint on SIGTERM) runs first, as it does in the other ranks, which are sent SIGTERM. Its `sys.exit`, which
+    ends such a rank, ends only rank 0's task here: this process is the program, which may run the job again."""
     if on_stack(frame, _stoppable):
         _stopped.set()
         if callable(own := signal.getsignal(signal.SIGTERM)):
-            own(signal.SIGTERM, frame)
+            with contextlib.suppress(SystemExit):
+                own(signal.SIGTERM, frame)
         raise RankStopped()
 
 

@@ -408,8 +408,8 @@ def freeze(freezer: str) -> None:
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> object:
-    if cfg.behaviour in ("wait", "children_wait", "fork_wait", "background_wait"):  # (a test may send SIGTERM once
-        # it has the report)
+    if cfg.behaviour in ("wait", "children_wait", "fork_wait", "background_wait", "wait_fail_first_attempt"):  # (a
+        # test may send SIGTERM once it has the report)
         save_on_sigterm(ddpw_runtime.rank(), HydraConfig.get().runtime.output_dir)
     if cfg.behaviour in ("ignore_sigint", "ignore_sigterm"):  # (before the report too: a test signals once it has it)
         ignore(signal.SIGINT if cfg.behaviour == "ignore_sigint" else signal.SIGTERM)
@@ -421,6 +421,11 @@ def main(cfg: DictConfig) -> object:
     if cfg.behaviour == "loader":  # DataLoader workers, the way training loops use them
         data = torch.utils.data.TensorDataset(torch.arange(64))
         assert sum(len(b[0]) for b in torch.utils.data.DataLoader(data, batch_size=8, num_workers=2)) == 64
+    if cfg.behaviour == "wait_fail_first_attempt" and ddpw_runtime.restart_count() == 0:  # rank 1 fails while the
+        dist.barrier()  # others wait to be stopped, their checkpoint on SIGTERM set
+        if seen["rank"] == cfg.fail_rank:
+            raise ValueError("the first attempt fails")
+        wait_for_signals()
     if cfg.behaviour in ("wait", "children_wait"):
         wait_for_signals()
     if cfg.behaviour in ("ignore_sigint", "ignore_sigterm"):
