@@ -87,9 +87,10 @@ def _head(colour: bool, job: int, what: str, *colours: str) -> str:
     return f"{_style(colour, PREFIX, 'dim')} {_style(colour, f'job #{job}', 'bold')} {_style(colour, what, *colours)}"
 
 
-def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: str, colour: bool = False) -> str:
+def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: str | None, colour: bool = False
+                   ) -> str:
     """The lines printed when a job failed: the cause in one line and, for a `RankFailure`, each rank's status; for a
-    `JobTimedOut`, where each rank was."""
+    `JobTimedOut`, where each rank was; where its logs are (`log_dir`; None: it never started)."""
     head = f"{_head(colour, job, 'FAILED', 'red', 'bold')} after {duration_s:.1f} s: "
     lines = [head + one_line(error)]
     if isinstance(error, RankFailure):
@@ -101,7 +102,8 @@ def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: s
             lines.append(f"  {label}: {_style(colour, status, _STATUS_COLOURS.get(status.split()[0], 'yellow'))}")
     elif isinstance(error, JobTimedOut):  # where each rank was: in a sweep, only the first failed job's error is shown
         lines += [f"  {line}" for line in error.places]
-    lines.append(f"  logs: {log_dir}/rank_<k>.log")
+    if log_dir is not None:
+        lines.append(f"  logs: {log_dir}/rank_<k>.log")
     return "\n".join(lines)
 
 

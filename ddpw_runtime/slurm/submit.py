@@ -288,8 +288,8 @@ def _wait(jobs: list[_Job], summary: SweepSummary, options: SlurmLauncherConf) -
                 summary.record(entry(p.idx, p.overrides, p.output_dir, duration, ret), ret)
                 error = _compat.job_error(ret)
                 if error is not None:  # reported as it fails, as a local sweep reports it
-                    show(failed_summary(p.idx, error, duration, shown_path(p.output_dir, Path.cwd()),
-                                        use_colour(sys.stdout)), sys.stdout)
+                    logs = None if p.idx in never else shown_path(p.output_dir, Path.cwd())
+                    show(failed_summary(p.idx, error, duration, logs, use_colour(sys.stdout)), sys.stdout)
                 if options.fail_fast and ret.status is JobStatus.FAILED:
                     _fail_fast(p.idx, ret, pending, summary)
         if not pending:
