@@ -542,9 +542,21 @@ def fail_on_rank_1_until(attempt: int) -> tuple:
 
 @pytest.mark.parametrize("caller_rank", [False, True], ids=["ranks", "caller"])
 def test_a_failed_call_starts_again_until_restarts_run_out(tmp_path: Path, caller_rank: bool) -> None:
+    """Each attempt is marked in the rank logs, and no stacks file or flight-recorder dump of an earlier attempt or
+    job in the same log dir is left to pass for this run's."""
+    stale = [tmp_path / "stacks_rank_0.txt", tmp_path / "fr_rank_1"]
+    for path in stale:
+        path.write_text("an earlier job's\n")
+    (tmp_path / "rank_1.log").write_text("an earlier job's line\n")
     runner = Wrapper(TWO, log_dir=tmp_path, caller_rank=caller_rank, max_restarts=2)
     values = runner.start(fail_on_rank_1_until, 2)
     assert [v[0] for v in values] == [2, 2] and values[0][1] == values[1][1]  # third attempt, one run id
+    assert not [path for path in stale if path.exists()]
+    log = (tmp_path / "rank_1.log").read_text()
+    marks = ["an earlier job's line", "a new run of the job starts (above: an earlier run's output) ---",
+             "attempt 0 fails", "restart 1 of 2: the job starts again ---", "attempt 1 fails",
+             "restart 2 of 2: the job starts again ---"]
+    assert [log.index(mark) for mark in marks] == sorted(log.index(mark) for mark in marks), log
     with pytest.raises(RankFailure) as info:
         runner.start(fail_on_rank_1_until, 3)
     assert info.value.rank == 1 and "attempt 2 fails" in str(info.value)  # the last attempt's cause

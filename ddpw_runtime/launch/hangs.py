@@ -85,11 +85,12 @@ def report_of(plan: LaunchPlan, why: str, places: Mapping[int, RankPlace]) -> Ha
                       ended, recorded_in(plan.log_dir, places), str(recorder_file(plan.log_dir, "<k>")))
 
 
-def drop_empty_stacks(plan: LaunchPlan) -> None:
-    """Remove this node's ranks' stacks files and flight-recorder dumps that are empty (no rank was asked)."""
+def drop_stacks(plan: LaunchPlan, empty_only: bool = True) -> None:
+    """Remove this node's ranks' stacks files and flight-recorder dumps that are empty (no rank was asked), or, not
+    `empty_only`, all of them (as a job starts: an earlier attempt's or job's in the same output dir would mislead)."""
     for rank in plan.global_ranks:
         for path in (stacks_file(plan.log_dir, rank), recorder_file(plan.log_dir, rank)):
-            if path.exists() and file_size(path) == 0:
+            if path.exists() and (not empty_only or file_size(path) == 0):
                 path.unlink(missing_ok=True)
 
 

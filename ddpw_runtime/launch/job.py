@@ -4,10 +4,12 @@ It starts no rank. No torch at import time."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +21,7 @@ from ddpw_conf import Platform
 from ddpw_runtime.launch import rendezvous
 from ddpw_runtime.launch.console import ConsoleRanks
 from ddpw_runtime.launch.devices import Share
+from ddpw_runtime.launch.hangs import drop_stacks
 from ddpw_runtime.launch.payload import RankPayload, write_private
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
 from ddpw_runtime.launch.process_state import ProcessState
@@ -99,6 +102,7 @@ class LocalJob:
             self.payload = RankPayload(self.plan, task, state, str(self.workdir))
             self.payload_path = self.workdir / "payload.pkl"
             write_private(self.payload_path, self.payload)
+            _start_files(self.plan)
         except BaseException:
             self.close()
             raise
@@ -143,6 +147,21 @@ class LocalJob:
         if self.listener is not None:
             self.listener.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _start_files(plan: LaunchPlan) -> None:
+    """Ready this node's ranks' files in the output dir for this run of the job: remove the stacks files and
+    flight-recorder dumps an earlier attempt or job left there (they would pass for this run's), and mark where this
+    run starts in a rank log that already holds output (a restart, a `Wrapper`'s fixed `log_dir`, a run again)."""
+    drop_stacks(plan, empty_only=False)
+    when = time.strftime("%Y-%m-%d %H:%M:%S")
+    run = (f"restart {plan.restart_count} of {plan.max_restarts}: the job starts again" if plan.restart_count else
+           "a new run of the job starts (above: an earlier run's output)")
+    for rank in plan.global_ranks:
+        with contextlib.suppress(OSError):
+            if plan.log_file(rank).stat().st_size:
+                with open(plan.log_file(rank), "a", encoding="utf-8") as log_file:
+                    log_file.write(f"--- {when}: {run} ---\n")
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from ddpw_runtime.errors import JobTimedOut, Terminated
 from ddpw_runtime.launch.bounds import KILL_WAIT_S, REPORT_S, STARTING_GRACE_S
 from ddpw_runtime.launch.children import Child, Children, ChildState, StarterGone
 from ddpw_runtime.launch.console import ConsoleRanks
-from ddpw_runtime.launch.hangs import Watch, drop_empty_stacks, report_of, take_places
+from ddpw_runtime.launch.hangs import Watch, drop_stacks, report_of, take_places
 from ddpw_runtime.launch.job import LocalJob
 from ddpw_runtime.launch.job_processes import JobProcesses
 from ddpw_runtime.launch.outcome import note_failures
@@ -232,7 +232,7 @@ class NodeRanks(Children):
         """After the ranks ended: have the starter stop what they started (but ranks left behind, named already),
         drop empty stacks files. Whole (each step is bounded), so what the ranks started is never left running."""
         with held():
-            drop_empty_stacks(self.local.plan)
+            drop_stacks(self.local.plan)
             stuck = [rank.pid for rank in self.of_pid.values() if rank.state is ChildState.LEFT_BEHIND]
             try:
                 left = self.local.starter.end_job(self.key, (*self.adopted, *stuck))
