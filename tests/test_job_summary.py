@@ -188,6 +188,23 @@ def test_summary_names_the_peers_that_failed_after_a_crash_and_the_error_shows_t
     assert "--- end of rank 1's log ---" in str(failed)
 
 
+def test_the_end_of_a_crashed_ranks_log_is_shown_as_a_terminal_shows_it(tmp_path: Path) -> None:
+    """A progress bar rewritten with '\r' is one line, its last state (its states filled the lines shown, pushing out
+    the last words), and a crash report after a line left unfinished is found (it was not: the whole fork's stack was
+    shown, from hydra-ddpw's and Hydra's frames up, cut before the task's own frame)."""
+    log = tmp_path / "rank_1.log"
+    log.write_text("loading shard 17\n" + "".join(f"\rstep {i}/50" for i in range(50)) + "\nno newline here"
+                   "Fatal Python error: Segmentation fault\n\nCurrent thread 0x7f (most recent call first):\n"
+                   '  File "train.py", line 3 in step\n  File "/x/ddpw_runtime/procs/rank.py", line 76 in run_rank\n'
+                   '  File "train.py", line 25 in <module>\n\nExtension modules: numpy, torch\n')
+    failed = failure([outcome(0, RankResult.success(0, None), 0), RankOutcome(1, 0, None, -signal.SIGSEGV,
+                                                                              log_file=str(log))])
+    assert isinstance(failed, RankFailure)
+    assert failed.log_tail.splitlines() == [
+        "loading shard 17", "step 49/50", "no newline here", "Fatal Python error: Segmentation fault", "",
+        "Current thread 0x7f (most recent call first):", '  File "train.py", line 3 in step']
+
+
 def test_summary_of_a_rank_that_exited_without_a_traceback_and_the_end_of_its_log(tmp_path: Path) -> None:
     log = tmp_path / "rank_0.log"
     log.write_text("".join(f"line {i}\n" for i in range(30)))

@@ -4,6 +4,7 @@ cause among them: `outcome.py`)."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -66,7 +67,7 @@ class RankOutcome:
         if self.error is not None and (self.place is None or self.error.is_collective_timeout):
             return from_traceback(self.rank, self.error.traceback)
         if self.place is None and self.result is None:  # the last crash report at the end of its log
-            lines = _log_end(self.log_file).splitlines()
+            lines = _log_lines(self.log_file)
             start = _report_start(lines)
             return from_crash_report(self.rank, lines[start:] if start is not None else [])
         return self.place
@@ -79,8 +80,16 @@ class RankOutcome:
 
 def timeout_line(log_file: str | None) -> str | None:
     """The last line of a dead rank's log that says its collective timed out (NCCL's watchdog); None if none does."""
-    lines = [line for line in _log_end(log_file).splitlines() if any(m in line for m in COLLECTIVE_TIMEOUT_MARKERS)]
+    lines = [line for line in _log_lines(log_file) if any(m in line for m in COLLECTIVE_TIMEOUT_MARKERS)]
     return lines[-1].strip() if lines else None
+
+
+def _log_lines(log_file: str | None) -> list[str]:
+    """The lines at the end of a rank's log as a terminal shows them: a line rewritten with '\r' (a progress bar) as
+    its last state, one line however often it was rewritten; a crash report after a line left unfinished (a print
+    without a newline, C output left in a buffer) on a line of its own."""
+    text = re.sub(f"(?<=[^\n]){_CRASH_REPORT}", f"\n{_CRASH_REPORT}", _log_end(log_file)).removesuffix("\n")
+    return [line.rstrip("\r").rpartition("\r")[2] for line in text.split("\n")] if text else []
 
 
 def _log_end(log_file: str | None) -> str:
@@ -99,7 +108,7 @@ def log_tail(log_file: str | None) -> str:
     """The end of a rank's log that died without a traceback: its last words and faulthandler's crash report (a
     segfault's, or the stacks of an exit past its time) down to the frame that called the task or handler; else its last
     lines."""
-    lines = _log_end(log_file).splitlines()
+    lines = _log_lines(log_file)
     start = _report_start(lines)
     if start is None:
         return "\n".join(lines[-_LOG_TAIL_LINES:])
