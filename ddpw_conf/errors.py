@@ -92,8 +92,8 @@ def check_bool(key: str, value: Any) -> None:
 
 
 def check_number(key: str, value: Any, fix: str, positive: bool = False) -> None:
-    """Raise `ConfigError` (with `fix`) unless `value` is a number (not a bool) >= 0, or > 0 if `positive`."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (positive and not value > 0):
+    """Raise `ConfigError` (with `fix`) unless `value` is a number (not a bool) >= 0, or > 0 if `positive` (not NaN)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 or (positive and not value > 0):
         raise ConfigError(key, value, fix + _number_as_text(value))
 
 

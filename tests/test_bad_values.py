@@ -355,6 +355,7 @@ OPTIONS = [
     # both launchers
     ({"dry_run": "yes"}, "hydra.launcher.dry_run", "use true or false"),
     ({"stop_grace_s": -5}, "hydra.launcher.stop_grace_s", "number of seconds >= 0"),
+    ({"stop_grace_s": float("nan")}, "hydra.launcher.stop_grace_s", "number of seconds >= 0"),  # (it ran)
     ({"interrupt_grace_s": "soon"}, "hydra.launcher.interrupt_grace_s", "number of seconds >= 0"),
     ({"interrupt_grace_s": 1e12}, "hydra.launcher.interrupt_grace_s", "at most 3153600000 seconds (100 years)"),
     ({"max_restarts": -1}, "hydra.launcher.max_restarts", "integer >= 0"),
@@ -387,7 +388,7 @@ def test_a_bad_launcher_option_is_refused(options: dict[str, Any], key: str, fix
         with pytest.raises(ConfigError) as info:
             selected_options({**options, "_target_": target})  # what every launcher reads its options with
         value = options[key.rpartition(".")[2]]
-        assert info.value.key == key and info.value.value == value
+        assert info.value.key == key and info.value.value is value  # (`is`: NaN equals nothing)
         refused(str(info.value), key, value, fix)
 
 
