@@ -74,7 +74,9 @@ class LauncherOptions:
                               f"{', '.join(nodes) or 'none'}: name the node that holds the platform, or add a "
                               f"`{PLATFORM_KEY}` node (hydra/launcher=ddpw_* brings one)")
         with self.naming_platform_keys():
-            return platform_from_config(node, NOT_OURS if self.platform_key == PLATFORM_KEY else "")
+            platform = platform_from_config(node, NOT_OURS if self.platform_key == PLATFORM_KEY else "")
+            _check_launcher_device(config, platform, self.platform_key)
+        return platform
 
     @contextmanager
     def naming_platform_keys(self) -> Iterator[None]:
@@ -123,6 +125,24 @@ class LocalLauncherConf(LauncherOptions):
         if platform.n_nodes > 1 and self.max_restarts:
             raise ConfigError("hydra.launcher.max_restarts", self.max_restarts, "a job across machines "
                               f"(platform.n_nodes={platform.n_nodes}) is not started again yet; use 0")
+
+
+def _check_launcher_device(config: Any, platform: Platform, key: str) -> None:
+    """Raise `ConfigError` where the job's config chose a GPU or MPS launcher option (`hydra/launcher=ddpw_gpu`) but its
+    platform (node `key`) says `device: cpu`: set by the app's config over the option's device (a `Platform` in a
+    structured config of the app's own brings every field's default), it would run the ranks on CPU, silently."""
+    from omegaconf import OmegaConf
+
+    from ddpw_conf.store import OWN_PLATFORM
+
+    choice = str(OmegaConf.select(config, "hydra.runtime.choices", default={}).get("hydra/launcher"))
+    device = choice.removeprefix("ddpw_").removesuffix(OWN_PLATFORM[0])
+    if device in ("gpu", "mps") and platform.device_kind is Device.CPU:
+        raise ConfigError(f"{key}.device", platform.device, f"hydra/launcher={choice} runs the ranks on "
+                          f"{device.upper()}, but the job's platform says device={platform.device}, set in your config "
+                          "over the launcher's (a Platform in a structured config of yours sets every field): set "
+                          f"{key}.device={device} there or on the command line, or choose "
+                          f"hydra/launcher={choice.replace(device, 'cpu', 1)}")
 
 
 # Values that end up in the sbatch script.

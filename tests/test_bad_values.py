@@ -98,6 +98,11 @@ TYPED = [
                  id="mpi-not-built"),
     pytest.param(["platform.device=gpu"], "platform.device", "gpu", "CUDA is not available on this machine (no GPU "
                  "found); use platform.device=cpu", id="gpu-not-here"),  # (first: not n_gpus_per_node=0's fix)
+    pytest.param(["hydra/launcher=ddpw_gpu", "platform.device=cpu"], "platform.device", "cpu",
+                 "hydra/launcher=ddpw_gpu runs the ranks on GPU, but the job's platform says device=cpu, set in your "
+                 "config over the launcher's (a Platform in a structured config of yours sets every field): set "
+                 "platform.device=gpu there or on the command line, or choose hydra/launcher=ddpw_cpu",
+                 id="gpu-launcher-on-a-cpu-platform"),  # (the ranks ran on CPU)
     pytest.param(["platform.collective_timeout_min=1e13"], "platform.collective_timeout_min", 1e13,
                  "at most 52560000 minutes", id="collective-timeout-too-long"),
     pytest.param(["platform.collective_timeout_min=1e-9"], "platform.collective_timeout_min", 1e-9,
