@@ -118,7 +118,9 @@ def test_a_failing_rank_fails_the_job_with_its_cause(tmp_path: Path, behaviour: 
     for text in expected:
         assert text in proc.stderr, proc.stderr
     job = job_dirs(tmp_path)[0]
-    assert (job / "rank_1.log").exists()
+    # how it ended ends its log, a rank that sent no result too (its log just ended), and only there
+    assert f"--- {expected[0].replace(' (node 0)', '')}" in (job / "rank_1.log").read_text()
+    assert "--- rank 1 failed" not in proc.stderr
     assert leftover(seen(job)) == []
 
 

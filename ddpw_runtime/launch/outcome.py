@@ -161,7 +161,8 @@ def note_start(rank: int) -> re.Pattern[bytes]:
 
 def note_failures(outcomes: Iterable[RankOutcome]) -> None:
     """Write what each failed rank raised at the end of its log (ranks do not print it: the console shows the root
-    cause, not the errors that follow from it), and how a rank the stop's signal killed ended."""
+    cause, not the errors that follow from it), how a rank the stop's signal killed ended, and how a rank that sent no
+    result ended by itself (its exit code or signal)."""
     for outcome in outcomes:
         if outcome.log_file is None:
             continue
@@ -172,7 +173,9 @@ def note_failures(outcomes: Iterable[RankOutcome]) -> None:
             note = f"{outcome.error.headline}\n{outcome.error.traceback}"
         elif outcome.stopped and not outcome.own_failure and outcome.exit_code is not None and outcome.exit_code < 0:
             ended, note = "was stopped", f"killed by {signal_name(-outcome.exit_code)}\n"
-        else:  # (a rank that failed by itself with no error to tell: the job's error shows its log's end)
+        elif outcome.result is None and outcome.own_failure and outcome.exit_code is not None:
+            ended, note = "failed", "{}: {}\n".format(*describe_exit(outcome.exit_code))  # (exited, crashed, killed)
+        else:
             continue
         with suppress(OSError), open(outcome.log_file, "a+", encoding="utf-8", errors="backslashreplace") as log:
             if log.tell() and not _ends_a_line(log.fileno()):  # its last write had no newline: `print(.., end="")`

@@ -16,6 +16,8 @@ _CRASH_REPORT = "Fatal Python error"  # how faulthandler's report in a crashed r
 _BEFORE_CRASH_LINES = 5
 _OWN_FRAME = f"{os.sep}ddpw_runtime{os.sep}"  # hydra-ddpw's frames in a crash report, which say nothing of the crash
 _MODULES_LINE = "Extension modules:"  # faulthandler's list of loaded extension modules: hundreds of names
+_EXIT_NOTE = re.compile(r"\n--- rank \d+ failed: (?:RankExited|RankKilled|RankLost): [^\n]*\n$")
+"""How a rank that sent no result ended, as `note_failures` wrote it at the end of its log (the error says it too)."""
 _LOG_END_BYTES = 1 << 16  # read of a dead rank's log end (NCCL's watchdog writes its timeout, C++ stacks, then aborts)
 
 
@@ -88,7 +90,8 @@ def _log_lines(log_file: str | None) -> list[str]:
     """The lines at the end of a rank's log as a terminal shows them: a line rewritten with '\r' (a progress bar) as
     its last state, one line however often it was rewritten; a crash report after a line left unfinished (a print
     without a newline, C output left in a buffer) on a line of its own."""
-    text = re.sub(f"(?<=[^\n]){_CRASH_REPORT}", f"\n{_CRASH_REPORT}", _log_end(log_file)).removesuffix("\n")
+    text = re.sub(f"(?<=[^\n]){_CRASH_REPORT}", f"\n{_CRASH_REPORT}", _EXIT_NOTE.sub("", _log_end(log_file)))
+    text = text.removesuffix("\n")
     return [line.rstrip("\r").rpartition("\r")[2] for line in text.split("\n")] if text else []
 
 
