@@ -121,7 +121,9 @@ class LocalLauncherConf(LauncherOptions):
         return self
 
     def validate_platform(self, platform: Platform) -> None:
-        """Raise `ConfigError` for a (validated) platform that cannot run: a job across machines is not restarted."""
+        """Raise `ConfigError` for a (validated) platform that cannot run: ranks of SLURM's device, or a job across
+        machines restarted."""
+        platform.validate_not_slurm("hydra/launcher=ddpw_cpu|ddpw_gpu|ddpw_mps")
         if platform.n_nodes > 1 and self.max_restarts:
             raise ConfigError("hydra.launcher.max_restarts", self.max_restarts, "a job across machines "
                               f"(platform.n_nodes={platform.n_nodes}) is not started again yet; use 0")

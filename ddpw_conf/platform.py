@@ -206,10 +206,19 @@ class Platform:
 
     def validate_local(self) -> None:
         """Raise `ConfigError` unless every rank can run on this machine (one node), as a `Wrapper` runs them."""
+        self.validate_not_slurm("a Wrapper")
         if self.n_nodes > 1:
             raise ConfigError("platform.n_nodes", self.n_nodes, "a Wrapper runs every rank on this machine; use "
                               "n_nodes=1 (a job across machines runs from a Hydra app: hydra/launcher=ddpw_cpu or "
                               "ddpw_gpu on every machine, docs/multi-node.md, or hydra/launcher=ddpw_slurm)")
+
+    def validate_not_slurm(self, runner: str) -> None:
+        """Raise `ConfigError` for `device: slurm` where `runner` (`a Wrapper`, a local launcher) starts the ranks
+        itself, on this machine: nothing would be submitted to SLURM."""
+        if self.device_kind is Device.SLURM:
+            raise ConfigError("platform.device", self.device, f"{runner} runs the ranks on this machine and submits "
+                              "nothing to SLURM; use platform.device=cpu, gpu or mps here, or submit to SLURM nodes "
+                              "with python train.py -m hydra/launcher=ddpw_slurm")
 
     def _validate_names(self) -> None:
         check_match("platform.name", self.name, _NAME, "use 1-128 letters, digits, '_', '.', '+' or '-', "

@@ -103,6 +103,10 @@ TYPED = [
                  "config over the launcher's (a Platform in a structured config of yours sets every field): set "
                  "platform.device=gpu there or on the command line, or choose hydra/launcher=ddpw_cpu",
                  id="gpu-launcher-on-a-cpu-platform"),  # (the ranks ran on CPU)
+    pytest.param(["platform.device=slurm"], "platform.device", "slurm", "hydra/launcher=ddpw_cpu|ddpw_gpu|ddpw_mps "
+                 "runs the ranks on this machine and submits nothing to SLURM; use platform.device=cpu, gpu or mps "
+                 "here, or submit to SLURM nodes with python train.py -m hydra/launcher=ddpw_slurm",
+                 id="slurm-device-on-a-local-launcher"),  # (the ranks ran here)
     pytest.param(["platform.collective_timeout_min=1e13"], "platform.collective_timeout_min", 1e13,
                  "at most 52560000 minutes", id="collective-timeout-too-long"),
     pytest.param(["platform.collective_timeout_min=1e-9"], "platform.collective_timeout_min", 1e-9,
@@ -288,6 +292,8 @@ MACHINE = [
                  "RuntimeError: this module fails as it is imported", id="upon_finish-module-raises"),
     pytest.param({"upon_finish": "json:no_such_function"}, "platform.upon_finish", "json:no_such_function",
                  "has no attribute 'no_such_function'", id="upon_finish-no-such-function"),
+    pytest.param({"device": "slurm"}, "platform.device", "slurm", "a Wrapper runs the ranks on this machine and "
+                 "submits nothing to SLURM; use platform.device=cpu, gpu or mps", id="slurm-device-here"),  # (it ran)
 ]
 
 
