@@ -232,3 +232,18 @@ def test_layout_that_does_not_fit_the_world_is_refused_before_start(layout: dict
     with pytest.raises(ConfigError) as info:
         Wrapper(Platform(n_procs_per_node=4, layout=Layout(**layout)))
     assert info.value.key == key and "platform.layout" in str(info.value)
+
+
+def ask_rank_in_a_subprocess() -> str:
+    import subprocess
+    import sys
+
+    code = "import ddpw_runtime\ntry: ddpw_runtime.rank()\nexcept RuntimeError as e: print(e)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+
+def test_a_helper_in_a_process_the_rank_started_says_it_is_no_rank_and_where_its_rank_is(tmp_path: Path) -> None:
+    """A subprocess (or a DataLoader worker of 'spawn') inherits the rank's RANK: the error says so and what to read
+    (it said only to call it from the task, which the user's code, started by the task, seemed to do)."""
+    said = on_ranks(tmp_path, ask_rank_in_a_subprocess)
+    assert "This process has RANK=1 in its environment" in said[1] and "os.environ['RANK']" in said[1], said

@@ -53,8 +53,14 @@ def in_rank() -> bool:
 
 def _current() -> _RankState:
     if _state is None:
-        raise RuntimeError("not inside a rank started by hydra-ddpw; call this from the task function "
-                           "(a Hydra job with a ddpw launcher, or a function started by Wrapper)")
+        inherited = os.environ.get("RANK")
+        raise RuntimeError(
+            "not inside a rank started by hydra-ddpw; call this from the task function while it runs (a Hydra job "
+            "with a ddpw launcher, or a function started by Wrapper)" + (
+                "" if inherited is None else
+                f". This process has RANK={inherited} in its environment, as a process a rank started inherits it (a "
+                "subprocess, a DataLoader worker of the 'spawn' start method): it is not the rank itself; read "
+                "os.environ['RANK'], 'LOCAL_RANK' and 'WORLD_SIZE' there, or pass what it needs from the task"))
     return _state
 
 
