@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpw_runtime.launch.console import ConsoleEcho
 from tests.helpers import APPS, job_dirs, leftover, run_app, seen
 
 pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
@@ -263,3 +264,18 @@ def test_a_rank_whose_task_failed_keeps_what_it_wrote_but_runs_no_exit_handler_t
     job = job_dirs(tmp_path)[0]
     assert (job / "open_rank_1.txt").read_text() == "kept\n"
     assert not (job / "atexit_rank_1.txt").exists()
+
+
+def test_a_progress_bar_of_a_rank_shown_with_its_prefix_keeps_the_prefix(tmp_path: Path) -> None:
+    """With `[rank k]` before each line (console_ranks=all, jobs side by side), a line a progress bar rewrote with '\\r'
+    is shown as its last state after the prefix: the '\\r's came after the prefix, so a terminal overwrote it (every
+    rank's bar looked alike), and a console that is a file got every state."""
+    log = tmp_path / "rank_1.log"
+    log.write_bytes(b"")
+    read, write = os.pipe()
+    echo = ConsoleEcho({1: log}, write, {1: "[rank 1] "})
+    log.write_bytes(b"".join(b"\rstep %d/3" % i for i in range(4)) + b"\nloaded\r\n\rstep 1/2\r")
+    echo.stop()
+    os.close(write)
+    with os.fdopen(read, "rb") as shown:
+        assert shown.read() == b"[rank 1] step 3/3\n[rank 1] loaded\n[rank 1] step 1/2\n"

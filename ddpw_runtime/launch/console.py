@@ -37,8 +37,9 @@ def console_of(stream: TextIO) -> Console:
 
 
 class _Lines:
-    """One rank's output on the console: as it comes, or whole lines after `prefix` (ranks' lines do not mix); `end()`
-    ends a line the rank left open (a `printf` without a newline), so the console's next starts its own."""
+    """One rank's output on the console: as it comes, or whole lines after `prefix` (ranks' lines do not mix), a line
+    rewritten with '\r' (a progress bar) as its last state, which a '\r' after the prefix would overwrite; `end()` ends
+    a line the rank left open (a `printf` without a newline), so the console's next starts its own."""
 
     def __init__(self, console: Console, prefix: str) -> None:
         self.console = console
@@ -51,14 +52,21 @@ class _Lines:
             self.partial = b"" if data.endswith(b"\n") else data[-1:]
             return
         lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
+        head, rewritten, self.partial = lines.pop().rpartition(b"\r")  # (its last two states: the last may be empty)
+        self.partial = head.rpartition(b"\r")[2] + rewritten + self.partial
         if lines:
-            _write_all(self.console, b"".join(self.prefix + line + b"\n" for line in lines))
+            _write_all(self.console, b"".join(self.prefix + _last_state(line) + b"\n" for line in lines))
 
     def end(self) -> None:
         if self.partial:
-            _write_all(self.console, (self.prefix + self.partial if self.prefix else b"") + b"\n")
+            _write_all(self.console, (self.prefix + _last_state(self.partial) if self.prefix else b"") + b"\n")
             self.partial = b""
+
+
+def _last_state(line: bytes) -> bytes:
+    """What a terminal shows of `line` rewritten with '\r': its last state (a '\r' that ends it, as a terminal's line
+    ending has, rewrites nothing)."""
+    return line.rstrip(b"\r").rpartition(b"\r")[2]
 
 
 def show(text: str, stream: TextIO) -> None:
