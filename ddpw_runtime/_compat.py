@@ -179,6 +179,12 @@ def main_thread_frame() -> Any:
     return frames.get(threading.main_thread().ident or 0)
 
 
+def import_code() -> Any:
+    """The code of importlib's `_find_and_load`, on the stack of every frame inside an import. Private:
+    `importlib._bootstrap._find_and_load`. Fallback: None (no frame is seen inside an import)."""
+    return getattr(getattr(sys.modules.get("importlib._bootstrap"), "_find_and_load", None), "__code__", None)
+
+
 def torch_without_gpu_support() -> bool:
     """Whether the installed torch is built without CUDA and ROCm, read from its `torch/version.py` without importing
     torch (seconds). Private: that file's layout. Fallback: False."""

@@ -110,6 +110,15 @@ def test_torch_without_gpu_support_is_read_without_importing_torch() -> None:
     assert out[0] == out[1]
 
 
+def test_the_import_code_is_on_the_stack_inside_an_import_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ddpw_probe_import.py").write_text("import inspect\nCODES = [i.frame.f_code for i in inspect.stack()]")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import ddpw_probe_import  # type: ignore[import-not-found]
+
+    assert _compat.import_code() in ddpw_probe_import.CODES
+    assert _compat.import_code() not in [info.frame.f_code for info in inspect.stack()]
+
+
 def test_report_like_hydra_fails_loudly_when_hydra_no_longer_has_its_reporter(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -749,6 +749,18 @@ def test_a_plain_runs_rank_0_whose_sigterm_handler_exits_is_started_again(tmp_pa
     assert (job / "saved_rank_0.txt").exists()
 
 
+def test_a_stop_that_lands_in_an_import_of_rank_0_in_a_plain_run_waits_for_it_and_the_restart_runs(
+        tmp_path: Path) -> None:
+    """The stop of rank 0 of a plain run (the program's own process, which runs the next attempt) that lands inside an
+    import waits for the import to end: raised there, it left the package without the submodule it had imported (as
+    DDP's first import of torch._dynamo, stopped, left `module 'sympy' has no attribute 'printing'`), and the restart
+    failed on it in rank 0."""
+    proc = run_app(tmp_path, "behaviour=stopped_in_an_import", "hydra.launcher.max_restarts=1")
+    assert proc.returncode == 0, proc.stderr
+    assert "attempt 1 of 2 failed: rank 1 (node 0) failed: ValueError: the first attempt fails" in proc.stdout
+    assert "COMPLETED" in proc.stdout
+
+
 def test_a_sweeps_process_killed_as_its_job_starts_again_leaves_no_private_folder(tmp_path: Path) -> None:
     """The sweep's process SIGKILLed right as a failed job starts again: the job process, killed with it, had made the
     new attempt's private folder (the payload for its ranks) and not yet told the rank starter, which removes what it

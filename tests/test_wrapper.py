@@ -18,7 +18,7 @@ import pytest
 
 import ddpw_runtime
 from ddpw_runtime import ConfigError, JobTimedOut, Layout, Platform, RankFailure, Wrapper, _compat, wrapper
-from tests.helpers import alive, started_with
+from tests.helpers import APPS, alive, started_with
 
 pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
 
@@ -560,6 +560,31 @@ def test_a_failed_call_starts_again_until_restarts_run_out(tmp_path: Path, calle
     with pytest.raises(RankFailure) as info:
         runner.start(fail_on_rank_1_until, 3)
     assert info.value.rank == 1 and "attempt 2 fails" in str(info.value)  # the last attempt's cause
+
+
+def stopped_in_an_import() -> int | None:
+    """Rank 1 fails on the first attempt as the stop of rank 0 lands inside its import of `stopped_in_import`; on the
+    next, rank 0 reads the submodule that package imported."""
+    import torch.distributed as dist
+
+    if ddpw_runtime.rank() == 1:
+        if ddpw_runtime.restart_count() == 0:
+            dist.barrier()
+            raise ValueError("the first attempt fails")
+        return None
+    import stopped_in_import
+
+    while ddpw_runtime.restart_count() == 0:
+        signal.pause()
+    return int(stopped_in_import.part.VALUE)
+
+
+def test_the_callers_rank_0_stopped_inside_an_import_runs_the_next_attempt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller, rank 0, runs the next attempt: a stop raised inside its import left the package without its
+    submodule (`AttributeError` there); it waits for the import to end."""
+    monkeypatch.syspath_prepend(str(APPS))
+    assert Wrapper(TWO, log_dir=tmp_path, caller_rank=True, max_restarts=1).start(stopped_in_an_import) == [42, None]
 
 
 def import_torch_checkpointing() -> bool:

@@ -12,6 +12,9 @@ to clean /dev/shm."""
 REPORT_S = 5.0
 """What a rank 0 in the user's own process gets beyond the others' grace to end its task through Hydra (the user's
 callbacks run before it says its task ended)."""
+IMPORT_HOLD_S = 2.0
+"""How long a stop of a rank 0 in the user's own process waits for an import its task is in to end (within
+`REPORT_S`): raised inside it, it leaves modules half made in the process, which runs the task again on a restart."""
 CLOSE_WAIT_S = 5.0
 """What the rank starter gets to exit once closed (it kills what it still runs first) before SIGKILL."""
 KILL_WAIT_S = 10.0

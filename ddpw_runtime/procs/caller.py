@@ -24,7 +24,7 @@ from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.signals import STOPPING_SIGNALS, handle, raised_for, signal_of
 from ddpw_runtime.launch.stacks import RankPlace, from_frame
 from ddpw_runtime.launch.supervisor import STOP_SIGNAL, NodeRanks, supervise
-from ddpw_runtime.rank.own_process import RankInThisProcess, on_stack
+from ddpw_runtime.rank.own_process import ImportHold, RankInThisProcess, on_stack
 
 
 def run_with_caller_rank(task: TaskCall, job: NodeJob) -> list[Any]:
@@ -78,6 +78,7 @@ class CallerRank:
         self._place_zero: RankPlace | None = None
         self._saved_handlers: dict[int, Any] = {}
         self._stoppable = {TaskCall.__call__.__code__, type(self.rank).enter.__code__}
+        self._import_hold = ImportHold(self._send_stop)
 
     def __enter__(self) -> CallerRank:
         try:
@@ -193,7 +194,8 @@ class CallerRank:
 
     # ------------------------------------------------------------------ signal handlers (main thread)
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.stopped and not self._task_over.is_set() and on_stack(frame, self._stoppable):
+        if (self.stopped and not self._task_over.is_set() and on_stack(frame, self._stoppable)
+                and not self._import_hold.holds(frame)):
             raise RankStopped()
 
     def _on_interrupt(self, signum: int, frame: FrameType | None) -> None:

@@ -39,7 +39,7 @@ from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.supervisor import STOP_SIGNAL
-from ddpw_runtime.rank.own_process import RankInThisProcess, left_open, on_stack, open_log
+from ddpw_runtime.rank.own_process import ImportHold, RankInThisProcess, left_open, on_stack, open_log
 
 _T = TypeVar("_T")
 
@@ -190,6 +190,7 @@ def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
 _stoppable: set[CodeType] = set()
 """Code of the frames inside which rank 0 of this process may be stopped: its task, and its joining."""
 _stopped = threading.Event()
+_import_hold = ImportHold(lambda: signal.pthread_kill(threading.main_thread().ident or 0, STOP_SIGNAL))
 
 
 def _on_stop(signum: int, frame: FrameType | None) -> None:
@@ -198,6 +199,8 @@ def _on_stop(signum: int, frame: FrameType | None) -> None:
     ends such a rank, ends only rank 0's task here: this process is the program, which may run the job again."""
     if on_stack(frame, _stoppable):
         _stopped.set()
+        if _import_hold.holds(frame):
+            return
         if callable(own := signal.getsignal(signal.SIGTERM)):
             with contextlib.suppress(SystemExit):
                 own(signal.SIGTERM, frame)

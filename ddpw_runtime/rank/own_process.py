@@ -11,13 +11,16 @@ import gc
 import os
 import sys
 import tempfile
+import threading
+import time
 import traceback
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
 from ddpw_runtime import _compat
+from ddpw_runtime.launch.bounds import IMPORT_HOLD_S
 from ddpw_runtime.launch.plan import LaunchPlan, recorder_file
 
 if TYPE_CHECKING:
@@ -108,6 +111,44 @@ class RankInThisProcess:
 def on_stack(frame: FrameType | None, codes: Container[CodeType]) -> bool:
     """Whether `frame`, or a frame that called it, runs one of `codes`."""
     return frame is not None and any(f.f_code in codes for f, _ in traceback.walk_stack(frame))
+
+
+IMPORT_POLL_S = 0.01
+"""How often `ImportHold` looks whether the import it waits for has ended."""
+
+
+class ImportHold:
+    """Holds a stop that comes while the main thread imports a module until the import ends (at most `IMPORT_HOLD_S`):
+    raised inside it, the stop leaves the modules it had begun half made in this process (a package without the
+    submodules it had imported: `module 'sympy' has no attribute 'printing'` as DDP imports torch._dynamo again), and
+    this process runs rank 0's task again when the job restarts. `resend` sends the stop's signal to the main thread."""
+
+    def __init__(self, resend: Callable[[], None]) -> None:
+        self.resend = resend
+        self._due = threading.Event()
+        self._waiting: threading.Thread | None = None
+
+    def holds(self, frame: FrameType | None) -> bool:
+        """Whether the stop that came at `frame` (the main thread's) waits: its signal comes again after the import."""
+        if self._due.is_set() or not _importing(frame):
+            self._due.clear()
+            return False
+        if self._waiting is None or not self._waiting.is_alive():
+            self._waiting = threading.Thread(target=self._resend_after_import, name="ddpw-import-hold", daemon=True)
+            self._waiting.start()
+        return True
+
+    def _resend_after_import(self) -> None:
+        end = time.monotonic() + IMPORT_HOLD_S
+        while _importing(_compat.main_thread_frame()) and time.monotonic() < end:
+            time.sleep(IMPORT_POLL_S)
+        self._due.set()
+        self.resend()
+
+
+def _importing(frame: FrameType | None) -> bool:
+    code = _compat.import_code()
+    return code is not None and on_stack(frame, (code,))
 
 
 def open_log(log_file: Path) -> int:

@@ -426,6 +426,16 @@ def main(cfg: DictConfig) -> object:
         if seen["rank"] == cfg.fail_rank:
             raise ValueError("the first attempt fails")
         wait_for_signals()
+    if cfg.behaviour == "stopped_in_an_import":  # (see stopped_in_import/__init__.py)
+        if seen["rank"] == cfg.fail_rank and ddpw_runtime.restart_count() == 0:
+            dist.barrier()
+            raise ValueError("the first attempt fails")
+        if seen["rank"] == 0:
+            import stopped_in_import
+
+            if ddpw_runtime.restart_count() == 0:
+                wait_for_signals()
+            assert stopped_in_import.part.VALUE == 42  # (the submodule the package imported on the first attempt)
     if cfg.behaviour in ("wait", "children_wait"):
         wait_for_signals()
     if cfg.behaviour in ("ignore_sigint", "ignore_sigterm"):

@@ -1,0 +1,3 @@
+"""A submodule that its package imported before the stop came."""
+
+VALUE = 42
