@@ -17,6 +17,8 @@ LOCAL_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.local_launcher.DdpwLocalLaun
 SLURM_LAUNCHER = "hydra_plugins.hydra_ddpw_launcher.slurm_launcher.DdpwSlurmLauncher"
 PLATFORM_KEY = "platform"
 """Where a job's config holds its Platform, unless the launcher options name another node."""
+OWN_PLATFORM = ("_own_platform", "ddpw_platform")
+"""The twin of each launcher option for apps with a `platform` of their own: its name's ending, and its platform key."""
 NOT_OURS = (". If `platform` is your app's own config node, select the `_own_platform` twin of the launcher "
             "option (such as hydra/launcher=ddpw_cpu_own_platform): hydra-ddpw then reads its platform from "
             "`ddpw_platform` and leaves `platform` to the app")
@@ -134,8 +136,6 @@ def _check_launcher_device(config: Any, platform: Platform, key: str) -> None:
     platform (node `key`) says `device: cpu`: set by the app's config over the option's device (a `Platform` in a
     structured config of the app's own brings every field's default), it would run the ranks on CPU, silently."""
     from omegaconf import OmegaConf
-
-    from ddpw_conf.store import OWN_PLATFORM
 
     choice = str(OmegaConf.select(config, "hydra.runtime.choices", default={}).get("hydra/launcher"))
     device = choice.removeprefix("ddpw_").removesuffix(OWN_PLATFORM[0])

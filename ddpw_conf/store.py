@@ -9,7 +9,7 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any
 
-from ddpw_conf.launcher import PLATFORM_KEY, LocalLauncherConf, SlurmLauncherConf
+from ddpw_conf.launcher import OWN_PLATFORM, PLATFORM_KEY, LocalLauncherConf, SlurmLauncherConf
 from ddpw_conf.platform import Platform
 
 if TYPE_CHECKING:
@@ -24,9 +24,6 @@ LAUNCHERS: dict[str, tuple[Any, Platform, str]] = {
                    "ddpw_runtime.slurm.plain_run.SlurmPlainRun"),
 }
 """Each launcher option: its options schema, the `platform` node it brings, its plain-run callback."""
-
-OWN_PLATFORM = ("_own_platform", "ddpw_platform")
-"""The twin of each launcher option for apps with a `platform` of their own: its name's ending, and its platform key."""
 
 OPTIONS = (*LAUNCHERS, *(name + OWN_PLATFORM[0] for name in LAUNCHERS))
 """Every `hydra/launcher` option: each of `LAUNCHERS`, and its twin for apps with a `platform` of their own."""
