@@ -179,6 +179,7 @@ def test_a_multirun_refuses_a_bad_value_of_any_job_before_the_first_starts(
     assert proc.returncode == 1, proc.stdout + proc.stderr
     refused(proc.stdout + proc.stderr, key, value, fix)
     nothing_started(tmp_path)
+    assert not list(tmp_path.iterdir()), "the refused sweep left a dir"  # (it left its multirun.yaml and lock)
 
 
 def _without_low_ports() -> None:

@@ -74,6 +74,8 @@ def test_a_resume_of_another_sweep_is_refused_naming_what_differs(tmp_path: Path
     elsewhere = run_app(tmp_path, *sweep_args(tmp_path), "hydra.sweep.dir=nowhere", "hydra.launcher.resume=true",
                         app=APP)
     assert elsewhere.returncode == 1 and "hydra.sweep.dir=nowhere holds no earlier run of a sweep" in elsewhere.stderr
+    assert not (tmp_path / "nowhere").exists()  # the refused sweep leaves no dir behind (it left one with its lock)
+    assert (tmp_path / "sw" / "multirun.yaml").exists()  # the refused resume leaves the earlier run's as it was
 
 
 def test_a_sweep_killed_while_its_second_job_runs_resumes_keeping_the_first(tmp_path: Path) -> None:

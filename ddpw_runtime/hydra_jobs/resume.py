@@ -10,7 +10,8 @@ import errno
 import fcntl
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -68,6 +69,9 @@ def _moved(path: Path, before: Path, now: Path) -> Path:
 
 _HELD: dict[Path, int] = {}
 """The lock file of each sweep dir this process holds, open as long as it lives (`_hold`)."""
+_MADE: dict[Path, list[Path]] = {}
+"""For each lock file of `_HELD`, the dirs `_hold` made for it (its sweep dir and the parents that lacked), deepest
+first."""
 
 
 def _hold(sweep_dir: Path) -> None:
@@ -77,6 +81,7 @@ def _hold(sweep_dir: Path) -> None:
     path = (sweep_dir / LOCK_FILE).absolute()
     if path in _HELD:  # (a program that runs several sweeps in the same dir, one after another)
         return
+    made = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -96,6 +101,36 @@ def _hold(sweep_dir: Path) -> None:
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     _HELD[path] = fd
+    _MADE[path] = made
+
+
+@contextmanager
+def refusing(sweep_dir: Path) -> Iterator[None]:
+    """A `ConfigError` raised in the block refuses the sweep in `sweep_dir` before any of its jobs started
+    (`let_go_unused`)."""
+    try:
+        yield
+    except ConfigError:
+        let_go_unused(sweep_dir)
+        raise
+
+
+def let_go_unused(sweep_dir: Path) -> None:
+    """Undo `_hold` for a sweep refused before any job started, where `_hold` made its dir: the lock and Hydra's
+    `multirun.yaml` go, then each dir `_hold` made that is left empty, so a refused sweep leaves no dir behind. A dir
+    that holds anything else (written by a callback of the app's) is left as it is."""
+    path = (sweep_dir / LOCK_FILE).absolute()
+    made = _MADE.pop(path, [])
+    if path.parent not in made or not set(os.listdir(path.parent)) <= {LOCK_FILE, "multirun.yaml"}:
+        return
+    os.close(_HELD.pop(path))
+    for name in (LOCK_FILE, "multirun.yaml"):
+        (path.parent / name).unlink(missing_ok=True)
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:  # (not empty: another sweep's date dir, say)
+            return
 
 
 def _differences(earlier: SweepRecord, now: SweepRecord) -> list[str]:

@@ -6,7 +6,9 @@ each start-up, and those imports must stay cheap (no torch, no submitit).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hydra.core.utils import JobReturn
@@ -33,10 +35,11 @@ class DdpwLauncher(Launcher):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Keep what `launch` needs and the sweep's summary (on a resume, the earlier run's, once checked); from now
         on Ctrl-C and SIGTERM end the sweep cleanly (130, 143)."""
-        from ddpw_runtime.hydra_jobs.resume import open_summary
+        from ddpw_runtime.hydra_jobs.resume import open_summary, refusing
         from ddpw_runtime.launch import signals
 
-        self.summary = open_summary(config, self.options.validate())
+        with refusing(Path(str(config.hydra.sweep.dir))):
+            self.summary = open_summary(config, self.options.validate())
         signals.install()
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
@@ -44,11 +47,13 @@ class DdpwLauncher(Launcher):
         """Check the options and prepare every job of the batch that runs (nothing starts before all are checked; on
         a resume, jobs COMPLETED before are kept), then run them; one JobReturn per job, in order."""
         from ddpw_runtime.hydra_jobs.prepare import prepare_jobs
-        from ddpw_runtime.hydra_jobs.resume import plan_launch
+        from ddpw_runtime.hydra_jobs.resume import plan_launch, refusing
 
-        launch = plan_launch(self.summary, job_overrides, initial_job_idx, self.options.dry_run)
-        jobs = prepare_jobs(self.hydra_context, self.config, launch.to_run, self.options)
-        return launch.returns(self.run_jobs(jobs) if jobs else [])
+        # (a sweep refused before its first job leaves no dir; once a job ran, its dir holds more and stays)
+        with refusing(self.summary.path.parent) if initial_job_idx == 0 else contextlib.nullcontext():
+            launch = plan_launch(self.summary, job_overrides, initial_job_idx, self.options.dry_run)
+            jobs = prepare_jobs(self.hydra_context, self.config, launch.to_run, self.options)
+            return launch.returns(self.run_jobs(jobs) if jobs else [])
 
     def run_jobs(self, jobs: list[PreparedJob]) -> list[JobReturn]:
         """Run the prepared jobs, each noted in the sweep's `summary` as it ends."""
