@@ -233,6 +233,10 @@ class Platform:
         check_int("platform.n_nodes", self.n_nodes, 1)
         check_int("platform.n_gpus_per_node", self.n_gpus_per_node, 0)
         check_int("platform.n_procs_per_node", self.n_procs_per_node, 1, optional=True)
+        if kind in (Device.CPU, Device.MPS) and self.n_gpus_per_node:
+            raise ConfigError("platform.n_gpus_per_node", self.n_gpus_per_node, f"device={kind.value} runs every rank "
+                              f"on {kind.value.upper()} and uses no GPU; set n_gpus_per_node=0 (n_procs_per_node sets "
+                              "the ranks), or use device=gpu (hydra/launcher=ddpw_gpu) for a rank per GPU")
         if kind is Device.GPU and self.n_gpus_per_node < 1:
             raise ConfigError("platform.n_gpus_per_node", self.n_gpus_per_node,
                               "device=gpu needs at least one GPU per node; set n_gpus_per_node >= 1 or use device=cpu")

@@ -126,6 +126,10 @@ BAD = [
         "platform.backend", "platform.device=cpu", gpus_available=0),
     Bad("gpu-without-cuda", {"device": "gpu", "n_gpus_per_node": 1},
         "platform.device", "platform.device=cpu", gpus_available=0),
+    Bad("gpus-on-cpu", {"n_gpus_per_node": 2}, "platform.n_gpus_per_node", "device=cpu runs every rank on CPU and "
+        "uses no GPU; set n_gpus_per_node=0"),  # (it ran one CPU rank)
+    Bad("gpus-on-mps", {"device": "mps", "n_gpus_per_node": 1}, "platform.n_gpus_per_node", "device=mps runs every "
+        "rank on MPS and uses no GPU"),
     Bad("gpu-with-0-gpus", {"device": "gpu", "n_gpus_per_node": 0}, "platform.n_gpus_per_node",
         "n_gpus_per_node >= 1 or use device=cpu"),
     Bad("more-gpus-than-present", {"device": "gpu", "n_gpus_per_node": 4}, "platform.n_gpus_per_node",
@@ -366,7 +370,6 @@ def test_good_configs_validate(fields: dict[str, Any], gpus: int | None) -> None
     "fields, ranks_per_node, world_size",
     [
         pytest.param({}, 1, 1, id="cpu-default-1"),
-        pytest.param({"n_gpus_per_node": 4}, 1, 1, id="cpu-ignores-gpus"),
         pytest.param({"n_procs_per_node": 3}, 3, 3, id="cpu-procs"),
         pytest.param({"device": "gpu", "n_gpus_per_node": 4}, 4, 4, id="gpu-default-one-per-gpu"),
         pytest.param({"device": "gpu", "n_gpus_per_node": 4, "n_procs_per_node": 2}, 2, 2, id="gpu-procs"),
