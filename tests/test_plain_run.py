@@ -194,14 +194,18 @@ def test_a_killed_rank_is_named_with_its_signal(tmp_path: Path) -> None:
     assert "rank 1 (node 0) failed: RankKilled: killed by SIGKILL" in proc.stderr
 
 
-def test_rank_0_whose_task_calls_sys_exit_in_the_job_is_named_with_its_own_exit_code(tmp_path: Path) -> None:
+@pytest.mark.parametrize("restarts", [(), ("hydra.launcher.max_restarts=1",)], ids=["no restart", "restarts left"])
+def test_rank_0_whose_task_calls_sys_exit_in_the_job_is_named_with_its_own_exit_code(
+        tmp_path: Path, restarts: tuple[str, ...]) -> None:
     """The program ends inside the job (rank 1 fails in its barrier, and the supervisor takes the stacks): as Python
     lets go of its handlers, the supervisor's requests must not end it with their signal instead of its own code; and
-    the program exits with that code, as without hydra-ddpw (it exited 1)."""
-    proc = run_app(tmp_path, "behaviour=sysexit", "fail_rank=0")
+    the program exits with that code, as without hydra-ddpw (it exited 1). With restarts left, the program's run has
+    ended all the same: no attempt follows (it said it started the job again, then failed with 'Broken pipe')."""
+    proc = run_app(tmp_path, "behaviour=sysexit", "fail_rank=0", *restarts)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "rank 0 failed: RankExited: exited with code 4" in proc.stdout, proc.stdout + proc.stderr
     assert "signal" not in proc.stdout, proc.stdout
+    assert "starting the job again" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("mode", [(), ("-m",)], ids=["plain", "multirun"])

@@ -44,15 +44,16 @@ def run_ranks(task: TaskCall, job: NodeJob) -> list[Any]:
     return with_restarts(job, lambda attempt: _run_once(packed, state, attempt))
 
 
-def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T]) -> _T:
+def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T], can_run_again: Callable[[], bool] = lambda: True) -> _T:
     """`run(job)`, again (said so, same log dir and run id, next restart count) while it fails with a `RankFailure` and
-    restarts are left (`restart_on_failure`, `max_restarts`); not after a time limit or an interruption."""
+    restarts are left (`restart_on_failure`, `max_restarts`) and `can_run_again()`; not after a time limit or an
+    interruption."""
     job = replace(job, run_id=job.run_id or uuid.uuid4().hex[:12])
     while True:
         try:
             return run(job)
         except RankFailure as failure:
-            if not job.restart_on_failure or job.restart_count >= job.max_restarts:
+            if not job.restart_on_failure or job.restart_count >= job.max_restarts or not can_run_again():
                 raise
             log.warning("%sattempt %d of %d failed: rank %d (node %d) failed: %s; starting the job again (restart %d "
                         "of %d), in the same output dir", job.console_prefix, job.restart_count + 1,
