@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -131,6 +134,17 @@ class LocalLauncherConf(LauncherOptions):
                               f"(platform.n_nodes={platform.n_nodes}) is not started again yet; use 0")
 
 
+@functools.cache
+def _shell_syntax_error(lines: tuple[str, ...]) -> tuple[str, str] | None:
+    """Where and why bash cannot parse `lines` as a script (its line number, from 1, and message), without running
+    them (`bash -n`); None if it can, or where there is no bash to ask."""
+    if not lines or shutil.which("bash") is None:
+        return None
+    checked = subprocess.run(["bash", "-n"], input="\n".join(lines) + "\n", capture_output=True, text=True)
+    found = re.search(r"line (\d+): (.*)", checked.stderr)
+    return (found[1], found[2].strip()) if checked.returncode and found else None
+
+
 def _check_launcher_device(config: Any, platform: Platform, key: str) -> None:
     """Raise `ConfigError` where the job's config chose a GPU or MPS launcher option (`hydra/launcher=ddpw_gpu`) but its
     platform (node `key`) says `device: cpu`: set by the app's config over the option's device (a `Platform` in a
@@ -213,6 +227,12 @@ class SlurmLauncherConf(LauncherOptions):
         for index, line in enumerate(self.setup):
             check_match(f"hydra.launcher.setup[{index}]", line, _ONE_LINE,
                         "each entry is one shell line; put each command in its own entry")
+        if (error := _shell_syntax_error(tuple(self.setup))) is not None:
+            index = min(int(error[0]), len(self.setup)) - 1  # (past the last line: the end came too soon)
+            raise ConfigError(f"hydra.launcher.setup[{index}]", self.setup[index], "bash cannot read the setup lines "
+                              f"(line {error[0]}: {error[1]}), so the batch script would fail before the nodes start; "
+                              "write each as the shell line it is in the script, quotes, if and loops closed by the "
+                              "last line")
         check_int("hydra.launcher.array_parallelism", self.array_parallelism, 1)
         check_int("hydra.launcher.signal_delay_s", self.signal_delay_s, 1)
         if self.max_restarts and self.interrupt_grace_s >= self.signal_delay_s:

@@ -549,6 +549,8 @@ def test_values_that_would_change_the_sbatch_script_are_refused(tmp_path: Path, 
     "options, platform, key",
     [
         ({"setup": ["module load cuda\r#SBATCH --x"]}, {}, "hydra.launcher.setup[0]"),
+        ({"setup": ["if true; then"]}, {}, "hydra.launcher.setup[0]"),  # (accepted: no batch script with it runs)
+        ({"setup": ["module load cuda", 'echo "unclosed']}, {}, "hydra.launcher.setup[1]"),
         ({"account": "-A other"}, {}, "hydra.launcher.account"),
         ({"exclude": "n1\nn2"}, {}, "hydra.launcher.exclude"),
         ({"constraint": "a100 --wrap=x"}, {}, "hydra.launcher.constraint"),
@@ -569,6 +571,12 @@ def test_every_value_for_the_sbatch_script_is_checked(options: dict, platform: d
         SlurmLauncherConf(**options).validate()
         SlurmLauncherConf(**options).validate_platform(Platform(**{"device": "slurm", **platform}).validate())
     assert info.value.key == key
+
+
+def test_setup_lines_bash_reads_as_one_script_are_kept() -> None:
+    """An `if` over several entries is a script bash reads (each line alone would not be)."""
+    lines = ["if [ -f ~/.cluster_env ]; then", "source ~/.cluster_env", "fi", "module load cuda/12.4"]
+    assert SlurmLauncherConf(setup=lines).validate().setup == lines
 
 
 def test_sbatch_parameters_follow_the_platform() -> None:
