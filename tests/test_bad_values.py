@@ -293,6 +293,9 @@ MACHINE = [
                  "RuntimeError: this module fails as it is imported", id="upon_finish-module-raises"),
     pytest.param({"upon_finish": "json:no_such_function"}, "platform.upon_finish", "json:no_such_function",
                  "has no attribute 'no_such_function'", id="upon_finish-no-such-function"),
+    pytest.param({"upon_finish": "json:dumps"}, "platform.upon_finish", "json:dumps", "it is called with no "
+                 "arguments, and this one needs some (missing a required argument: 'obj')",
+                 id="upon_finish-needs-arguments"),  # (the job failed after its ranks, as it was called)
     pytest.param({"device": "slurm"}, "platform.device", "slurm", "a Wrapper runs the ranks on this machine and "
                  "submits nothing to SLURM; use platform.device=cpu, gpu or mps", id="slurm-device-here"),  # (it ran)
 ]

@@ -5,6 +5,7 @@ torch is imported only for platforms that need it (GPUs, MPS, an explicit mpi or
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -86,7 +87,8 @@ def check_torch(platform: Platform) -> None:
 
 
 def resolve_callable(key: str, path: str) -> Callable[..., Any]:
-    """The callable named by `module:function` or `module.function`; ConfigError when it cannot be imported."""
+    """The callable named by `module:function` or `module.function`; ConfigError when it cannot be imported, or
+    cannot be called with no arguments (as it is called)."""
     module_name, _, name = path.rpartition(":") if ":" in path else path.rpartition(".")
     try:
         fn = getattr(importlib.import_module(module_name), name)
@@ -98,6 +100,13 @@ def resolve_callable(key: str, path: str) -> Callable[..., Any]:
                           "module, or give another 'package.module:function'") from exc
     if not callable(fn):
         raise ConfigError(key, path, "this names something that is not callable")
+    try:
+        inspect.signature(fn).bind()
+    except TypeError as exc:
+        raise ConfigError(key, path, f"it is called with no arguments, and this one needs some ({exc}); give a "
+                          "function of no arguments") from None
+    except ValueError:  # (no signature to read, as of some functions written in C: it is called as it is)
+        pass
     return fn
 
 
