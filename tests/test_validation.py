@@ -357,6 +357,7 @@ GOOD = [
     pytest.param({"n_procs_per_node": 2, "master_addr": "10.0.0.1", "ipc_protocol": "file",
                   "spawn_method": "spawn", "seed": 0, "console_ranks": [1]}, None, id="file-spawn"),
     pytest.param({"n_procs_per_node": MAX_WORLD_SIZE, "seed": 2**32 - 1}, None, id="largest-world"),
+    pytest.param({"n_procs_per_node": 2, "master_addr": "::1"}, None, id="ipv6-master_addr"),  # (it was refused)
 ]
 
 
