@@ -55,10 +55,15 @@ class LauncherOptions:
 
     @classmethod
     def from_mapping(cls: type[_Options], options: Mapping[str, Any]) -> _Options:
-        """These options from `hydra.launcher` as Hydra gives them; an unknown key is refused."""
+        """These options from `hydra.launcher` as Hydra gives them; an unknown key is refused (naming the launchers
+        that have it, if any)."""
         from omegaconf import OmegaConf
 
-        check_known("hydra.launcher.", options, {f.name for f in fields(cls)}, "hydra.launcher", "option")
+        known = {f.name for f in fields(cls)}
+        unknown = next((key for key in options if key not in known), None)
+        owner = next((name for kind, name in _OWNERS if unknown in {f.name for f in fields(kind)}), None)
+        check_known("hydra.launcher.", options, known, "hydra.launcher", "option", f". {unknown} is an option of "
+                    f"hydra/launcher={owner} only: select that launcher, or drop it" if owner else "")
         plain: dict[str, Any] = {key: OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
                                  for key, value in options.items()}
         return cls(**plain)
@@ -258,6 +263,11 @@ class SlurmLauncherConf(LauncherOptions):
             raise ConfigError("hydra.launcher.signal_delay_s", self.signal_delay_s, "SLURM's warning would come at "
                               f"once, before any work (platform.timeout_min={platform.timeout_min}), and every run "
                               "would be requeued; use fewer seconds than the time limit has")
+
+
+_OWNERS: tuple[tuple[type[LauncherOptions], str], ...] = (
+    (LocalLauncherConf, "ddpw_cpu|ddpw_gpu|ddpw_mps"), (SlurmLauncherConf, "ddpw_slurm"))
+"""Each kind of launcher options, and the launcher options (`hydra/launcher=...`) that take it."""
 
 
 def selected_options(launcher: Mapping[str, Any] | None) -> LauncherOptions | None:

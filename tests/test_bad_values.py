@@ -382,6 +382,8 @@ OPTIONS = [
     ({"max_parallel_jobs": 0, "_target_": LOCAL_LAUNCHER}, "hydra.launcher.max_parallel_jobs", "integer >= 1"),
     ({"max_paralel_jobs": 2, "_target_": LOCAL_LAUNCHER}, "hydra.launcher.max_paralel_jobs",
      "did you mean max_parallel_jobs?"),
+    ({"qos": "high", "_target_": LOCAL_LAUNCHER}, "hydra.launcher.qos",
+     "qos is an option of hydra/launcher=ddpw_slurm only: select that launcher, or drop it"),  # (not said)
     # the SLURM launcher
     ({"fire_and_forget": 1, "_target_": SLURM_LAUNCHER}, "hydra.launcher.fire_and_forget", "use true or false"),
     ({"submitit_folder": "logs/%A_%a", "_target_": SLURM_LAUNCHER}, "hydra.launcher.submitit_folder", "%j"),
