@@ -245,6 +245,17 @@ def test_a_value_whose_repr_fails_in_the_sweeps_process_is_shown_as_such_and_the
 
 
 @pytest.mark.subprocess
+def test_a_rank_whose_sigterm_handler_exits_as_the_job_stops_is_listed_as_stopped(tmp_path: Path) -> None:
+    """Rank 1 fails; rank 0's checkpoint on SIGTERM ends with `sys.exit(143)` as the stop reaches it: the console listed
+    it as `failed too: SystemExit` while its log said it was stopped."""
+    proc = run_app(tmp_path, "-m", "behaviour=wait_fail_first_attempt")
+    assert proc.returncode == 1
+    assert "  rank 0: stopped (exit 1)\n  rank 1: FAILED (exit 1)\n" in proc.stdout, proc.stdout
+    (job,) = job_dirs(tmp_path)
+    assert "--- rank 0 was stopped: SystemExit: 143" in (job / "rank_0.log").read_text()
+
+
+@pytest.mark.subprocess
 def test_a_callback_that_exits_in_on_job_end_fails_its_job_in_the_summary_and_stops_the_sweep(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "-m", "+hydra.callbacks.exits._target_=job_events.ExitsAtJobEnd", "behaviour=ok,raise")
     assert proc.returncode == 3, proc.stderr  # the callback's exit code, as Hydra's own launcher ends with it

@@ -68,7 +68,7 @@ def rank_statuses(failure: RankFailure) -> dict[int, str]:
             status = "ENDED EARLY" if failure.error_type == "EndedEarly" else "FAILED"
         elif result is not None and result.ok and code in (0, None):
             status = "ok"
-        elif result is not None and result.error is not None:
+        elif result is not None and result.error is not None and not outcome.ended_by_the_stop:
             status = f"failed too: {result.error.type_name}"
         elif outcome.stopped:
             status = "stopped"

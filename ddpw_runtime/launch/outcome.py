@@ -145,10 +145,6 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-_RAISED_BY_A_STOP = ("KeyboardInterrupt", "SystemExit", "ddpw_runtime.errors.RankStopped")
-"""What a rank's task raises when the job stops it (Ctrl-C, a SIGTERM handler's exit, rank 0 in the user's process)."""
-
-
 def _ends_a_line(fd: int) -> bool:
     """Whether the file open as `fd` (not empty) ends with a newline."""
     return os.pread(fd, 1, os.fstat(fd).st_size - 1) == b"\n"
@@ -167,9 +163,7 @@ def note_failures(outcomes: Iterable[RankOutcome]) -> None:
         if outcome.log_file is None:
             continue
         if outcome.error is not None:
-            # Stopped (Ctrl-C, or another rank's failure) when what it raised is the stop's; a rank the stop reached
-            # after it had raised an error of its own failed.
-            ended = "was stopped" if outcome.stopped and outcome.error.type_name in _RAISED_BY_A_STOP else "failed"
+            ended = "was stopped" if outcome.ended_by_the_stop else "failed"
             note = f"{outcome.error.headline}\n{outcome.error.traceback}"
         elif outcome.stopped and not outcome.own_failure and outcome.exit_code is not None and outcome.exit_code < 0:
             ended, note = "was stopped", f"killed by {signal_name(-outcome.exit_code)}\n"

@@ -18,6 +18,8 @@ _OWN_FRAME = f"{os.sep}ddpw_runtime{os.sep}"  # hydra-ddpw's frames in a crash r
 _MODULES_LINE = "Extension modules:"  # faulthandler's list of loaded extension modules: hundreds of names
 _EXIT_NOTE = re.compile(r"\n--- rank \d+ failed: (?:RankExited|RankKilled|RankLost): [^\n]*\n$")
 """How a rank that sent no result ended, as `note_failures` wrote it at the end of its log (the error says it too)."""
+_RAISED_BY_A_STOP = ("KeyboardInterrupt", "SystemExit", "ddpw_runtime.errors.RankStopped")
+"""What a rank's task raises when the job stops it (Ctrl-C, a SIGTERM handler's exit, rank 0 in the user's process)."""
 _LOG_END_BYTES = 1 << 16  # read of a dead rank's log end (NCCL's watchdog writes its timeout, C++ stacks, then aborts)
 
 
@@ -55,6 +57,12 @@ class RankOutcome:
         if self.result is None and self.exit_code is not None and -self.exit_code not in self.signals_sent:
             return True
         return not self.stopped
+
+    @property
+    def ended_by_the_stop(self) -> bool:
+        """Whether the job's stop (Ctrl-C, another rank's failure) ended it: it was stopped and raised nothing but what
+        a stop raises; a rank the stop reached after it had raised an error of its own failed."""
+        return self.stopped and (self.error is None or self.error.type_name in _RAISED_BY_A_STOP)
 
     @property
     def timed_out_in_collective(self) -> bool:
