@@ -130,6 +130,11 @@ def test_one_node_ignores_the_environment_it_does_not_need() -> None:
     pytest.param({}, {**_SRUN_STEP, "SLURM_STEP_NUM_TASKS": "8"}, "SLURM_STEP_NUM_TASKS", "--ntasks-per-node=1",
                  id="srun-a-task-per-rank"),
     pytest.param({"node_rank": 0}, _SRUN_STEP, "platform.node_rank", "SLURM_PROCID=1", id="srun-rank-disagrees"),
+    pytest.param({}, {"NODE_RANK": "5", "MASTER_ADDR": "m"}, "NODE_RANK", "platform.node_rank comes from this "
+                 "machine's environment (torchrun-style variables), and nodes are numbered 0..1",
+                 id="rank-beyond-the-nodes"),
+    pytest.param({}, {"NODE_RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "99999"}, "MASTER_PORT",
+                 "use a port in 1..65535", id="port-out-of-range"),  # (both named the platform's key, never set)
 ])
 def test_a_node_that_cannot_be_placed_is_refused_naming_key_value_and_fix(fields: dict, environ: dict, key: str,
                                                                           hint: str) -> None:

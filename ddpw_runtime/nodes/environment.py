@@ -157,6 +157,15 @@ def place_node(platform: Platform, environ: Mapping[str, str] | None = None) -> 
                           "address on the network, the same on every node")
     if values["master_port"] is None:
         values["master_port"] = DEFAULT_PORT
+    given_here = {f"platform.{key}": getattr(found, key) for key in ("node_rank", "master_addr", "master_port")
+                  if getattr(platform, key) is None and getattr(found, key) is not None}
     placed = replace(platform, **values)
-    placed.validate()
+    try:
+        placed.validate()
+    except ConfigError as error:  # a value the environment gave is named as it gave it
+        if (given := given_here.get(error.key)) is None:
+            raise
+        raise ConfigError(given.variable, given.value, f"{error.key} comes from this machine's environment "
+                          f"({found.name}), and {error.fix}; fix how the platform sets {given.variable}, or set "
+                          f"{error.key} yourself") from None
     return placed
