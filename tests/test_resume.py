@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -137,31 +138,31 @@ def test_a_sweep_dir_moved_since_resumes_there_and_one_named_by_another_config_i
     assert other.returncode == 1 and "--config-name other (earlier: resume)" in other.stderr, other.stderr
 
 
-def test_fail_fast_stops_the_jobs_beside_the_failed_one_and_starts_no_more(tmp_path: Path) -> None:
+def fail_fast_sweep(tmp_path: Path, jobs: str, behaviour: str) -> subprocess.CompletedProcess[str]:
+    """A sweep of `jobs` with `fail_fast`, two side by side, where job #1 fails once both started, run in `tmp_path/sw`
+    (they meet in `tmp_path/meet`); each other job does as `behaviour` says (`tests/apps/side_by_side_app.py`)."""
     meet = tmp_path / "meet"
     meet.mkdir()
-    # Jobs #0 and #1 run side by side; #1 fails once both started, #0 would block for ever.
-    proc = run_app(tmp_path, "-m", "job=0,1,2", "together=2", "fail_job=1", "behaviour=block", f"meet={meet}",
+    proc = run_app(tmp_path, "-m", f"job={jobs}", "together=2", "fail_job=1", f"behaviour={behaviour}", f"meet={meet}",
                    "hydra.sweep.dir=sw", "hydra.launcher.max_parallel_jobs=2", "hydra.launcher.fail_fast=true",
                    app="side_by_side_app.py", timeout=90)
     assert proc.returncode == 1
+    assert "ValueError: job 1 asked to fail" in proc.stderr
+    return proc
+
+
+def test_fail_fast_stops_the_jobs_beside_the_failed_one_and_starts_no_more(tmp_path: Path) -> None:
+    proc = fail_fast_sweep(tmp_path, "0,1,2", "block")  # job #0 would block for ever
     assert "[ddpw] job #1 failed (hydra.launcher.fail_fast=true): stopping job(s) #0; not starting job(s) #2" \
         in proc.stderr
-    assert "ValueError: job 1 asked to fail" in proc.stderr
     assert {job: e["status"] for job, e in summary(tmp_path / "sw").items()} == {
         0: "STOPPED", 1: "FAILED", 2: "NOT STARTED"}
-    assert not (meet / "started_2").exists()
+    assert not (tmp_path / "meet" / "started_2").exists()
 
 
 def test_fail_fast_keeps_the_value_of_a_job_beside_it_whose_task_had_returned(tmp_path: Path) -> None:
-    meet = tmp_path / "meet"
-    meet.mkdir()
     # Job #0's task returns, then its rank waits in an atexit handler (a tracker's upload) as job #1 fails.
-    proc = run_app(tmp_path, "-m", "job=0,1", "together=2", "fail_job=1", "behaviour=linger", f"meet={meet}",
-                   "hydra.sweep.dir=sw", "hydra.launcher.max_parallel_jobs=2", "hydra.launcher.fail_fast=true",
-                   app="side_by_side_app.py", timeout=90)
-    assert proc.returncode == 1
-    assert "ValueError: job 1 asked to fail" in proc.stderr
+    fail_fast_sweep(tmp_path, "0,1", "linger")
     jobs = summary(tmp_path / "sw")
     assert {job: e["status"] for job, e in jobs.items()} == {0: "COMPLETED", 1: "FAILED"}
     assert jobs[0]["return_value"]["job"] == 0  # kept by a resume, which runs only job #1 again
