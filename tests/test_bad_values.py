@@ -132,6 +132,9 @@ TYPED = [
                  "${oc.env:DDPW_TEST_NOT_SET}", "cannot be resolved (KeyError raised while resolving interpolation: "
                  "\"Environment variable 'DDPW_TEST_NOT_SET' not found\"): set what it refers to, or give the value "
                  "itself", id="interpolation-that-fails"),  # (it was a traceback of 95 lines through hydra-ddpw)
+    pytest.param(["hydra.launcher.stop_grace_s=${oc.env:DDPW_TEST_NOT_SET}"], "hydra.launcher.stop_grace_s",
+                 "${oc.env:DDPW_TEST_NOT_SET}", "cannot be resolved (KeyError raised while resolving interpolation",
+                 id="launcher-option-interpolation-that-fails"),  # (a traceback through hydra-ddpw)
     pytest.param(["platform.n_procs_per_node=???"], "platform.n_procs_per_node", "???", "the value is missing: give "
                  "one, such as platform.n_procs_per_node=... on the command line", id="missing-value"),
     pytest.param(["platform.upon_finish=raises_on_import:done"], "platform.upon_finish", "raises_on_import:done",
@@ -169,6 +172,8 @@ def test_a_bad_value_typed_by_a_user_is_refused_before_any_rank_starts(
                  id="unknown-launcher-option-without-plus"),
     pytest.param("hydra.launcher.max_parallel_jobs=two", "hydra.launcher.max_parallel_jobs", "two",
                  "use an integer >= 1", id="launcher-option-of-the-wrong-type"),
+    pytest.param("hydra.launcher.max_parallel_jobs=${oc.env:DDPW_TEST_NOT_SET}", "hydra.launcher.max_parallel_jobs",
+                 "${oc.env:DDPW_TEST_NOT_SET}", "cannot be resolved", id="launcher-option-interpolation-that-fails"),
     pytest.param("platform.master_addr=127.0.0.1,no.such.host.invalid", "platform.master_addr",
                  "no.such.host.invalid", "cannot resolve it", id="master_addr-of-a-later-job-unresolvable"),
 ])
@@ -257,7 +262,7 @@ def test_checking_a_cpu_platform_imports_no_torch() -> None:
         "import sys\n"
         "from ddpw_conf import Platform\n"
         "from ddpw_runtime.launch.checks import check\n"
-        "check(Platform(n_procs_per_node=2, upon_finish='json:dumps'))\n"
+        "check(Platform(n_procs_per_node=2, upon_finish='gc:collect'))\n"
         "check(Platform(device='slurm', n_nodes=2, n_gpus_per_node=1, backend='mpi'), here=False)\n"
         "print('torch' in sys.modules)\n"
     )
