@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 from ddpw_conf.errors import ConfigError, check_bool, check_int, check_known, check_match, nearest_guess
-from ddpw_conf.platform import Device, Platform, check_duration, platform_from_config
+from ddpw_conf.platform import Device, Platform, check_duration, platform_from_config, resolved_config
 
 _Options = TypeVar("_Options", bound="LauncherOptions")
 
@@ -59,6 +59,8 @@ class LauncherOptions:
         that have it, if any)."""
         from omegaconf import OmegaConf
 
+        if OmegaConf.is_config(options):  # (`hydra.launcher` itself: a value that cannot be resolved is named)
+            options = resolved_config(options)
         known = {f.name for f in fields(cls)}
         unknown = next((key for key in options if key not in known), None)
         owner = next((name for kind, name in _OWNERS if unknown in {f.name for f in fields(kind)}), None)

@@ -358,14 +358,14 @@ def platform_from_config(node: Any, not_ours: str = "") -> Platform:
     if isinstance(node, Platform):
         return node
     if isinstance(node, DictConfig):
-        node = _resolved(node)
+        node = resolved_config(node)
     if not isinstance(node, dict):
         raise ConfigError("platform", node, "platform must be a mapping of Platform fields" + not_ours)
     check_known("platform.", node, {f.name for f in fields(Platform)}, "Platform", not_ours=not_ours)
     return Platform(**node)
 
 
-def _resolved(node: Any) -> Any:
+def resolved_config(node: Any) -> Any:
     """`node` as plain data, resolved; `ConfigError` naming a key whose value is missing or cannot be resolved."""
     from omegaconf import OmegaConf
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
