@@ -220,6 +220,23 @@ def test_default_layout_is_all_data_parallel(tmp_path: Path) -> None:
     assert "no group named 'expert'" in unknown
 
 
+def wrap_before_and_after_the_tasks_own_group() -> tuple[str, bool]:
+    try:
+        ddpw_runtime.wrap_model(nn.Linear(2, 2))
+        before = "no error"
+    except RuntimeError as exc:
+        before = str(exc)
+    dist.init_process_group("gloo")  # (torchrun's variables, which hydra-ddpw set)
+    return before, isinstance(ddpw_runtime.wrap_model(nn.Linear(2, 2)), nn.parallel.DistributedDataParallel)
+
+
+def test_with_ipc_groups_null_a_helper_before_the_tasks_own_group_says_to_make_it(tmp_path: Path) -> None:
+    """`platform.ipc_groups=null`: torch's "Default process group has not been initialized" said nothing of it."""
+    (before, wrapped), _ = on_ranks(tmp_path, wrap_before_and_after_the_tasks_own_group, ipc_groups=None)
+    assert "with platform.ipc_groups=null hydra-ddpw makes none" in before and "init_process_group()" in before
+    assert wrapped
+
+
 @pytest.mark.parametrize(
     "layout, key",
     [

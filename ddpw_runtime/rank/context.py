@@ -107,10 +107,15 @@ def device() -> torch.device:
 def group(name: str | None = None) -> Any:
     """A process group of this rank: without a name, its group from `platform.ipc_groups`, or the world group; else
     its `"data"`, `"tensor"` or `"pipeline"` group of `platform.layout`. With the default layout the data group is the
-    world and asking for a tensor or pipeline group raises ValueError."""
+    world and asking for a tensor or pipeline group raises ValueError. RuntimeError before the task made its process
+    group (`platform.ipc_groups=null`)."""
     import torch.distributed as dist
 
     state = _current()
+    if not dist.is_initialized():  # (platform.ipc_groups=null: the task makes the groups)
+        raise RuntimeError("this rank has no process group yet: with platform.ipc_groups=null hydra-ddpw makes none "
+                           "and the task makes its own; call torch.distributed.init_process_group() first, or leave "
+                           "platform.ipc_groups unset for hydra-ddpw to make it before the task")
     if name is None:
         return state.group if state.group is not None else dist.group.WORLD
     if name not in AXES:
