@@ -730,11 +730,22 @@ def test_a_failed_job_starts_again_in_the_same_output_dir_until_restarts_run_out
         assert [a["restart_count"] for a in attempts] == [0, 1]
         assert len({a["run_id"] for a in attempts}) == 1  # the same run id across restarts
     assert "attempt 1 of 3 failed: rank 1 (node 0) failed: ValueError: the first attempt fails" in proc.stdout
-    assert "COMPLETED" in proc.stdout
+    assert re.search(r"job #0 COMPLETED in [\d.]+ s after 1 restart: ranks 0-1 ok", proc.stdout), proc.stdout
+    _assert_summary_counts_one_restart(job, flags, proc.stdout, "COMPLETED")
     proc = run_app(tmp_path, *flags, "behaviour=raise", "hydra.launcher.max_restarts=1")
     assert proc.returncode == 1
     assert "attempt 1 of 2 failed" in proc.stdout and "rank 1 (node 0) failed: ValueError" in proc.stderr
-    assert [a["restart_count"] for a in _attempts(job_dirs(tmp_path)[-1], 1)] == [0, 1]
+    assert re.search(r"job #0 FAILED after [\d.]+ s \(attempt 2 of 2\): rank 1 failed", proc.stdout), proc.stdout
+    job = job_dirs(tmp_path)[-1]
+    assert [a["restart_count"] for a in _attempts(job, 1)] == [0, 1]
+    _assert_summary_counts_one_restart(job, flags, proc.stdout, "FAILED")
+
+
+def _assert_summary_counts_one_restart(job: Path, flags: tuple, stdout: str, status: str) -> None:
+    """A multirun's summary, file and table, says its job `status` after one restart."""
+    if flags:
+        assert [e["restarts"] for e in json.loads((job.parent / "sweep_summary.json").read_text())["jobs"]] == [1]
+        assert f"#0   {status} (1 restart)" in stdout
 
 
 def test_a_plain_runs_rank_0_whose_sigterm_handler_exits_is_started_again(tmp_path: Path) -> None:

@@ -265,6 +265,8 @@ def test_preempted_job_is_requeued_and_resumes_from_its_checkpoint(slurm_env: di
     requeued = f"#0 : SLURM job {job_id} was requeued (restart 1): it resumes when SLURM starts it again\n"
     assert stdout.count(requeued) == 1, stdout  # (the console said nothing of it)
     assert stdout.index(requeued) < stdout.index(f"SLURM job {job_id} ended"), stdout
+    assert [e["restarts"] for e in json.loads((out / "sweep_summary.json").read_text())["jobs"]] == [1]
+    assert "#0   COMPLETED (1 restart)" in stdout, stdout
     saved = seen_files(out, "checkpoint")
     assert sorted(saved) == [0, 1]  # every rank, on both nodes, saved on the first run
     assert all(s["restart_count"] == 0 and s["step"] > 0 for s in saved.values())

@@ -4,7 +4,9 @@
     [ddpw] job #0 COMPLETED in 4.1 s: ranks 0-1 ok; logs outputs/2026-11-22/13-29-00/rank_<k>.log
 
 A failed job's summary gives the root cause in one line and each rank's status and exit code (the traceback is in
-the job's error, which Hydra prints once). Coloured only on a terminal that supports it (`use_colour`).
+the job's error, which Hydra prints once). A job started again (`hydra.launcher.max_restarts`) says so:
+`COMPLETED in 9.3 s after 1 restart: ...`, `FAILED after 9.3 s (attempt 3 of 3): ...`. Coloured only on a terminal
+that supports it (`use_colour`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TextIO
 from ddpw_conf import Platform
 from ddpw_runtime.errors import JobTimedOut, RankFailure
 from ddpw_runtime.launch.console import show
+from ddpw_runtime.launch.job import NodeJob
 from ddpw_runtime.launch.outcome import signal_name
 from ddpw_runtime.launch.stacks import rank_ranges
 
@@ -87,11 +90,19 @@ def _head(colour: bool, job: int, what: str, *colours: str) -> str:
     return f"{_style(colour, PREFIX, 'dim')} {_style(colour, f'job #{job}', 'bold')} {_style(colour, what, *colours)}"
 
 
-def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: str | None, colour: bool = False
-                   ) -> str:
-    """The lines printed when a job failed: the cause in one line and, for a `RankFailure`, each rank's status; for a
-    `JobTimedOut`, where each rank was; where its logs are (`log_dir`; None: it never started)."""
-    head = f"{_head(colour, job, 'FAILED', 'red', 'bold')} after {duration_s:.1f} s: "
+def restarts_text(restarts: int) -> str:
+    """`1 restart`, `2 restarts`."""
+    return f"{restarts} restart" + ("s" if restarts != 1 else "")
+
+
+def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: str | None, colour: bool = False,
+                   restarts: int = 0, max_restarts: int = 0) -> str:
+    """The lines printed when a job failed: the cause in one line (after a restart, which attempt failed: `restarts`
+    of `max_restarts`) and, for a `RankFailure`, each rank's status; for a `JobTimedOut`, where each rank was; where
+    its logs are (`log_dir`; None: it never started)."""
+    # (SLURM may requeue a job on its own, a node failure: past `max_restarts`)
+    attempt = f" (attempt {restarts + 1} of {max(restarts, max_restarts) + 1})" if restarts else ""
+    head = f"{_head(colour, job, 'FAILED', 'red', 'bold')} after {duration_s:.1f} s{attempt}: "
     lines = [head + one_line(error)]
     if isinstance(error, RankFailure):
         by_status: dict[str, list[int]] = {}
@@ -130,6 +141,11 @@ class JobConsole:
         self.output_dir = shown_path(output_dir, base)
         self.out = sys.stdout
         self.colour = use_colour(self.out)
+        self.restarts = self.max_restarts = 0
+
+    def attempt(self, job: NodeJob) -> None:
+        """Note that an attempt of the job (`job.restart_count`) starts: the summary says which one it ended with."""
+        self.restarts, self.max_restarts = job.restart_count, job.max_restarts
 
     @contextmanager
     def shown(self) -> Iterator[None]:
@@ -141,8 +157,10 @@ class JobConsole:
         try:
             yield
         except Exception as error:
-            show(failed_summary(self.job, error, time.monotonic() - started, self.output_dir, self.colour), self.out)
+            show(failed_summary(self.job, error, time.monotonic() - started, self.output_dir, self.colour,
+                                self.restarts, self.max_restarts), self.out)
             raise
         ranks = ("ranks " if self.world_size > 1 else "rank ") + rank_ranges(list(range(self.world_size)))
-        show(f"{_head(self.colour, self.job, 'COMPLETED', 'green', 'bold')} in {time.monotonic() - started:.1f} s: "
-             f"{ranks} {_style(self.colour, 'ok', 'green')}; logs {self.output_dir}/rank_<k>.log", self.out)
+        after = f" after {restarts_text(self.restarts)}" if self.restarts else ""
+        show(f"{_head(self.colour, self.job, 'COMPLETED', 'green', 'bold')} in {time.monotonic() - started:.1f} s"
+             f"{after}: {ranks} {_style(self.colour, 'ok', 'green')}; logs {self.output_dir}/rank_<k>.log", self.out)

@@ -3,9 +3,9 @@ interrupted sweep keeps what it did; a resume reads it), each COMPLETED job's Jo
 (`.job_returns/<job>.pkl`), and a table of it on the console when the sweep ends.
 
     [ddpw] sweep summary: 3 jobs, 2 COMPLETED, 1 FAILED (multirun/2026-11-23/10-00-00/sweep_summary.json)
-      job  status     time   rank 0 returned  output dir  overrides
-      #0   COMPLETED  3.1 s  0.9583           0           lr=0.1
-      #1   FAILED     1.2 s  ValueError: ...  1           lr=0.01
+      job  status               time   rank 0 returned  output dir  overrides
+      #0   COMPLETED            3.1 s  0.9583           0           lr=0.1
+      #1   FAILED (2 restarts)  1.2 s  ValueError: ...  1           lr=0.01
       same in every job: epochs=10 platform.n_procs_per_node=2
 
 The table shows the overrides that differ between jobs (those of every job once, below it) and numbers to 4
@@ -31,7 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ddpw_runtime import _compat
 from ddpw_runtime.hydra_jobs.prepare import as_typed
-from ddpw_runtime.hydra_jobs.summary import PREFIX, one_line, shown_path
+from ddpw_runtime.hydra_jobs.summary import PREFIX, one_line, restarts_text, shown_path
+from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
 from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.console import show
 from ddpw_runtime.launch.payload import read_pickled, write_atomically
@@ -63,6 +64,8 @@ class JobEntry:
     """Why it failed, in one line."""
     kept: bool = False
     """Kept from an earlier run of the sweep (`hydra.launcher.resume=true`): not run again."""
+    restarts: int = 0
+    """How often it started again before it ended (`hydra.launcher.max_restarts`; on SLURM, requeued)."""
 
 
 @dataclass
@@ -100,7 +103,9 @@ def entry(job: int, overrides: list[str], output_dir: Path, duration_s: float, r
     value = None if failed else _as_json(ret.return_value)
     cause = _compat.job_error(ret)
     error = (one_line(cause) if isinstance(cause, BaseException) else repr(cause)) if failed else None
-    return JobEntry(job, overrides, ret.status.name, round(duration_s, 3), value, str(output_dir), error)
+    restarts = ret.restarts if isinstance(ret, DdpwJobReturn) else 0
+    return JobEntry(job, overrides, ret.status.name, round(duration_s, 3), value, str(output_dir), error,
+                    restarts=restarts)
 
 
 def _as_json(value: Any) -> Any:
@@ -202,7 +207,9 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
         shown = e["error"] if e["error"] is not None else ("" if value is None else _shown(value))
         if len(shown) > _SHOWN_VALUE_CHARS:
             shown = shown[:_SHOWN_VALUE_CHARS - 3] + "..."
-        status = str(e["status"]) + (" (kept)" if e.get("kept") else "")
+        notes = [restarts_text(e["restarts"])] if e.get("restarts") else []
+        notes += ["kept"] if e.get("kept") else []
+        status = str(e["status"]) + (f" ({', '.join(notes)})" if notes else "")
         time = "-" if e["status"] == "NOT STARTED" else f"{e['duration_s']:.1f} s"
         rows.append([f"#{e['job']}", status, time, shown,
                      shown_path(Path(e["output_dir"]), base), " ".join(o for o in own if o not in common)])

@@ -27,11 +27,14 @@ class DdpwJobReturn(JobReturn):
     """Hydra's JobReturn of a distributed job: `return_value` is rank 0's value, `rank_values` every rank's."""
 
     rank_values: list[Any] = field(default_factory=list)
+    restarts: int = 0
+    """How often the job started again (`hydra.launcher.max_restarts`; on SLURM, requeued) before it ended."""
 
     @staticmethod
-    def of(ret: JobReturn, rank_values: list[Any]) -> DdpwJobReturn:
-        """`ret` with `rank_values`."""
-        return DdpwJobReturn(**{f.name: getattr(ret, f.name) for f in fields(JobReturn)}, rank_values=rank_values)
+    def of(ret: JobReturn, rank_values: list[Any], restarts: int) -> DdpwJobReturn:
+        """`ret` with `rank_values` and `restarts`."""
+        return DdpwJobReturn(**{f.name: getattr(ret, f.name) for f in fields(JobReturn)}, rank_values=rank_values,
+                             restarts=restarts)
 
 
 def raise_job_error(ret: JobReturn) -> NoReturn:
@@ -52,9 +55,9 @@ def append_to_job_files() -> None:
 
 class JobTask:
     """What `run_job` calls: runs the user's task on every rank of this node (`job`, in the job's output dir) and
-    returns rank 0's value (every rank's in `values`); it carries the user's function's name and `__wrapped__`, so
-    callbacks see the user's task. `announce`: print the job's start line and summary; `around_ranks`: a context
-    entered while the ranks run (the SLURM node's preemption handling)."""
+    returns rank 0's value (every rank's in `values`, how often it started again in `restarts`); it carries the user's
+    function's name and `__wrapped__`, so callbacks see the user's task. `announce`: print the job's start line and
+    summary; `around_ranks`: a context entered while the ranks run (the SLURM node's preemption handling)."""
 
     def __init__(self, task_function: TaskFunction, job: NodeJob, idx: int, announce: bool = True,
                  around_ranks: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
@@ -62,14 +65,21 @@ class JobTask:
         self.task_function, self.job, self.idx = task_function, job, idx
         self.announce, self.around_ranks = announce, around_ranks
         self.values: list[Any] = []
+        self.restarts = 0
 
     def __call__(self, cfg: DictConfig) -> Any:
         """Run the ranks; rank 0's value."""
         runtime = HydraConfig.get().runtime
         job = replace(self.job, log_dir=Path(runtime.output_dir))
         console = JobConsole(self.idx, job.platform, job.log_dir, Path(runtime.cwd)) if self.announce else None
+
+        def attempt(run: NodeJob) -> None:
+            self.restarts = run.restart_count
+            if console is not None:
+                console.attempt(run)
+
         with console.shown() if console is not None else nullcontext():
             append_to_job_files()
             with self.around_ranks():
-                self.values = run_ranks(TaskCall(self.task_function, (cfg,)), job)
+                self.values = run_ranks(TaskCall(self.task_function, (cfg,)), job, attempt)
         return self.values[0]

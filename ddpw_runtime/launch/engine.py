@@ -38,18 +38,21 @@ def settle(job: NodeJob, outcomes: list[RankOutcome]) -> None:
         resolve_callable("platform.upon_finish", job.platform.upon_finish)()
 
 
-def run_ranks(task: TaskCall, job: NodeJob) -> list[Any]:
-    """Run `task` on this node's ranks (none outlives the call); their values in rank order, else `RankFailure`."""
+def run_ranks(task: TaskCall, job: NodeJob, on_attempt: Callable[[NodeJob], None] = lambda job: None) -> list[Any]:
+    """Run `task` on this node's ranks (none outlives the call); their values in rank order, else `RankFailure`
+    (`on_attempt`: see `with_restarts`)."""
     packed, state = task.pack(), ProcessState.capture()
-    return with_restarts(job, lambda attempt: _run_once(packed, state, attempt))
+    return with_restarts(job, lambda attempt: _run_once(packed, state, attempt), on_attempt=on_attempt)
 
 
-def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T], can_run_again: Callable[[], bool] = lambda: True) -> _T:
+def with_restarts(job: NodeJob, run: Callable[[NodeJob], _T], can_run_again: Callable[[], bool] = lambda: True,
+                  on_attempt: Callable[[NodeJob], None] = lambda job: None) -> _T:
     """`run(job)`, again (said so, same log dir and run id, next restart count) while it fails with a `RankFailure` and
     restarts are left (`restart_on_failure`, `max_restarts`) and `can_run_again()`; not after a time limit or an
-    interruption."""
+    interruption. `on_attempt(job)` before each run: how many restarts the job took, for its end line and summary."""
     job = replace(job, run_id=job.run_id or uuid.uuid4().hex[:12])
     while True:
+        on_attempt(job)
         try:
             return run(job)
         except RankFailure as failure:

@@ -77,7 +77,7 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
         error = _compat.job_error(ret)
         if error is not None:  # it must reach the launching process, whatever its class
             ret.return_value = portable(error)
-        end = JobEnd(job_return=DdpwJobReturn.of(ret, task.values))
+        end = JobEnd(job_return=DdpwJobReturn.of(ret, task.values, task.restarts))
     except (KeyboardInterrupt, Terminated) as stop:
         end = JobEnd(stopped_by=signal_of(stop))
     except BaseException as error:  # noqa: BLE001 - the sweep decides what an error outside the task does

@@ -172,7 +172,8 @@ class RunSupervisor:
             with console.shown():
                 self.job_started = True
                 # (not once rank 0's process, the program's run, has ended: it died, or its task called sys.exit)
-                with_restarts(job, lambda attempt: self._attempt(starting, attempt), lambda: self.exited is None)
+                with_restarts(job, lambda attempt: self._attempt(starting, attempt), lambda: self.exited is None,
+                              console.attempt)
         except Exception as failure:  # noqa: BLE001 - any failure is the job's, shown where it can be
             return failure
         return None

@@ -289,7 +289,8 @@ def _wait(jobs: list[_Job], summary: SweepSummary, options: SlurmLauncherConf) -
                 error = _compat.job_error(ret)
                 if error is not None:  # reported as it fails, as a local sweep reports it
                     logs = None if p.idx in never else shown_path(p.output_dir, Path.cwd())
-                    show(failed_summary(p.idx, error, duration, logs, use_colour(sys.stdout)), sys.stdout)
+                    show(failed_summary(p.idx, error, duration, logs, use_colour(sys.stdout), job.restarts,
+                                        options.max_restarts), sys.stdout)
                 if options.fail_fast and ret.status is JobStatus.FAILED:
                     _fail_fast(p.idx, ret, pending, summary)
         if not pending:
@@ -374,7 +375,7 @@ def _ended(job: _Job) -> JobReturn | None:
         slurm_end = SlurmJobError(f"{slurm_end}{_stderr_tail(job)}")
     ret, values = node_outcomes.job_return(ret, job.prepared.platform.n_nodes, job.prepared.platform.ranks_per_node,
                                               state, outcomes, errors, slurm_end)
-    return DdpwJobReturn.of(ret, values)
+    return DdpwJobReturn.of(ret, values, job.restarts)
 
 
 def _stderr_tail(job: _Job) -> str:
