@@ -261,12 +261,13 @@ def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], ob
             ranks.start()
             timed_out = ranks.wait_for_ranks()
         except (KeyboardInterrupt, Terminated) as stop:
-            ranks.interrupt(signal_of(stop))
-            note_failures(outcomes := ranks.outcomes())
-            if any(o.failed for o in outcomes):
-                raise
             # Every rank's task had returned (the stop came as they exited: a tracker's upload in an atexit handler):
             # the job is done, its values kept (a sweep's `fail_fast` stops the jobs beside a failed one so).
+            returned = all(o.result is not None and o.result.ok for o in ranks.outcomes())
+            ranks.interrupt(signal_of(stop))
+            note_failures(outcomes := ranks.outcomes())
+            if not returned or any(o.failed for o in outcomes):
+                raise
             timed_out = False
         except BaseException:
             ranks.kill()
