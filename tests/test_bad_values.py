@@ -176,6 +176,10 @@ def test_a_bad_value_typed_by_a_user_is_refused_before_any_rank_starts(
                  "${oc.env:DDPW_TEST_NOT_SET}", "cannot be resolved", id="launcher-option-interpolation-that-fails"),
     pytest.param("platform.master_addr=127.0.0.1,no.such.host.invalid", "platform.master_addr",
                  "no.such.host.invalid", "cannot resolve it", id="master_addr-of-a-later-job-unresolvable"),
+    # Side by side, their rank logs would mix and one rank's flight-recorder file could vanish under the other's
+    # (`FileNotFoundError` as a rank started, which failed its job).
+    pytest.param("hydra.sweep.subdir=.", "hydra.sweep.subdir", ".", "jobs #0 and #1 of the sweep would run in the same "
+                 "output dir", id="two-jobs-in-one-output-dir"),
 ])
 def test_a_multirun_refuses_a_bad_value_of_any_job_before_the_first_starts(
     tmp_path: Path, override: str, key: str, value: Any, fix: str

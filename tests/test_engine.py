@@ -90,3 +90,21 @@ def test_both_start_methods_run_the_ranks(tmp_path: Path, method: str) -> None:
 def test_file_rendezvous_uses_a_private_file_and_removes_it(tmp_path: Path) -> None:
     values = run_ranks(rank_and_pid, 0, platform=Platform(n_procs_per_node=2, ipc_protocol="file"), log_dir=tmp_path)
     assert [v[0] for v in values] == [0, 1]
+
+
+def test_a_record_written_by_two_processes_at_once_is_whole_and_neither_fails(tmp_path: Path) -> None:
+    """Two jobs given one output dir (a Wrapper's fixed log_dir used by two programs at once) both write rank 0's
+    flight-recorder file as their rank 0 starts: the second writer's rename found its temporary file gone, moved by
+    the first (FileNotFoundError), and its rank failed before its task."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "record"
+    code = ("import sys; from pathlib import Path; from ddpw_runtime.launch.payload import write_atomically\n"
+            "for _ in range(3000): write_atomically(Path(sys.argv[1]), sys.argv[2].encode() * 1000)")
+    writers = [subprocess.Popen([sys.executable, "-c", code, str(path), mark], stderr=subprocess.PIPE, text=True)
+               for mark in "ab"]
+    errors = [writer.communicate(timeout=120)[1] for writer in writers]
+    assert [writer.returncode for writer in writers] == [0, 0], errors
+    assert path.read_text() in ("a" * 1000, "b" * 1000)
+    assert [p.name for p in tmp_path.iterdir()] == ["record"]  # no temporary file left

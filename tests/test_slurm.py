@@ -49,9 +49,9 @@ def run(cwd: Path, *overrides: str, timeout: float = 120) -> subprocess.Complete
 
 
 def multirun(*overrides: str) -> tuple[str, ...]:
-    """`overrides` with `-m`; a `hydra.run.dir=X` becomes the job's own dir X (the sweep dir, no subdir)."""
+    """`overrides` with `-m`; a `hydra.run.dir=X` (one job) becomes the job's own dir X (the sweep dir, no subdir)."""
     out = [f"hydra.sweep.dir={o.split('=', 1)[1]}" if o.startswith("hydra.run.dir=") else o for o in overrides]
-    if any(o.startswith("hydra.sweep.dir=") for o in out):
+    if any(o.startswith("hydra.run.dir=") for o in overrides):
         out.append("hydra.sweep.subdir=.")
     return tuple(out) if "-m" in out else ("-m", *out)
 

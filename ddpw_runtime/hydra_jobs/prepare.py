@@ -10,14 +10,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log, filter_overrides, setup_globals
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from ddpw_conf import Platform
+from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.hydra_jobs.compose_once import forget_unused, job_config
 from ddpw_runtime.launch.checks import check
@@ -94,7 +94,25 @@ def prepare_jobs(hydra_context: HydraContext, config: DictConfig, to_run: Sequen
                                  earlier_output_dir=job.earlier_output_dir))
     finally:
         forget_unused(hydra_context)
+    _own_output_dirs(jobs)
     return jobs
+
+
+def _own_output_dirs(jobs: Sequence[PreparedJob]) -> None:
+    """`ConfigError` when two jobs would run in one output dir (a `hydra.sweep.subdir` the same for both): they run
+    side by side here, and their rank logs would mix, each overwriting the other's stacks, recorder dumps and files."""
+    first: dict[Path, PreparedJob] = {}
+    for job in jobs:
+        other = first.setdefault(job.output_dir, job)
+        if other is not job:
+            sweep = cast(dict[str, Any], OmegaConf.to_container(job.config.hydra.sweep, resolve=False))
+            subdir = sweep["subdir"]  # as the user wrote it
+            raise ConfigError(
+                "hydra.sweep.subdir", subdir,
+                f"jobs #{other.idx} and #{job.idx} of the sweep would run in the same output dir {job.output_dir}: "
+                "hydra-ddpw runs a sweep's jobs side by side, so their rank logs would mix and each would overwrite "
+                "the other's files; give each job a subdir of its own, as Hydra's default hydra.sweep.subdir="
+                "${hydra.job.num} does (or one built from the overrides, ${hydra.job.override_dirname})")
 
 
 def prepared(config: DictConfig, idx: int, overrides: list[str], options: LauncherOptions, pin: bool = True,

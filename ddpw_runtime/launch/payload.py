@@ -101,8 +101,9 @@ def read_pickled(path: Path, kind: type[_T]) -> _T | None:
 
 
 def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write `data` so that readers see either nothing or all of it (a new file gets `mode`)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    """Write `data` so that readers see either nothing or all of it (a new file gets `mode`); writers in other
+    processes may write the same `path` meanwhile (the last one's stays)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as out:
         out.write(data)
     os.replace(tmp, path)
