@@ -99,8 +99,8 @@ def prepare_jobs(hydra_context: HydraContext, config: DictConfig, to_run: Sequen
 
 
 def _own_output_dirs(jobs: Sequence[PreparedJob]) -> None:
-    """`ConfigError` when two jobs would run in one output dir (a `hydra.sweep.subdir` the same for both): they run
-    side by side here, and their rank logs would mix, each overwriting the other's stacks, recorder dumps and files."""
+    """`ConfigError` when two jobs would run in one output dir (a `hydra.sweep.subdir` the same for both): they may
+    run side by side, and their rank logs would mix, each overwriting the other's stacks, recorder dumps and files."""
     first: dict[Path, PreparedJob] = {}
     for job in jobs:
         other = first.setdefault(job.output_dir, job)
@@ -110,8 +110,8 @@ def _own_output_dirs(jobs: Sequence[PreparedJob]) -> None:
             raise ConfigError(
                 "hydra.sweep.subdir", subdir,
                 f"jobs #{other.idx} and #{job.idx} of the sweep would run in the same output dir {job.output_dir}: "
-                "hydra-ddpw runs a sweep's jobs side by side, so their rank logs would mix and each would overwrite "
-                "the other's files; give each job a subdir of its own, as Hydra's default hydra.sweep.subdir="
+                "a sweep's jobs may run side by side, and their rank logs would mix, each overwriting the other's "
+                "files; give each job a subdir of its own, as Hydra's default hydra.sweep.subdir="
                 "${hydra.job.num} does (or one built from the overrides, ${hydra.job.override_dirname})")
 
 
