@@ -216,16 +216,17 @@ def flight_recorder_dump() -> bytes | None:
     return bytes(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
 
 
-def cpp_warnings_off() -> bool:
-    """Stop torch's C++ warnings (errors still show) in this process, as `TORCH_CPP_LOG_LEVEL=ERROR` would before
-    `import torch`. Private: c10's flag `FLAGS_caffe2_log_level`, set through ctypes. Fallback: False."""
+def cpp_warnings_off(errors_too: bool = False) -> bool:
+    """Stop torch's C++ warnings (and its errors, with `errors_too`) in this process, as `TORCH_CPP_LOG_LEVEL=ERROR`
+    (`FATAL`) would before `import torch`. Private: c10's flag `FLAGS_caffe2_log_level`, set through ctypes.
+    Fallback: False."""
     import ctypes
 
     import torch
 
     for path in sorted((Path(torch.__file__).parent / "lib").glob("*c10.*")):
         try:
-            ctypes.c_int.in_dll(ctypes.CDLL(str(path)), "FLAGS_caffe2_log_level").value = 2  # c10's ERROR
+            ctypes.c_int.in_dll(ctypes.CDLL(str(path)), "FLAGS_caffe2_log_level").value = 3 if errors_too else 2
             return True
         except (OSError, ValueError):
             continue

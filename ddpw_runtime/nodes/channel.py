@@ -247,6 +247,9 @@ class StoreSide:
             except Exception as exc:  # noqa: BLE001 - handed to the waiting thread, which says what it means
                 made.append(exc)
 
+        # torch's client logs its failure to reach what does not answer as node 0's store as a C++ error with a stack:
+        # the NodeError below says it in one line
+        _compat.cpp_warnings_off(errors_too=True)
         client = threading.Thread(target=store_client, name="ddpw-node-0-store", daemon=True)
         client.start()
         # torch's own timeout, then as long again for it to give up: it takes a little past it, and a thread still in
@@ -257,6 +260,7 @@ class StoreSide:
             raise NodeError(f"node {platform.node_rank} reached {where}, but what listens there did not answer as node "
                             f"0's store within {_ANSWER_S:g} s{why}: another program holds that port on node 0 "
                             "(choose a free platform.master_port), or platform.master_addr is not node 0's address")
+        _compat.cpp_warnings_off()  # (node 0's store answered: torch's C++ errors show again)
         made[0].set_timeout(timedelta(minutes=platform.join_timeout_min))
         return cls(made[0], platform.node_rank, platform.n_nodes, where)
 
