@@ -113,15 +113,20 @@ def test_the_failure_of_a_killed_rank_names_the_signal() -> None:
     assert (made.error_type, made.error_message) == ("RankKilled", "killed by SIGKILL (exit code -9)")
 
 
-@pytest.mark.parametrize(("error", "said"), [("KeyboardInterrupt", "was stopped"), ("NameError", "failed")])
+@pytest.mark.parametrize(("error", "stopped_at", "said"), [
+    ("KeyboardInterrupt", None, "was stopped"), ("NameError", None, "failed"),
+    ("SystemExit", 9.0, "was stopped"),  # (it raised at 10.0) a SIGTERM handler's sys.exit, after the stop came
+    ("SystemExit", 11.0, "failed"),  # the task's own sys.exit(4), before: its peer's end began the stop
+])
 def test_a_stopped_rank_s_log_says_it_was_stopped_only_when_it_raised_what_the_stop_raises(
-    tmp_path: Path, error: str, said: str
+    tmp_path: Path, error: str, stopped_at: float | None, said: str
 ) -> None:
-    """A rank the stop reached after it had raised an error of its own (both ranks hit the same bug) failed; one
-    whose task raised what the stop raises (Ctrl-C's KeyboardInterrupt) was stopped."""
+    """A rank the stop reached after it had raised an error of its own (both ranks hit the same bug, or its task
+    called `sys.exit(4)` and its peer's end was seen first) failed; one whose task raised what the stop raises
+    (Ctrl-C's KeyboardInterrupt, a SIGTERM handler's exit) as the stop came was stopped."""
     log = tmp_path / "rank_1.log"
-    result = RankResult(1, error=RaisedError(error, "", f"Traceback...\n{error}\n"))
-    note_failures([RankOutcome(1, 0, result, 1, True, SENT, log_file=str(log))])
+    result = RankResult(1, error=RaisedError(error, "", f"Traceback...\n{error}\n"), finished_at=10.0)
+    note_failures([RankOutcome(1, 0, result, 1, True, SENT, log_file=str(log), stopped_at=stopped_at)])
     assert log.read_text().startswith(f"--- rank 1 {said}: {error}\n")
 
 

@@ -115,11 +115,16 @@ class Child:
     pid: int
     name: str
     state: ChildState = ChildState.RUNNING
-    stopped: bool = False
-    """A signal of this process's reached it while it ran."""
+    stopped_at: float | None = None
+    """When (`time.time`) the first signal of this process's reached it, while it ran."""
     exit_code: int | None = None
     """As in `subprocess`: negative for a signal."""
     ended_at: float | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """A signal of this process's reached it while it ran."""
+        return self.stopped_at is not None
 
     @property
     def alive(self) -> bool:
@@ -169,7 +174,7 @@ class Children:
     def send(self, sig: int, to: list[Child] | None = None, group: bool = True) -> None:
         """Send `sig` to every child alive (or those `to`; with `group`, to its process group); each is stopped."""
         for child in self.running() if to is None else to:
-            child.stopped = True
+            child.stopped_at = child.stopped_at or time.time()
             self.signal(child, sig, group)
 
     def signal(self, child: Child, sig: int, group: bool) -> None:

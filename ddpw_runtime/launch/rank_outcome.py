@@ -36,6 +36,7 @@ class RankOutcome:
     ended_at: float = field(default_factory=time.time)
     log_file: str | None = None
     place: RankPlace | None = None  # where it was when the job was stopped, from its stack (None: it had ended)
+    stopped_at: float | None = None  # when (`time.time`) the stop's first signal reached it
 
     @property
     def error(self) -> RaisedError | None:
@@ -61,8 +62,12 @@ class RankOutcome:
     @property
     def ended_by_the_stop(self) -> bool:
         """Whether the job's stop (Ctrl-C, another rank's failure) ended it: it was stopped and raised nothing but what
-        a stop raises; a rank the stop reached after it had raised an error of its own failed."""
-        return self.stopped and (self.error is None or self.error.type_name in _RAISED_BY_A_STOP)
+        a stop raises, after the stop came; a rank the stop reached after it had raised an error of its own (a
+        `sys.exit(4)` in its task too) failed."""
+        if not self.stopped or self.result is None or self.result.error is None:
+            return self.stopped
+        before = self.stopped_at is not None and self.result.finished_at < self.stopped_at
+        return self.result.error.type_name in _RAISED_BY_A_STOP and not before
 
     @property
     def timed_out_in_collective(self) -> bool:

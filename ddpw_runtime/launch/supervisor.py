@@ -220,7 +220,8 @@ class NodeRanks(Children):
                 rank=rank, node=plan.node_rank, result=read_pickled(self.local.payload.result_file(rank), RankResult),
                 exit_code=child.exit_code if child else None, stopped=child is not None and child.stopped,
                 signals_sent=frozenset(self.signals_sent), log_file=str(plan.log_file(rank)),
-                ended_at=(child.ended_at if child else None) or time.time(), place=self.places.get(rank)))
+                ended_at=(child.ended_at if child else None) or time.time(), place=self.places.get(rank),
+                stopped_at=child.stopped_at if child else None))
         return outcomes
 
     @property
