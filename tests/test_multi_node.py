@@ -579,6 +579,44 @@ def test_a_dry_run_on_another_node_shows_what_that_node_will_do(tmp_path: Path, 
     assert f"rendezvous      : tcp://{rendezvous}\n" in out, out
 
 
+def _can_mount() -> bool:
+    """Whether a process can be started here in a mount namespace of its own (root, `unshare`)."""
+    try:
+        return subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+@pytest.mark.subprocess
+@pytest.mark.skipif(not _can_mount(), reason="needs a mount namespace of the test's own (root)")
+@pytest.mark.parametrize("made", [False, True], ids=["cannot-make-it", "cannot-write-in-it"])
+def test_a_node_that_cannot_write_into_node_0s_output_dir_says_so_on_both_nodes(tmp_path: Path, made: bool) -> None:
+    """Without a shared file system, node 1 writes its ranks' logs into node 0's output dir as its own machine has
+    that path; here it is read-only (a mount namespace of node 1's own: a read-only root file system, another user's
+    home). It said nothing of its own: node 1 showed a traceback of hydra-ddpw's code (`mkdir`, or its rank starter's
+    `open_log`), and node 0 a cause that was not it (`node 1 could no longer be reached`, or `rank 1 failed:
+    RankExited: exited with code 1`)."""
+    runs, port = tmp_path / "runs", free_port()
+    out = runs / "job"
+    setup = f"mount -t tmpfs none {runs}{f' && mkdir {out}' if made else ''} && mount -o remount,ro {runs}"
+    runs.mkdir()
+    nodes = []
+    for node in (0, 1):
+        own, environ = _explicit(port, node)
+        command = [sys.executable, str(APPS / "app.py"), "platform.n_nodes=2", "platform.n_procs_per_node=1",
+                   f"hydra.run.dir={out}", *own]
+        if node == 1:
+            command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{setup} && exec "$@"', "sh",
+                       *command]
+        nodes.append(subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      stdin=subprocess.DEVNULL, env=_env(environ)))
+    (_, err0), (_, err1) = (proc.communicate(timeout=120) for proc in nodes)
+    assert [proc.returncode for proc in nodes] == [1, 1], err0 + err1
+    said = f"node 1 cannot write its ranks' logs into the job's output dir {out} on its machine (Read-only file system)"
+    assert said in err0 and said in err1, err0 + err1
+    assert "Traceback" not in err1, err1
+
+
 @pytest.mark.subprocess
 def test_node_1_started_first_waits_for_node_0(tmp_path: Path) -> None:
     port = free_port()

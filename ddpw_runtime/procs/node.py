@@ -7,6 +7,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -85,6 +86,21 @@ def _say_differences(here: tuple[str, ...], on_node_0: tuple[str, ...], node: in
                          f"{' '.join(only_here) or '(none)'}, on node 0 {' '.join(only_there) or '(none)'}\n")
 
 
+def _writable_here(output_dir: str, channel: NodeChannel, node: int) -> None:
+    """Make node 0's `output_dir` on this machine, where this node's ranks write their logs; where it cannot be made
+    or written, stop the job on every node saying so (node 0 shows it), and raise that NodeError."""
+    try:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=output_dir).close()  # (a read-only file system, another user's dir: its error)
+    except OSError as error:
+        unusable = NodeError(f"node {node} cannot write its ranks' logs into the job's output dir {output_dir} on its "
+                             f"machine ({error.strerror}): give every node a file system where it can write node 0's "
+                             "output dir (a shared one, or the same path, writable, on each machine)")
+        channel.stop_job(NodeStop(node, why=str(unusable)))
+        channel.end(NodeEnd(node, error=unusable))
+        raise unusable from None
+
+
 def _follow(platform: Platform, options: LauncherOptions,
             overrides: tuple[str, ...] | None = None) -> tuple[int, NodeStop | None]:
     """`follow`'s exit code, and another node's stop that ended the job (None: none did); `overrides` None: not
@@ -115,7 +131,7 @@ def _follow(platform: Platform, options: LauncherOptions,
         configure_logging(rank=node)
     grace = Grace(options.stop_grace_s, options.interrupt_grace_s)
     job_platform = replace(spec.platform, node_rank=node)
-    Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
+    _writable_here(spec.output_dir, channel, node)
     job = NodeJob(job_platform, Path(spec.output_dir), grace, node, run_id=spec.run_id, restart_on_failure=False)
     state = spec.state_here(dict(os.environ), os.getcwd(), list(sys.path))
     nodes = Nodes(channel, grace)
