@@ -132,11 +132,12 @@ class NodeLost(NodeError):
 
 class RankStopped(Exception):
     """Raised inside a rank in the caller's own process (a plain run's rank 0, `Wrapper(caller_rank=True)`) when the
-    job is stopped around it (another rank failed, or the time limit passed); the job's error names the cause."""
+    job is stopped around it (another rank or node failed or was lost, or the time limit passed); the job's error names
+    the cause."""
 
     def __init__(self) -> None:
-        super().__init__("another rank failed or the job reached its time limit; this rank was stopped (the job's "
-                         "error names the cause)")
+        super().__init__("the job was stopped (another rank or node failed or was lost, or the job reached its time "
+                         "limit); this rank was stopped with it (the job's error names the cause)")
 
 
 class Interrupted(SystemExit, KeyboardInterrupt):
