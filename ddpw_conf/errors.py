@@ -55,23 +55,31 @@ class ConfigError(CompactError, ValueError):
 
 
 def check_known(prefix: str, node: Mapping[str, Any], known: Collection[str], owner: str, noun: str = "field",
-                not_ours: str = "") -> None:
+                not_ours: str = "", renamed: Mapping[str, str] | None = None) -> None:
     """Raise `ConfigError` for the first key of `node` not in `known` (`prefix` + key is its full name): the nearest
-    known name, then all of them (but `_target_`), then `not_ours`."""
+    known name (the one `renamed` gives it, if any), then all of them (but `_target_`), then `not_ours`."""
     for key in node:
         if key not in known:
             full = f"{prefix}{key}"
             names = sorted(set(known) - {"_target_"})
-            guess = nearest_guess(full.rpartition(".")[2], names)
+            last = full.rpartition(".")[2]
+            guess = f"did you mean {renamed[last]}? " if renamed and last in renamed else nearest_guess(last, names)
             raise ConfigError(full, node[key],
                               f"{owner} has no such {noun}; {guess}its {noun}s are {', '.join(names)}{not_ours}")
 
 
 def nearest_guess(word: str, names: Sequence[str]) -> str:
-    """`did you mean ...? ` naming the nearest of `names` to `word` (a typo, a part, or more), or "" if none or many."""
+    """`did you mean ...? ` naming the nearest of `names` to `word` (a typo, a part, or more), or "" if none or many.
+    A part starts where a word of the other does (`procs` of `n_procs_per_node`, `qos` of `qos_name`): a word found
+    inside another (`ram` in `slurm_additional_parameters`) is no guess."""
     nearest = (difflib.get_close_matches(word, names, n=1)
-               or [name for name in names if word.lower() in name or name in word.lower()])
+               or [name for name in names if _starts_a_word_of(word, name) or _starts_a_word_of(name, word)])
     return f"did you mean {' or '.join(nearest)}? " if 0 < len(nearest) <= 2 else ""
+
+
+def _starts_a_word_of(part: str, name: str) -> bool:
+    """Whether `part` is in `name` where one of its words (split at `_` and `.`) starts, case aside."""
+    return re.sub(r"[._]", "_", f"_{name}").lower().find(re.sub(r"[._]", "_", f"_{part}").lower()) >= 0
 
 
 def is_int(value: Any) -> bool:

@@ -63,6 +63,10 @@ class Device(Enum):
         return Device(name)
 
 
+_RENAMED = {"ram": "mem_per_node"}
+"""Fields of the `ddpw` package's `Platform` (5.x) that no guess finds here, by the field that does the same."""
+
+
 @dataclass
 class Platform:
     """Where a distributed job runs and how its ranks are laid out. Field names follow the `ddpw` package's Platform,
@@ -114,7 +118,7 @@ class Platform:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Platform:
         """A `ConfigError` naming the nearest field for an unknown keyword (not a dataclass's `TypeError`)."""
-        check_known("platform.", kwargs, {f.name for f in fields(cls)}, "Platform")
+        check_known("platform.", kwargs, {f.name for f in fields(cls)}, "Platform", renamed=_RENAMED)
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
@@ -361,7 +365,7 @@ def platform_from_config(node: Any, not_ours: str = "") -> Platform:
         node = resolved_config(node)
     if not isinstance(node, dict):
         raise ConfigError("platform", node, "platform must be a mapping of Platform fields" + not_ours)
-    check_known("platform.", node, {f.name for f in fields(Platform)}, "Platform", not_ours=not_ours)
+    check_known("platform.", node, {f.name for f in fields(Platform)}, "Platform", not_ours=not_ours, renamed=_RENAMED)
     return Platform(**node)
 
 

@@ -313,6 +313,17 @@ def test_bad_platform_fails_when_the_wrapper_is_made() -> None:
         Platform(n_proc_per_node=2)  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize("field, guess", [("n_gpus", "n_gpus_per_node"), ("n_cpus", "n_cpus_per_node"),
+                                          ("ram", "mem_per_node")])
+def test_a_field_of_the_ddpw_packages_platform_is_answered_with_its_name_here(field: str, guess: str) -> None:
+    # `ddpw`'s Platform(n_gpus=4, n_cpus=32, ram=64): `ram` was answered "did you mean slurm_additional_parameters?"
+    # (the letters r-a-m inside "parameters").
+    with pytest.raises(ConfigError) as info:
+        Platform(**{field: 4})  # type: ignore[arg-type]
+    assert str(info.value).startswith(f"platform.{field}=4: Platform has no such field; did you mean {guess}? ")
+    assert "did you mean slurm_additional_parameters" not in str(info.value)
+
+
 PYTHON_C = """
 import ddpw_runtime
 from ddpw_runtime import Platform, Wrapper
