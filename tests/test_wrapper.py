@@ -3,6 +3,7 @@ task_context and threads per rank; real ranks on gloo."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
@@ -116,6 +117,35 @@ def test_failure_raises_rank_failure_naming_the_root_cause(tmp_path: Path) -> No
     assert [frame.name for frame in traceback.extract_tb(info.tb)][-1:] == ["start"]
     pids = [int((tmp_path / f"pid_{rank}").read_text()) for rank in (0, 1)]
     assert not any(alive(pid) for pid in pids)
+
+
+def rank_0_returns_early(ddp: bool) -> int:
+    """Rank 0 returns while rank 1 waits for it in an all_reduce (with `ddp`, after a DDP step)."""
+    import torch
+    import torch.distributed as dist
+
+    if ddp:
+        ddpw_runtime.wrap_model(torch.nn.Linear(2, 1))(torch.ones(1, 2)).sum().backward()
+    if ddpw_runtime.rank() == 1:
+        dist.all_reduce(torch.ones(1))
+    return ddpw_runtime.rank()
+
+
+@pytest.mark.parametrize("ddp", [False, True], ids=["plain", "ddp"])
+def test_rank_0_returning_while_rank_1_waits_for_it_is_named_as_the_cause(tmp_path: Path, ddp: bool) -> None:
+    # Rank 0 holds the job's store and stays until every rank is done with it, so rank 1 waits until its collective
+    # times out (where rank 1 returning early ends at once). That was reported as rank 1's own failure, the bare gloo
+    # timeout, or as rank 0 NOT IN THE COLLECTIVE "at" the caller's `start` line, inside the store's wait.
+    platform = Platform(n_procs_per_node=2, collective_timeout_min=0.05)
+    with pytest.raises(RankFailure) as info:
+        Wrapper(platform, log_dir=tmp_path).start(rank_0_returns_early, ddp)
+    failure = info.value
+    lines, first = inspect.getsourcelines(rank_0_returns_early)
+    line = first + next(i for i, text in enumerate(lines) if "dist.all_reduce" in text)
+    assert (failure.rank, failure.error_type) == (0, "EndedEarly"), str(failure)
+    assert (f"rank 0 (node 0) failed: EndedEarly: its task returned while rank 1 still waited for it in a collective "
+            f"at rank_0_returns_early ({__file__}:{line})") in str(failure), str(failure)
+    assert "what a waiting rank raised (secondary): rank 1: RuntimeError: " in str(failure)
 
 
 def test_upon_finish_runs_once_in_the_caller_after_success_only(tmp_path: Path) -> None:

@@ -34,7 +34,9 @@ def failure(outcomes: Sequence[RankOutcome]) -> RankFailure | None:
     if cause is None:
         return None
     error = cause.error
-    made = _held_up(outcomes, cause) or _ended_early(outcomes, cause)
+    made = _held_up(outcomes, cause)
+    if made is None or _task_returned(outcomes, made.rank):  # the rank the others waited for had returned
+        made = _ended_early(outcomes, cause) or made
     if made is None:
         if error is not None:
             error_type, message, text, tail = error.type_name, error.message, error.traceback, ""
@@ -99,10 +101,17 @@ def _mismatched(outcomes: Sequence[RankOutcome], cause: RankOutcome, report: Han
         waiting_error="" if culprit is cause or cause.error is None else f"rank {cause.rank}: {cause.error.headline}")
 
 
+def _task_returned(outcomes: Sequence[RankOutcome], rank: int) -> bool:
+    """Whether `rank`'s task had returned (its value sent), whatever ended its process."""
+    return any(o.rank == rank and o.result is not None and o.result.ok for o in outcomes)
+
+
 def _ended_early(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure | None:
-    """When `cause` failed only because a peer went away, and peers had returned by then: the first of them ended the
-    job (`EndedEarly`), its task done while `cause` waited for it in a collective (uneven data); None otherwise."""
-    if not cause.is_secondary or cause.result is None or cause.error is None:
+    """When `cause` failed only because a peer went away, or its collective timed out, and peers had returned by then:
+    the first of them ended the job (`EndedEarly`), its task done while `cause` waited for it in a collective (uneven
+    data); None otherwise. A peer that went away closed its connections; the rank that holds the job's store stays
+    until every rank is done with it, so its peers wait for it until their collective times out."""
+    if not (cause.is_secondary or cause.timed_out_in_collective) or cause.result is None or cause.error is None:
         return None
     failed_at = cause.result.finished_at
     early = sorted((o for o in outcomes if not o.failed and o.result is not None and o.result.finished_at <= failed_at),
