@@ -16,6 +16,7 @@ from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.launch.outcome import failure, note_failures, root_cause
 from ddpw_runtime.launch.rank_outcome import RankOutcome
 from ddpw_runtime.launch.records import RaisedError, RankResult
+from ddpw_runtime.launch.stacks import Frame, RankPlace
 
 SENT = frozenset({signal.SIGTERM, signal.SIGKILL})
 """What the launcher sends when it stops ranks."""
@@ -111,6 +112,26 @@ def test_the_failure_of_a_killed_rank_names_the_signal() -> None:
     made = failure([died(0, -signal.SIGTERM, 2.0, stopped=True, signals=SENT), died(1, -signal.SIGKILL, 1.0)])
     assert isinstance(made, RankFailure)
     assert (made.error_type, made.error_message) == ("RankKilled", "killed by SIGKILL (exit code -9)")
+
+
+def test_a_rank_left_waiting_by_one_that_ended_early_is_placed_where_it_waited_not_where_it_was_ending() -> None:
+    """3 ranks, DDP training, rank 2 one backward short: it returns, and rank 1's backward fails on the closed
+    connection. Rank 1 still ran (sending its result, closing the files its task left open) when the job was stopped
+    and its stack taken: the failure said rank 1 waited "at <module> (train.py:89), inside write_atomically
+    (.../ddpw_runtime/launch/payload.py:108)"; it waited in its backward, where its traceback places it."""
+    traceback_text = ('Traceback (most recent call last):\n  File "/w/train.py", line 41, in main\n    train(model)\n'
+                      '  File "/w/train.py", line 16, in train\n    loss.backward()\n'
+                      "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer\n")
+    waiting = RankResult(1, error=RaisedError("RuntimeError", "[../gloo/transport/tcp/pair.cc:534] Connection closed "
+                                              "by peer", traceback_text), finished_at=2.0)
+    ending = RankPlace(1, (Frame("/x/ddpw_runtime/launch/payload.py", 108, "write_atomically"),
+                           Frame("/w/train.py", 89, "<module>")))
+    ended_early = RankOutcome(2, 0, RankResult(2, finished_at=1.0), 0)
+    made = failure([lost_peer(0, 3.0), RankOutcome(1, 0, waiting, -15, True, SENT, place=ending), ended_early])
+    assert made is not None and (made.rank, made.error_type) == (2, "EndedEarly")
+    assert made.error_message.startswith(
+        "its task returned while rank 1 still waited for it in a collective at train (/w/train.py:16) <- main "
+        "(/w/train.py:41): "), made.error_message
 
 
 @pytest.mark.parametrize(("error", "stopped_at", "said"), [

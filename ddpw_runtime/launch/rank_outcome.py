@@ -77,9 +77,10 @@ class RankOutcome:
         return self.result is None and timeout_line(self.log_file) is not None
 
     def where(self) -> RankPlace | None:
-        """Where it was: where it waited if its collective timed out (its traceback: a later stack shows it handling the
-        error); else its stack when stopped, or where it raised; if it died (NCCL's watchdog), its crash report's."""
-        if self.error is not None and (self.place is None or self.error.is_collective_timeout):
+        """Where it was: where it waited if its collective timed out or failed as a peer went away (its traceback: a
+        later stack shows it handling the error, or ending: hydra-ddpw's frames); else its stack when stopped, or where
+        it raised; if it died (NCCL's watchdog), its crash report's."""
+        if self.error is not None and (self.place is None or self.error.is_collective_timeout or self.is_secondary):
             return from_traceback(self.rank, self.error.traceback)
         if self.place is None and self.result is None:  # the last crash report at the end of its log
             lines = _log_lines(self.log_file)
