@@ -294,6 +294,41 @@ def test_rank_0_stopped_in_a_dataloader_shows_only_the_failing_ranks_traceback(t
     assert "--- rank 0 was stopped:" in log and "RankStopped" in log  # where it was, in its own log
 
 
+STOPPED_MID_LINE = """
+import time
+import hydra
+import torch.distributed as dist
+import ddpw_runtime
+
+@hydra.main(version_base=None, config_path=None, config_name=None)
+def main(cfg):
+    if ddpw_runtime.rank() == 0:
+        print("rank 0 was half way through a line", end="", flush=True)
+    dist.barrier()
+    if ddpw_runtime.rank() == 1:
+        raise ValueError("rank 1 fails")
+    while True:  # until the job's stop, after rank 1's failure
+        time.sleep(0.1)
+
+main()
+"""
+
+
+def test_rank_0_stopped_mid_line_ends_its_log_with_a_line_saying_how(tmp_path: Path) -> None:
+    """Rank 0 of a plain run, stopped by rank 1's failure after a `print(.., end="")`: its log read
+    `rank 0 was half way through a line--- rank 0 was stopped:` and the traceback, the note on the line its task left
+    unfinished and with no cause on it; every other rank's log ends `--- rank 1 was stopped: Type: message`."""
+    app = tmp_path / "stopped_mid_line.py"
+    app.write_text(STOPPED_MID_LINE)
+    proc = run_app(tmp_path, *LAUNCH, app=str(app))
+    assert proc.returncode == 1
+    assert "rank 1 (node 0) failed: ValueError: rank 1 fails" in proc.stderr, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    log = (job / "rank_0.log").read_text()
+    assert log.startswith("rank 0 was half way through a line\n"
+                          "--- rank 0 was stopped: ddpw_runtime.errors.RankStopped: the job was stopped"), log
+
+
 @pytest.mark.parametrize("fail_rank", [0, 1])
 def test_an_exception_whose_message_cannot_be_read_is_still_the_ranks_error(tmp_path: Path, fail_rank: int) -> None:
     proc = run_app(tmp_path, "behaviour=unprintable", f"fail_rank={fail_rank}")

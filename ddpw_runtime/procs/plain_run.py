@@ -387,13 +387,19 @@ class RankZeroSide:
         return message
 
     def _to_log(self, what: str, error: BaseException) -> None:
-        """Write `error` (what rank 0 `what`) to rank 0's log, not to the console (before it has a log: stderr)."""
-        text = f"--- rank 0 {what}:\n{''.join(traceback.format_exception(error))}"
+        """Write `error` (what rank 0 `what`) to rank 0's log, not to the console (before it has a log: stderr): on a
+        line of its own, `--- rank 0 was stopped: Type: message`, as the other ranks' logs end, then its traceback."""
+        headline = traceback.format_exception_only(error)[-1].rstrip("\n")
+        text = f"--- rank 0 {what}: {headline}\n{''.join(traceback.format_exception(error))}"
         if self.log_file is None:
             sys.stderr.write(text)
             return
-        with contextlib.suppress(OSError), open(self.log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
-            log.write(text)
+        with contextlib.suppress(OSError), open(self.log_file, "a+b") as log:
+            if log.seek(0, os.SEEK_END):  # (appends go to the end wherever it reads)
+                log.seek(-1, os.SEEK_END)
+                if log.read(1) != b"\n":  # its last write had no newline: `print(.., end="")`
+                    log.write(b"\n")
+            log.write(text.encode("utf-8", errors="backslashreplace"))
 
     def run_ended(self) -> None:
         """Hydra's run is over: name the non-daemon threads that keep the program running, if any."""
