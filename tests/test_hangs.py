@@ -257,6 +257,7 @@ def test_a_running_job_says_where_each_rank_is_when_asked_and_goes_on(tmp_path: 
     assert "in misbehave" in (job / "stacks_rank_1.txt").read_text()
     assert "in barrier" in (job / "stacks_rank_0.txt").read_text()
     assert not (job / "where.request").exists()  # answered: the request is gone, nothing left once the job ends
+    assert not list(job.glob("where_node_*.answer"))  # nor its answer, once read (it stayed in the job's output dir)
     assert proc.poll() is None  # it goes on
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)

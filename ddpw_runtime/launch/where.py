@@ -35,11 +35,15 @@ def ask(run_dir: Path, wait_s: float = 10 * CHECK_S) -> dict[Path, list[WhereAns
             if answers and all(len(found) == found[0].n_nodes for found in answers.values()):
                 break
             time.sleep(CHECK_S / 5)
-    finally:  # the wait is over: a job that ended (nobody answers) keeps no request in its folder
+    finally:  # the wait is over: a job that ended (nobody answers) keeps no request in its folder, nor any answer
         for job in jobs:
             request = read_pickled(job / REQUEST, WhereRequest)
             if request is not None and request.token == token:  # not a later asker's
                 (job / REQUEST).unlink(missing_ok=True)
+            for path in job.glob(answer_file(job, "*").name):
+                answer = read_pickled(path, WhereAnswer)
+                if answer is not None and answer.token == token:  # (the report is on the console and in the stacks)
+                    path.unlink(missing_ok=True)
     return answers
 
 
