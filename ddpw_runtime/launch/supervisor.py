@@ -44,11 +44,12 @@ STOP_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIG
 @dataclass(frozen=True)
 class OutsideRank:
     """Rank 0 when this node did not start it (a plain run's: the user's own process). It is signalled alone (its
-    process group is the terminal's), asked to stop with `STOP_SIGNAL`, and gets `REPORT_S` more grace. `sees_ctrl_c`:
-    the terminal's Ctrl-C reaches it, so no interrupt is passed on to it; `join`: asks it to join as the ranks start."""
+    process group is the terminal's), asked to stop with `STOP_SIGNAL`, and gets `REPORT_S` more grace. `reached(sig)`:
+    the signal this process got reached it too (a terminal's Ctrl-C, a signal to the process group), so it is not
+    passed on to it; `join`: asks it to join as the ranks start."""
 
     pid: int
-    sees_ctrl_c: bool
+    reached: Callable[[int], bool]
     join: Callable[[], None]
 
 
@@ -129,7 +130,7 @@ class NodeRanks(Children):
         there ('DataLoader worker ... is killed by signal: Terminated'), losing the checkpoint."""
         if self.outside is None or child.pid != self.outside.pid:
             send_to_group(child.pid, sig, group and sig != signal.SIGTERM)
-        elif not (sig == signal.SIGINT and self.outside.sees_ctrl_c):
+        elif not self.outside.reached(sig):
             send_to_group(child.pid, sig, group=False)
 
     def take_places(self) -> dict[int, RankPlace]:

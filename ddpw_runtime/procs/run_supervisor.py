@@ -129,6 +129,7 @@ class RunSupervisor:
         self.interrupted: int | None = None
         self.received: list[int] = []
         """The signals this process got (Ctrl-C, SIGTERM): a second one ends everything at once."""
+        self.witness = _GroupWitness()
         self.sees_ctrl_c = _in_foreground()
         self.own_children = children_of_this_process()
         """Rank 0's process and what the program started before the run (never stopped here)."""
@@ -154,6 +155,7 @@ class RunSupervisor:
             return 128 + signal.SIGHUP
         finally:
             close_starters()
+            self.witness.close()
             self._stop_what_rank_zero_left()
 
     def _job(self, starting: JobStarting) -> BaseException | None:
@@ -202,7 +204,7 @@ class RunSupervisor:
                     self.channel.send(rank_zero, [terminal] if terminal else [])
                 console.handed_over(0)
 
-            outside = OutsideRank(self.pid, self.sees_ctrl_c, join)
+            outside = OutsideRank(self.pid, self._reached_rank_zero, join)
             ranks = self.ranks = nodes.ranks(local, console, stores.clear, outside)
             if self.exited is not None:  # rank 0 died while the job was being prepared
                 ranks.inbox.put(RankExited(self.pid, self.exited))
@@ -276,7 +278,7 @@ class RunSupervisor:
             if self.job_started and not self.job_over:
                 sys.stderr.write(signals.stopped_line(0, sig))
             if self.exited is None and not (self.interrupted or self.awaiting.is_set()
-                                            or sig == signal.SIGINT and self.sees_ctrl_c):
+                                            or self._reached_rank_zero(sig)):
                 send_to_group(self.pid, sig, group=False)
             again = len(self.received) > 1
             if not self._exited_within(0.0 if again else self.grace.interrupt_s, stopped=sig):
@@ -285,6 +287,11 @@ class RunSupervisor:
                 return _exit_code(self.exited or 0)
         self._kill_rank_zero()
         return 128 + sig
+
+    def _reached_rank_zero(self, sig: int) -> bool:
+        """Whether `sig`, which this process got, reached rank 0's process too: a terminal's Ctrl-C, or a signal to the
+        whole process group (`kill -INT -PGID`, `timeout`), which the witness saw; passed on, its handler ran twice."""
+        return sig == signal.SIGINT and self.sees_ctrl_c or self.witness.saw(sig)
 
     def _kill_rank_zero(self) -> None:
         """SIGKILL rank 0's process (what it started is the job's) and wait for its end, bounded (`Children.kill`)."""
@@ -399,6 +406,42 @@ class RunSupervisor:
 def _pickled(error: BaseException) -> bytes:
     """`error` pickled for rank 0's process (its text when it cannot be pickled)."""
     return portable_pickle(error) or pickle.dumps(RuntimeError(str(error)))
+
+
+class _GroupWitness:
+    """A child of the supervisor in the program's process group, with every signal blocked: a signal sent to the whole
+    group (and so to rank 0's process) stays pending in it, where the kernel shows it (`/proc/PID/status`), while one
+    sent to the supervisor alone (`kill PID`) does not. Started after rank 0's fork (a signal before it reached rank 0
+    too, and is passed on), stopped with the run (or as the supervisor dies)."""
+
+    def __init__(self) -> None:
+        parent = os.getpid()
+        with blocked(tuple(signal.valid_signals())):
+            pid = os.fork()
+            if pid == 0:  # (what runs here allocates nothing: the fork of a process with threads)
+                try:
+                    die_with_parent(signal.SIGKILL)
+                    if os.getppid() == parent:
+                        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+                        while True:
+                            signal.pause()
+                finally:
+                    os._exit(0)
+        self.process = Children()
+        self.process.adopt(pid, "the supervisor's process-group witness")
+        self.pid = pid
+
+    def saw(self, sig: int) -> bool:
+        """Whether `sig` was sent to the process group since the witness started."""
+        with suppress(OSError):
+            with open(f"/proc/{self.pid}/status", encoding="ascii") as status:
+                pending = sum(int(line.split()[1], 16) for line in status if line.startswith(("ShdPnd:", "SigPnd:")))
+            return bool(pending >> (sig - 1) & 1)
+        return False
+
+    def close(self) -> None:
+        """Stop it (bounded)."""
+        self.process.kill(group=False)
 
 
 def _in_foreground() -> bool:

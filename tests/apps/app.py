@@ -75,6 +75,36 @@ def save_on_sigterm(rank: int, output_dir: str, takes_s: float = 0.0) -> None:
     signal.signal(signal.SIGTERM, save_and_exit)
 
 
+class Stopped(Exception):
+    """SIGTERM, raised in the task by its handler (`count_stops`)."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped()
+
+
+def count_stops(rank: int, output_dir: str) -> None:
+    """Wait for Ctrl-C (KeyboardInterrupt) or SIGTERM (`Stopped`), then save for 1 s, as a checkpoint's save on a stop
+    takes its time, and exit; `stops_rank_<k>.txt` lists the stop and every one that came again during the save."""
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    came = []
+    open(os.path.join(output_dir, f"waiting_rank_{rank}"), "w").close()
+    try:
+        wait_for_ever()
+    except (KeyboardInterrupt, Stopped) as first:
+        came.append(type(first).__name__)
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        try:
+            while time.monotonic() < end:
+                sum(range(1000))
+        except (KeyboardInterrupt, Stopped) as again:
+            came.append(type(again).__name__)
+    with open(os.path.join(output_dir, f"stops_rank_{rank}.txt"), "w") as out:
+        out.write(" ".join(came))
+    sys.exit(0)
+
+
 def wait_for_signals() -> None:
     """Wait until a signal comes (SIGTERM: see `save_on_sigterm`)."""
     while True:
@@ -438,6 +468,8 @@ def main(cfg: DictConfig) -> object:
             assert stopped_in_import.part.VALUE == 42  # (the submodule the package imported on the first attempt)
     if cfg.behaviour in ("wait", "children_wait"):
         wait_for_signals()
+    if cfg.behaviour == "count_stops":
+        count_stops(seen["rank"], seen["output_dir"])
     if cfg.behaviour in ("ignore_sigint", "ignore_sigterm"):
         wait_for_ever()
     if cfg.behaviour == "gil":  # a C call that never returns, the GIL held throughout (a hung extension)
