@@ -2,7 +2,7 @@
 helpers a task uses inside a rank. Importing this package never imports torch; the helpers import it when called."""
 
 from ddpw_conf import ConfigError, Device, Layout, Platform
-from ddpw_runtime.errors import JobTimedOut, RankFailure, SlurmJobError
+from ddpw_runtime.errors import JobTimedOut, RankFailure, SlurmJobError, Terminated
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.rank.collectives import all_to_all, average
 from ddpw_runtime.rank.context import (
@@ -26,7 +26,7 @@ from ddpw_runtime.wrapper import Wrapper, wrapper
 
 __all__ = [
     "ConfigError", "Device", "JobTimedOut", "Layout", "Platform", "RankFailure", "RankResult", "SlurmJobError",
-    "Wrapper", "all_to_all", "average", "barrier", "device", "distributed_sampler", "group", "is_main", "local_rank",
-    "mesh", "no_sync", "node_rank", "platform", "rank", "rank_zero_only", "restart_count", "run_id", "to_device",
-    "unwrap_model", "world_size", "wrap_model", "wrapper"
+    "Terminated", "Wrapper", "all_to_all", "average", "barrier", "device", "distributed_sampler", "group", "is_main",
+    "local_rank", "mesh", "no_sync", "node_rank", "platform", "rank", "rank_zero_only", "restart_count", "run_id",
+    "to_device", "unwrap_model", "world_size", "wrap_model", "wrapper"
 ]

@@ -548,6 +548,40 @@ def test_a_wrapper_interrupted_at_any_moment_runs_again(tmp_path: Path, where: s
         assert f"[(0, {after_s}), (1, {after_s})]" in lines, done.stdout
 
 
+TERMINATED = """
+import os, signal
+import ddpw_runtime
+from ddpw_runtime import Platform, Wrapper
+
+def sigterm_then_wait():
+    if ddpw_runtime.rank() == 1:
+        os.kill(int(os.environ["CALLER_PID"]), signal.SIGTERM)
+    ddpw_runtime.barrier()
+
+os.environ["CALLER_PID"] = str(os.getpid())
+runner = Wrapper(Platform(n_procs_per_node=2), log_dir="logs", caller_rank={caller_rank})
+try:
+    runner.start(sigterm_then_wait)
+except ddpw_runtime.Terminated as stopped:
+    print("terminated:", stopped.code, flush=True)
+print(runner.start(ddpw_runtime.rank), flush=True)
+"""
+
+
+@pytest.mark.parametrize("caller_rank", [False, True], ids=["ranks", "caller"])
+def test_sigterm_during_start_raises_the_public_terminated_and_the_wrapper_runs_again(
+    tmp_path: Path, caller_rank: bool
+) -> None:
+    """SIGTERM to the caller during `start` stops every rank and raises `ddpw_runtime.Terminated` (a `SystemExit`
+    with code 143), which a script can catch by its public name; the same `Wrapper` runs again."""
+    (tmp_path / "terminated.py").write_text(TERMINATED.format(caller_rank=caller_rank))
+    done = subprocess.run([sys.executable, "terminated.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()  # (the console also shows how rank 0 ended, from its log)
+    assert "terminated: 143" in lines and lines[-1] == "[0, 1]", done.stdout + done.stderr
+
+
 CTRL_C_IGNORED = """
 import os, signal
 import ddpw_runtime
