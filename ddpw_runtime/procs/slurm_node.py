@@ -94,14 +94,17 @@ class _NodeRun:
 
     def run(self) -> NodeOutcome:
         os.environ[RESTART_COUNT_ENV] = str(self.attempt)
+        # SLURM's warning first: it may come while the job loads (its script imports torch, seconds on a busy node;
+        # SLURM sends it up to a minute early), and submitit's handler then ended the node ("Job not requeued
+        # because: timed-out too many times") instead of the job running on to its own time limit.
+        submitit_warning = signal.getsignal(signal.SIGUSR2)  # checkpoint() and `scontrol requeue`
+        signal.signal(signal.SIGUSR2, self._on_warning)
         hydra_context, task_function, config = self._load()
         try:  # what the submitting host could not ask: this node's GPUs and torch
             check(self.spec.platform)
         except ConfigError as exc:
             return NodeOutcome.failed(self.node, self.attempt, exc)
-        submitit_warning = signal.getsignal(signal.SIGUSR2)  # checkpoint() and `scontrol requeue`
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        signal.signal(signal.SIGUSR2, self._on_warning)
         _start_rank_starter(self.spec.platform)
         try:
             outcome = self._run_job(hydra_context, task_function, config)
