@@ -154,7 +154,7 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _ends_a_line(fd: int) -> bool:
+def ends_a_line(fd: int) -> bool:
     """Whether the file open as `fd` (not empty) ends with a newline."""
     return os.pread(fd, 1, os.fstat(fd).st_size - 1) == b"\n"
 
@@ -181,6 +181,6 @@ def note_failures(outcomes: Iterable[RankOutcome]) -> None:
         else:
             continue
         with suppress(OSError), open(outcome.log_file, "a+", encoding="utf-8", errors="backslashreplace") as log:
-            if log.tell() and not _ends_a_line(log.fileno()):  # its last write had no newline: `print(.., end="")`
+            if log.tell() and not ends_a_line(log.fileno()):  # its last write had no newline: `print(.., end="")`
                 log.write("\n")
             log.write(f"--- rank {outcome.rank} {ended}: {note}")

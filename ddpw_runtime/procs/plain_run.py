@@ -33,6 +33,7 @@ from ddpw_runtime.errors import RankStopped
 from ddpw_runtime.hydra_jobs.prepare import as_typed, command_line, hydra_config_of, job_check, pin_now, task_config
 from ddpw_runtime.hydra_jobs.task import append_to_job_files
 from ddpw_runtime.launch.engine import describe
+from ddpw_runtime.launch.outcome import ends_a_line
 from ddpw_runtime.launch.payload import TaskCall
 from ddpw_runtime.launch.plan import DUMP_SIGNAL, stacks_file
 from ddpw_runtime.launch.process_state import ProcessState
@@ -395,10 +396,8 @@ class RankZeroSide:
             sys.stderr.write(text)
             return
         with contextlib.suppress(OSError), open(self.log_file, "a+b") as log:
-            if log.seek(0, os.SEEK_END):  # (appends go to the end wherever it reads)
-                log.seek(-1, os.SEEK_END)
-                if log.read(1) != b"\n":  # its last write had no newline: `print(.., end="")`
-                    log.write(b"\n")
+            if log.tell() and not ends_a_line(log.fileno()):  # its last write had no newline: `print(.., end="")`
+                log.write(b"\n")
             log.write(text.encode("utf-8", errors="backslashreplace"))
 
     def run_ended(self) -> None:

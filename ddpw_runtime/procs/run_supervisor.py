@@ -418,7 +418,7 @@ class _GroupWitness:
         parent = os.getpid()
         with blocked(tuple(signal.valid_signals())):
             pid = os.fork()
-            if pid == 0:  # (what runs here allocates nothing: the fork of a process with threads)
+            if pid == 0:  # (only system calls: the fork of a process that may have threads)
                 try:
                     die_with_parent(signal.SIGKILL)
                     if os.getppid() == parent:
@@ -435,8 +435,8 @@ class _GroupWitness:
         """Whether `sig` was sent to the process group since the witness started."""
         with suppress(OSError):
             with open(f"/proc/{self.pid}/status", encoding="ascii") as status:
-                pending = sum(int(line.split()[1], 16) for line in status if line.startswith(("ShdPnd:", "SigPnd:")))
-            return bool(pending >> (sig - 1) & 1)
+                masks = [int(line.split()[1], 16) for line in status if line.startswith(("ShdPnd:", "SigPnd:"))]
+            return any(mask >> (sig - 1) & 1 for mask in masks)
         return False
 
     def close(self) -> None:
