@@ -230,19 +230,23 @@ def test_a_rank_whose_exit_handler_hangs_is_ended_and_named_with_the_handlers_li
                      r"upload_at_exit\n\(full output", tail), tail  # (after its last words; nothing of hydra-ddpw's)
 
 
-@pytest.mark.parametrize("mode", [(), ("-m",)], ids=["plain", "multirun"])
+@pytest.mark.parametrize(("mode", "early"), [((), 1), (("-m",), 1), (("-m",), 0)],
+                         ids=["plain", "multirun", "multirun-rank-0"])
 def test_a_rank_whose_task_returns_while_the_others_wait_for_it_is_named_as_the_cause(
-        tmp_path: Path, mode: tuple[str, ...]) -> None:
-    """Uneven data across ranks: rank 1 returns while rank 0 waits for it in a collective, which then fails on the
-    closed connection. Rank 0 was named, with only gloo's "Connection closed by peer"."""
-    proc = run_app(tmp_path, *mode, "behaviour=ended_early")
+        tmp_path: Path, mode: tuple[str, ...], early: int) -> None:
+    """Uneven data across ranks: one rank returns while the other waits for it in a collective, which then fails on the
+    closed connection. The waiting rank was named, with only gloo's "Connection closed by peer". Rank 0 returning
+    early held the job's store until every rank was done with it, so its peer waited out the collective timeout
+    (30 minutes by default, and this test's timeout)."""
+    proc = run_app(tmp_path, *mode, "behaviour=ended_early", f"fail_rank={early}")
     assert proc.returncode == 1
     console = proc.stdout + proc.stderr
-    assert "rank 1 (node 0) failed: EndedEarly: its task returned while rank 0 still waited for it in a collective " \
-           "at main (" in console, console
+    waiting = 1 - early
+    assert f"rank {early} (node 0) failed: EndedEarly: its task returned while rank {waiting} still waited for it in " \
+           "a collective at main (" in console, console
     assert "every rank must enter the same collectives" in console
-    assert "what a waiting rank raised (secondary): rank 0: " in console
-    assert "  rank 1: ENDED EARLY (exit 0)" in console
+    assert f"what a waiting rank raised (secondary): rank {waiting}: " in console
+    assert f"  rank {early}: ENDED EARLY (exit 0)" in console
 
 
 def test_multiprocessings_temporary_folder_in_rank_0_of_a_plain_run_is_removed_as_the_program_ends(

@@ -133,10 +133,10 @@ def rank_0_returns_early(ddp: bool) -> int:
 
 @pytest.mark.parametrize("ddp", [False, True], ids=["plain", "ddp"])
 def test_rank_0_returning_while_rank_1_waits_for_it_is_named_as_the_cause(tmp_path: Path, ddp: bool) -> None:
-    # Rank 0 holds the job's store and stays until every rank is done with it, so rank 1 waits until its collective
-    # times out (where rank 1 returning early ends at once). That was reported as rank 1's own failure, the bare gloo
-    # timeout, or as rank 0 NOT IN THE COLLECTIVE "at" the caller's `start` line, inside the store's wait.
-    platform = Platform(n_procs_per_node=2, collective_timeout_min=0.05)
+    # Rank 0 held the job's store until every rank was done with it, so rank 1 waited out its collective timeout (30
+    # minutes, the default here). That was reported as rank 1's own failure, the bare gloo timeout, or as rank 0 NOT IN
+    # THE COLLECTIVE "at" the caller's `start` line, inside the store's wait.
+    platform = Platform(n_procs_per_node=2)
     with pytest.raises(RankFailure) as info:
         Wrapper(platform, log_dir=tmp_path).start(rank_0_returns_early, ddp)
     failure = info.value

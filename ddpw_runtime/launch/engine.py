@@ -70,7 +70,10 @@ def _run_once(packed: bytes, state: ProcessState, job: NodeJob) -> list[Any]:
         if job.leads_nodes:  # the other nodes follow (`procs/node.py`)
             outcomes = lead(local, console, JobStarting(packed, state, str(job.log_dir)))
         else:
-            outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console))
+            # Served here, not by rank 0: a rank 0 whose task returned then ends at once, so a peer still waiting
+            # for it in a collective fails on the closed connection (`EndedEarly`), not at the collective timeout.
+            stores = [local.host_store()] if local.listen_fd is not None else []
+            outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console, stores.clear))
     settle(job, outcomes)
     return [o.result.value() for o in outcomes if o.result is not None]
 

@@ -91,8 +91,6 @@ class LocalJob:
         self.listener = rendezvous.listen(platform, job.master_addr, job.master_port) if hosts_store else None
         self.listen_fd = self.listener.fileno() if self.listener is not None else None
         """The bound rendezvous socket's descriptor, on the store's node."""
-        self.store_hosted = False
-        """This process serves the job's store (`host_store`): rank 0 joins it like every rank."""
         self.workdir = Path(tempfile.mkdtemp(prefix="ddpw-", dir=job.scratch))
         try:
             port = self.listener.getsockname()[1] if self.listener is not None else job.master_port
@@ -116,8 +114,9 @@ class LocalJob:
         return self._starter
 
     def host_store(self) -> Any:
-        """The job's TCPStore, served here on a duplicate of the rendezvous socket as torchrun's agent does (imports
-        torch): dropping it on a stop makes a rank still joining fail at once, not after the collective timeout."""
+        """The job's TCPStore, served here (the process that supervises node 0's ranks) on a duplicate of the
+        rendezvous socket, as torchrun's agent does (imports torch); every rank joins it. It outlives every rank, which
+        then ends with its task; dropping it on a stop makes a rank still joining fail at once."""
         from datetime import timedelta
 
         from torch.distributed import TCPStore
@@ -127,7 +126,6 @@ class LocalJob:
         # own close would then close whatever reused it.
         with held():
             own_fd = os.dup(self.listen_fd)
-            self.store_hosted = True
             try:
                 return TCPStore(self.plan.master_addr, self.plan.master_port, self.plan.world_size, is_master=True,
                                 wait_for_workers=False, master_listen_fd=own_fd,

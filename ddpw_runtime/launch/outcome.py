@@ -109,8 +109,8 @@ def _task_returned(outcomes: Sequence[RankOutcome], rank: int) -> bool:
 def _ended_early(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure | None:
     """When `cause` failed only because a peer went away, or its collective timed out, and peers had returned by then:
     the first of them ended the job (`EndedEarly`), its task done while `cause` waited for it in a collective (uneven
-    data); None otherwise. A peer that went away closed its connections; the rank that holds the job's store stays
-    until every rank is done with it, so its peers wait for it until their collective times out."""
+    data); None otherwise. A peer that went away closed its connections; over NCCL its peers may instead wait for it
+    until their collective times out."""
     if not (cause.is_secondary or cause.timed_out_in_collective) or cause.result is None or cause.error is None:
         return None
     failed_at = cause.result.finished_at

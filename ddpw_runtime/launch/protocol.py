@@ -59,14 +59,13 @@ class Channel:
 
 
 class StartRank(NamedTuple):
-    """Start local rank `local_rank` of `job` from its payload at `payload_path`. Attached, in order: the rendezvous
-    socket when `listen_fd` (the rank hosts the store), the rank's terminal when `terminal` (a console rank)."""
+    """Start local rank `local_rank` of `job` from its payload at `payload_path`; attached: the rank's terminal when
+    `terminal` (a console rank)."""
 
     request: int
     job: str
     payload_path: str
     local_rank: int
-    listen_fd: bool = False
     terminal: bool = False
 
 

@@ -150,14 +150,12 @@ class RankStarter:
         except ChildProcessError:
             return False
 
-    def start(self, inbox: Inbox, job: str, payload_path: str, local_rank: int, listen_fd: int | None = None,
-              terminal: int | None = None) -> int:
-        """Start one rank of `job`, its exit to go to `inbox`, handing it `listen_fd` (the rendezvous socket) and
-        `terminal` (its output instead of its log file); its pid. Call it with Ctrl-C and SIGTERM held (`signals.held`)
-        and note the pid before letting them in: no rank may run unbeknown to the controller."""
-        request = StartRank(next(self._requests), job, payload_path, local_rank, listen_fd is not None,
-                            terminal is not None)
-        fds = [fd for fd in (listen_fd, terminal) if fd is not None]
+    def start(self, inbox: Inbox, job: str, payload_path: str, local_rank: int, terminal: int | None = None) -> int:
+        """Start one rank of `job`, its exit to go to `inbox`, handing it `terminal` (its output instead of its log
+        file); its pid. Call it with Ctrl-C and SIGTERM held (`signals.held`) and note the pid before letting them in:
+        no rank may run unbeknown to the controller."""
+        request = StartRank(next(self._requests), job, payload_path, local_rank, terminal is not None)
+        fds = [terminal] if terminal is not None else []
         return self._ask(request, fds, f"start rank {local_rank}", RankStarted, inbox).pid
 
     def start_job(self, inbox: Inbox, payload_path: str, run: Callable[[str, Channel, int, bool], int]) -> int:

@@ -90,9 +90,8 @@ class NodeRanks(Children):
             if self.outside is not None and rank == 0:
                 continue
             with held():  # Ctrl-C or SIGTERM comes once the rank is known here, so that it is stopped too
-                listen_fd = self.local.listen_fd if rank == 0 and not self.local.store_hosted else None
                 pid = self.local.starter.start(self.inbox, self.key, str(self.local.payload_path), rank - first,
-                                               listen_fd, self.console.terminal_of(rank))
+                                               self.console.terminal_of(rank))
                 self.console.handed_over(rank)
                 self._started(rank, pid)
         if self.outside is not None:  # last: its move into the job's cgroup (`adopt_process`) overlaps their start

@@ -30,17 +30,16 @@ from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.rank import recorder
 from ddpw_runtime.rank.environment import rank_environment, tell_imported_libraries
 from ddpw_runtime.rank.own_process import flush_output, left_open, open_log
-from ddpw_runtime.rank.setup import leave_store, setup_rank
+from ddpw_runtime.rank.setup import setup_rank
 from ddpw_runtime.rank.task_init import explained
 
 
-def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, terminal: int | None = None,
+def run_rank(payload_path: str, local_rank: int, terminal: int | None = None,
              join_job: Callable[[int], None] | None = None) -> int:
-    """Run one rank; the process exit code (0: the task returned, 1: it raised). `listen_fd`: the rendezvous socket
-    the controller bound, for the rank that hosts the store; `terminal`: a console rank's terminal, when the console is
-    one (its output goes there, and from there to its log). `join_job(0)` makes this process one of its job's
-    (`JobProcesses.adopt`); it waits on the kernel (5-15 ms), so it runs on a thread while torch is set up, and has
-    returned before any of the task's code runs (logging handlers, unpickling, the task)."""
+    """Run one rank; the process exit code (0: the task returned, 1: it raised). `terminal`: a console rank's
+    terminal, when the console is one (its output goes there, and from there to its log). `join_job(0)` makes this
+    process one of its job's (`JobProcesses.adopt`); it waits on the kernel (5-15 ms), so it runs on a thread while
+    torch is set up, and has returned before any of the task's code runs (logging handlers, unpickling, the task)."""
     # SIGTERM stops a rank unless its task installs a handler, even where the starter ignores it (a SLURM node).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     inherited = len(sys.modules)
@@ -64,7 +63,7 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
                 os.sched_setaffinity(0, plan.share.cpus)  # its job's cores, before any thread pool starts
             tempfile.tempdir = None  # the job's own TMPDIR from now on, even if the starter had asked before
             tell_imported_libraries(rank)
-            setup_rank(plan, rank, local_rank, listen_fd)
+            setup_rank(plan, rank, local_rank)
             if joining is not None:
                 joining.join()
             configure_logging(rank)
@@ -89,8 +88,6 @@ def run_rank(payload_path: str, local_rank: int, listen_fd: int | None = None, t
     _let_stops_through(held)
     # The process group is not torn down: the process's end closes its connections, and destroying it first only
     # adds gloo's wait for its I/O threads (~20 ms with 2 ranks) to every job.
-    if result.ok:
-        leave_store(plan.world_size, hosts=listen_fd is not None)
     _end_as_python_does(result.ok, plan.platform.exit_timeout_min)
     flush_output()
     return 0 if result.ok else 1
@@ -238,6 +235,5 @@ def _writes_a_file(handler: Any) -> bool:
 
 
 if __name__ == "__main__":
-    listen, term = (None if arg == "-" else int(arg) for arg in sys.argv[3:5])
     # The rank ends with its task, as a forked one does: a non-daemon thread left running does not keep it.
-    os._exit(run_rank(sys.argv[1], int(sys.argv[2]), listen, term))
+    os._exit(run_rank(sys.argv[1], int(sys.argv[2]), None if sys.argv[3] == "-" else int(sys.argv[3])))

@@ -135,11 +135,9 @@ class _Server:
             channel.send(protocol.RankStarted(request.request, pid))
         else:
             assert isinstance(request, protocol.StartRank)
-            attached = iter(fds)
-            listen_fd = next(attached) if request.listen_fd else None
-            terminal = next(attached) if request.terminal else None
+            terminal = fds[0] if request.terminal else None
             job = self._job(request.job, channel)
-            pid = self._start(request, job, listen_fd, terminal)
+            pid = self._start(request, job, terminal)
             for fd in fds:
                 os.close(fd)
             self.ranks[pid] = (job, channel)
@@ -211,23 +209,20 @@ class _Server:
         self.channels.append(Channel(ours))
         return pid
 
-    def _start(self, request: protocol.StartRank, job: JobProcesses, listen_fd: int | None,
-               terminal: int | None) -> int:
+    def _start(self, request: protocol.StartRank, job: JobProcesses, terminal: int | None) -> int:
         def rank() -> int:
             # Ctrl-C is held (`_fork`) until the rank's output goes to its log (`run_rank` lets it through), so a rank
             # stopped as it starts reports it like any rank, not on the controller's terminal.
             signal.signal(signal.SIGINT, signal.default_int_handler if self.preload else signal.SIG_DFL)
             if not self.preload:  # `spawn`: a fresh interpreter
                 job.adopt(0)
-                for passed in (listen_fd, terminal):
-                    if passed is not None:
-                        os.set_inheritable(passed, True)
-                passed_fds = ("-" if fd is None else str(fd) for fd in (listen_fd, terminal))
-                args = [request.payload_path, str(request.local_rank), *passed_fds]
+                if terminal is not None:
+                    os.set_inheritable(terminal, True)
+                args = [request.payload_path, str(request.local_rank), "-" if terminal is None else str(terminal)]
                 os.execv(sys.executable, [sys.executable, "-m", "ddpw_runtime.procs.rank", *args])
             from ddpw_runtime.procs.rank import run_rank
 
-            return run_rank(request.payload_path, request.local_rank, listen_fd, terminal, job.adopt)
+            return run_rank(request.payload_path, request.local_rank, terminal, job.adopt)
 
         return self._fork(rank)
 

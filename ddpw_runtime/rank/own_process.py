@@ -64,7 +64,7 @@ class RankInThisProcess:
             self._saved_threads = torch.get_num_threads()
             tell_imported_libraries(0)
             recorder.arm(recorder_file(self.plan.log_dir, 0), asked=False)
-            setup_rank(self.plan, 0, 0, None)
+            setup_rank(self.plan, 0, 0)
         except BaseException:
             self.leave()
             raise

@@ -18,14 +18,13 @@ from ddpw_runtime.rank import context
 from ddpw_runtime.rank.environment import threads_per_rank
 from ddpw_runtime.rank.task_init import JobGroup, answer_task_init, restore_init, watch_spawns
 
-# The job's store while this process is a rank: a task that makes its own group finds it through `env://`, and the
-# rank that hosts it waits until every rank is done with it (`leave_store`).
+# The job's store while this process is a rank: a task that makes its own group finds it through `env://`.
 _held_store: Any = None
 
 
-def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | None = None) -> None:
-    """Make this process `rank` of `plan`'s job (undo with `teardown_rank`). With `listen_fd`, this rank hosts the
-    job's TCPStore on that bound socket; every other rank joins it (also with `ipc_groups=null`, for `env://`)."""
+def setup_rank(plan: LaunchPlan, rank: int, local_rank: int) -> None:
+    """Make this process `rank` of `plan`'s job (undo with `teardown_rank`), joining the job's store, which the
+    supervising process serves (`LocalJob.host_store`; also with `ipc_groups=null`, for `env://`)."""
     global _held_store
     torch.set_num_threads(threads_per_rank(plan))
     gpu = torch.device("cuda", local_rank) if plan.device == "cuda" else None
@@ -35,7 +34,7 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
     own_group: Any | None = None
     mesh: DeviceMesh | None = None
     if plan.makes_group or plan.init_method.startswith("tcp://"):
-        _held_store = _store(plan, listen_fd, timeout)
+        _held_store = _store(plan, timeout)
     if plan.makes_group:
         dist.init_process_group(backend=plan.backend, store=_held_store, rank=rank, world_size=plan.world_size,
                                 timeout=timeout, device_id=gpu)
@@ -65,29 +64,19 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int, listen_fd: int | No
         numpy.random.seed(plan.platform.seed)
 
 
-def leave_store(world_size: int, hosts: bool) -> None:
-    """Say this rank is done with the job's store (if it holds one); the rank that `hosts` it then waits (bounded by
-    the store's timeout) until all have, since the store must outlive its last user."""
-    if _held_store is None:
-        return
-    with contextlib.suppress(Exception):  # the store gone: the job is being stopped
-        _count_in(_held_store, "left", world_size, wait=hosts)
-
-
-def _count_in(store: Any, step: str, world_size: int, wait: bool = True) -> None:
-    """Count this rank as past `step` on `store`, and (with `wait`) wait until all `world_size` ranks are."""
+def _count_in(store: Any, step: str, world_size: int) -> None:
+    """Count this rank as past `step` on `store`, and wait until all `world_size` ranks are."""
     if store.add(f"ddpw/{step}", 1) == world_size:
         store.set(f"ddpw/all_{step}", "1")
-    if wait:
-        store.wait([f"ddpw/all_{step}"])
+    store.wait([f"ddpw/all_{step}"])
 
 
-def _store(plan: LaunchPlan, listen_fd: int | None, timeout: timedelta) -> Any:
-    """The job's store: a private file, or the TCPStore hosted by the rank given `listen_fd` (else the launcher)."""
+def _store(plan: LaunchPlan, timeout: timedelta) -> Any:
+    """The job's store: a private file, or the TCPStore the supervising process serves."""
     if plan.init_method.startswith("file://"):
         return dist.FileStore(plan.init_method.removeprefix("file://"), plan.world_size)
-    return dist.TCPStore(plan.master_addr, plan.master_port, plan.world_size, is_master=listen_fd is not None,
-                         timeout=timeout, wait_for_workers=False, master_listen_fd=listen_fd)
+    return dist.TCPStore(plan.master_addr, plan.master_port, plan.world_size, is_master=False, timeout=timeout,
+                         wait_for_workers=False)
 
 
 def warm_up() -> None:
