@@ -90,8 +90,14 @@ class Wrapper:
 def wrapper(platform: Platform, **options: Any) -> Callable[[Callable[..., _R]], Callable[..., list[_R]]]:
     """Decorator: calling the function runs it on every rank of `platform` (with `Wrapper`'s `options`), returning
     every rank's value by global rank; its `Wrapper` is its `wrapper` attribute (`train.wrapper.last_log_dir`)."""
+    if callable(platform):  # a bare `@wrapper`: else only calling the function would say so, as a wrong platform
+        raise ConfigError("wrapper(platform)", getattr(platform, "__qualname__", platform), "give the platform: "
+                          "@wrapper(Platform(n_procs_per_node=2)) above the function, not a bare @wrapper")
 
     def decorate(fn: Callable[..., _R]) -> Callable[..., list[_R]]:
+        if not callable(fn):
+            raise ConfigError("wrapper(platform)(function)", fn, "decorate the function every rank calls: "
+                              "@wrapper(platform) above def train(...)")
         runner = Wrapper(platform, **options)
 
         @functools.wraps(fn)

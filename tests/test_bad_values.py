@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LOCAL_LAUNCHER, SLURM_LAUNCHER, LocalLauncherConf, SlurmLauncherConf, selected_options
-from ddpw_runtime import Wrapper
+from ddpw_runtime import Wrapper, wrapper
 from ddpw_runtime.launch.checks import check_not_under_torchrun
 from ddpw_runtime.launch.rendezvous import unprivileged_ports
 from tests.helpers import APPS, run_app, run_python
@@ -331,6 +331,12 @@ def test_wrapper_refuses_a_bad_platform_before_anything_starts(
 
 UNTYPED: Any = Wrapper
 """`Wrapper` as a script without type checks calls it."""
+UNTYPED_DECORATOR: Any = wrapper
+"""`wrapper` likewise."""
+
+
+def _a_task() -> None:
+    """A task function, given to a bare `@wrapper`."""
 
 
 @pytest.mark.parametrize("call, key, value, fix", [
@@ -347,6 +353,10 @@ UNTYPED: Any = Wrapper
                  "give a folder", id="log_dir-a-file"),
     pytest.param(lambda: UNTYPED(Platform(n_procs_per_node=2)).start("notcallable"), "Wrapper.start(target)",
                  "notcallable", "give the function every rank calls", id="start-not-callable"),
+    pytest.param(lambda: UNTYPED_DECORATOR(_a_task), "wrapper(platform)", "_a_task",
+                 "@wrapper(Platform(n_procs_per_node=2)) above the function, not a bare @wrapper", id="bare-decorator"),
+    pytest.param(lambda: UNTYPED_DECORATOR(Platform(n_procs_per_node=2))(5), "wrapper(platform)(function)", 5,
+                 "decorate the function every rank calls", id="decorating-not-callable"),
 ])
 def test_wrapper_refuses_an_argument_of_the_wrong_kind_before_anything_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: Callable[[], Any], key: str, value: Any, fix: str
