@@ -102,6 +102,23 @@ def test_a_sweep_killed_while_its_second_job_runs_resumes_keeping_the_first(tmp_
     assert {line.split()[1] for line in (folder / "ran_1").read_text().splitlines()} == {str(sweep / "1")}
 
 
+def test_a_job_stopped_after_a_restart_counts_its_restart_in_the_summary(tmp_path: Path) -> None:
+    # Job #1 fails once, starts again (max_restarts=1) and holds there until SIGTERM stops the sweep.
+    args = sweep_args(tmp_path, "fail_once=1", "hold=1", "hydra.launcher.max_restarts=1")
+    folder = tmp_path / "runs"
+    (folder / "hold").touch()
+    proc = start_app(tmp_path, *args, app=APP)
+    wait_for(lambda: (folder / "holding_1").exists(), timeout=60, what="job #1's second attempt to run")
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert runs(folder, 1) == 2  # it had started again before it was stopped
+    jobs = summary(tmp_path / "sw")
+    assert {job: (e["status"], e["restarts"]) for job, e in jobs.items()} == {
+        0: ("COMPLETED", 0), 1: ("TERMINATED", 1), 2: ("NOT STARTED", 0), 3: ("NOT STARTED", 0)}
+    assert "#1   TERMINATED (1 restart)" in stdout, stdout
+
+
 def test_a_sweep_in_a_dir_where_one_runs_now_is_refused_a_resume_beside_it_or_a_new_one(tmp_path: Path) -> None:
     args = sweep_args(tmp_path, "hold=1")
     folder = tmp_path / "runs"

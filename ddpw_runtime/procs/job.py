@@ -51,6 +51,8 @@ class JobEnd:
     job_return: Any = None
     stopped_by: int | None = None
     error: BaseException | None = None
+    restarts: int = 0
+    """How often a stopped job had started again (`hydra.launcher.max_restarts`) before the stop came."""
 
 
 def run_job_process(payload_path: str, channel: Channel, starter_pid: int, preload: bool) -> int:
@@ -62,6 +64,7 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
     signal.signal(signal.SIGTERM, raise_terminated)
     use_starter(RankStarter(preload, attached_to=(channel, starter_pid)))
     result = Path(payload_path).parent / RESULT
+    task: JobTask | None = None
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held since the fork (see the starter)
         with open(payload_path, "rb") as src:
@@ -79,7 +82,7 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
             ret.return_value = portable(error)
         end = JobEnd(job_return=DdpwJobReturn.of(ret, task.values, task.restarts))
     except (KeyboardInterrupt, Terminated) as stop:
-        end = JobEnd(stopped_by=signal_of(stop))
+        end = JobEnd(stopped_by=signal_of(stop), restarts=task.restarts if task is not None else 0)
     except BaseException as error:  # noqa: BLE001 - the sweep decides what an error outside the task does
         end = JobEnd(error=portable(error))
     finally:

@@ -255,8 +255,8 @@ class _Sweep:
             stopped = {int(signal.SIGINT): "INTERRUPTED", int(signal.SIGTERM): "TERMINATED"}.get(end.stopped_by or 0)
             if stopped and self.failed is not None:
                 stopped = "STOPPED"
-            self.summary.record(entry(job.idx, job.overrides, job.output_dir, duration, end.job_return, stopped),
-                                end.job_return)
+            noted = entry(job.idx, job.overrides, job.output_dir, duration, end.job_return, stopped)
+            self.summary.record(replace(noted, restarts=end.restarts) if stopped else noted, end.job_return)
             if end.job_return is not None and isinstance(lost := _compat.job_error(end.job_return), NodeLost):
                 self.lost = f"no more jobs start, since each would wait for a node that job #{job.idx} lost: {lost}"
                 if self.across is not None:  # the sweep's end waits for none of those nodes to read it
