@@ -387,6 +387,25 @@ def test_a_job_sbatch_refuses_names_the_key_to_change_and_says_it_once(slurm_env
 
 
 @pytest.mark.subprocess
+def test_when_sbatch_refuses_a_later_job_of_a_sweep_the_summary_says_no_job_started(slurm_env: dict[str, str],
+                                                                                      tmp_path: Path) -> None:
+    """Job #0 went out, sbatch refused #1 and #0 was cancelled: the summary said `1 job, 1 SUBMITTED` (what a sweep
+    whose process was killed leaves, its job running on) and left #1 out; now every job is NOT STARTED."""
+    sweep = tmp_path / "sw"
+    proc = run(tmp_path, "-m", "platform.partition=debug,nope", "platform.n_procs_per_node=1",
+               f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 1, proc.stderr
+    assert "SLURM refused job(s) #1: SLURM has no partition 'nope'" in proc.stderr, proc.stderr
+    (cancelled,) = manifest(sweep)
+    wait_for(lambda: not slurm("squeue", "--noheader", "--states=PENDING,RUNNING,COMPLETING",
+                               f"--jobs={cancelled['slurm_job_id']}").strip(), timeout=30,
+             what="the submitted job to be cancelled")
+    summary = json.loads((sweep / "sweep_summary.json").read_text())["jobs"]
+    assert [(e["job"], e["status"]) for e in summary] == [(0, "NOT STARTED"), (1, "NOT STARTED")], summary
+    assert "sweep summary: 2 jobs, 2 NOT STARTED" in proc.stdout, proc.stdout
+
+
+@pytest.mark.subprocess
 def test_a_failed_setup_line_ends_the_job_naming_it(slurm_env: dict[str, str], tmp_path: Path) -> None:
     """A line of hydra.launcher.setup that fails (a `module load` or an `activate` that is not there) ends the job, the
     line named on the console; the batch script went on and the nodes started without it (the job completed)."""

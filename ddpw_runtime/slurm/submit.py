@@ -229,9 +229,12 @@ def _submit(groups: list[list[_Job]], hydra_context: HydraContext, task_function
             with contextlib.redirect_stderr(io.StringIO()), executor.batch():
                 slurm_jobs = [executor.submit(node) for node in nodes]
         except Exception as exc:
-            # Nothing half-submitted stays behind: the jobs submitted before this one are cancelled.
+            # Nothing half-submitted stays behind: the jobs submitted before this one are cancelled, and the summary
+            # says that none of them started (not SUBMITTED: that is a sweep whose process was killed), nor the rest.
             for job in submitted:
                 job.slurm.cancel(check=False)
+            for job in (job for group_jobs in groups for job in group_jobs) if submitted else ():
+                _record(summary, job, "NOT STARTED")
             numbers = ", ".join(f"#{job.prepared.idx}" for job in group)
             fix = node_outcomes.sbatch_refusal(str(exc), group[0].prepared.platform, options)
             raise SlurmJobError(f"SLURM refused job(s) {numbers}: {fix + chr(10) if fix else ''}{exc}") from None
