@@ -61,6 +61,17 @@ def test_a_resumed_sweep_runs_only_the_job_that_failed(tmp_path: Path) -> None:
     assert "x=0" in kept and kept.endswith("(kept: COMPLETED in the earlier run)"), resumed.stdout
 
 
+def test_a_resumed_sweep_whose_job_fails_again_counts_the_kept_jobs_with_the_completed_ones(tmp_path: Path) -> None:
+    args = sweep_args(tmp_path, "fail_once=3")
+    assert run_app(tmp_path, *args, app=APP).returncode == 1
+    (tmp_path / "runs" / "failed_once").unlink()  # job #3 fails again
+    resumed = run_app(tmp_path, *args, "hydra.launcher.resume=true", app=APP)
+    assert resumed.returncode == 1
+    assert [runs(tmp_path / "runs", job) for job in range(4)] == [1, 1, 1, 2]
+    # It said "4 jobs, 3 COMPLETED, 1 FAILED (3 kept)", as if the failed job was among the kept ones.
+    assert "4 jobs, 3 COMPLETED (3 kept), 1 FAILED (" in resumed.stdout, resumed.stdout
+
+
 def test_a_resume_of_another_sweep_is_refused_naming_what_differs(tmp_path: Path) -> None:
     first = run_app(tmp_path, *sweep_args(tmp_path), app=APP)
     assert first.returncode == 0, first.stderr

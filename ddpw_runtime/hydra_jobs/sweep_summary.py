@@ -196,7 +196,8 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
     counts = Counter(str(e["status"]) for e in entries)
     jobs = f"{len(entries)} job" + ("s" if len(entries) != 1 else "")
     kept = sum(1 for e in entries if e.get("kept"))
-    tally = ", ".join(f"{count} {status}" for status, count in counts.items()) + (f" ({kept} kept)" if kept else "")
+    tally = ", ".join(f"{count} {status}" + (f" ({kept} kept)" if kept and status == "COMPLETED" else "")
+                      for status, count in counts.items())  # (only a COMPLETED job is kept)
     overrides = [filter_overrides(e["overrides"]) for e in entries]
     # The overrides every job has, in the first job's order: shown once, below the table.
     rest = [set(own) for own in overrides[1:]]
