@@ -72,8 +72,9 @@ def _run_once(packed: bytes, state: ProcessState, job: NodeJob) -> list[Any]:
         else:
             # Served here, not by rank 0: a rank 0 whose task returned then ends at once, so a peer still waiting
             # for it in a collective fails on the closed connection (`EndedEarly`), not at the collective timeout.
-            stores = [local.host_store()] if local.listen_fd is not None else []
-            outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console, stores.clear))
+            if local.listen_fd is not None:
+                local.host_store()
+            outcomes = supervise(NodeRanks(local, local.plan.global_ranks, console, local.drop_store))
     settle(job, outcomes)
     return [o.result.value() for o in outcomes if o.result is not None]
 

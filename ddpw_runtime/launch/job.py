@@ -91,6 +91,8 @@ class LocalJob:
         self.listener = rendezvous.listen(platform, job.master_addr, job.master_port) if hosts_store else None
         self.listen_fd = self.listener.fileno() if self.listener is not None else None
         """The bound rendezvous socket's descriptor, on the store's node."""
+        self.store: Any = None
+        """The job's TCPStore while this process serves it (`host_store`, `drop_store`)."""
         self.workdir = Path(tempfile.mkdtemp(prefix="ddpw-", dir=job.scratch))
         try:
             port = self.listener.getsockname()[1] if self.listener is not None else job.master_port
@@ -114,9 +116,9 @@ class LocalJob:
         return self._starter
 
     def host_store(self) -> Any:
-        """The job's TCPStore, served here (the process that supervises node 0's ranks) on a duplicate of the
-        rendezvous socket, as torchrun's agent does (imports torch); every rank joins it. It outlives every rank, which
-        then ends with its task; dropping it on a stop makes a rank still joining fail at once."""
+        """The job's TCPStore, served here (the process that supervises node 0's ranks) until `drop_store` or `close`,
+        on a duplicate of the rendezvous socket, as torchrun's agent does (imports torch); every rank joins it. It
+        outlives every rank, which then ends with its task."""
         from datetime import timedelta
 
         from torch.distributed import TCPStore
@@ -127,12 +129,17 @@ class LocalJob:
         with held():
             own_fd = os.dup(self.listen_fd)
             try:
-                return TCPStore(self.plan.master_addr, self.plan.master_port, self.plan.world_size, is_master=True,
-                                wait_for_workers=False, master_listen_fd=own_fd,
-                                timeout=timedelta(minutes=self.plan.platform.collective_timeout_min))
+                self.store = TCPStore(self.plan.master_addr, self.plan.master_port, self.plan.world_size,
+                                      is_master=True, wait_for_workers=False, master_listen_fd=own_fd,
+                                      timeout=timedelta(minutes=self.plan.platform.collective_timeout_min))
             except BaseException:
                 os.close(own_fd)
                 raise
+        return self.store
+
+    def drop_store(self) -> None:
+        """Stop serving the job's store (the job is being stopped): a rank still joining it fails at once."""
+        self.store = None
 
     def console(self, skip: int | None = None) -> ConsoleRanks:
         """The console of this node's `platform.console_ranks` but `skip` (a rank that runs in this process)."""
@@ -141,7 +148,8 @@ class LocalJob:
         return ConsoleRanks(files, self.job.console_prefix, ranked=len(shown) > 1)
 
     def close(self) -> None:
-        """Close the rendezvous socket and remove the private folder."""
+        """Stop serving the store, close the rendezvous socket and remove the private folder."""
+        self.drop_store()
         if self.listener is not None:
             self.listener.close()
         shutil.rmtree(self.workdir, ignore_errors=True)

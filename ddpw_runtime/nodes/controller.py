@@ -68,9 +68,8 @@ class _RanksOfANode(NodeRanks):
 
 def lead(local: LocalJob, console: ConsoleRanks, starting: JobStarting) -> list[RankOutcome]:
     """Node 0 of `local`'s job across machines (a multirun's job process): its ranks, then every node's outcomes."""
-    stores = [local.host_store()]  # dropped when the job is stopped: a rank still joining stops waiting there
-    nodes = Nodes.lead(stores[0], local, starting)
-    ranks = nodes.ranks(local, console, stores.clear)
+    nodes = Nodes.lead(local.host_store(), local, starting)
+    ranks = nodes.ranks(local, console, local.drop_store)
     with nodes.watching(ranks):
         outcomes = supervise(ranks)
     return nodes.gathered(outcomes)

@@ -60,8 +60,6 @@ class CallerRank:
         env = {**rank_environment(self.plan, 0, 0, local.payload.state.env),
                **local.payload.job_environment(own_process=True)}
         self.rank = RankInThisProcess(self.plan, env)
-        self._store: Any = None
-        """The job's store, served here while the job runs (see `LocalJob.host_store`)."""
         self.own_error: BaseException | None = None
         """What rank 0's task raised here (the object itself), when it raised."""
         self.own: RankResult | None = None
@@ -82,7 +80,7 @@ class CallerRank:
 
     def __enter__(self) -> CallerRank:
         try:
-            self._store = self.local.host_store()
+            self.local.host_store()
             if self._ranks.ranks:  # (a job of one rank starts no process, and has no starter to ask)
                 self._ranks.adopt_process(os.getpid())  # what rank 0 starts here ends with the job
             if threading.current_thread() is threading.main_thread():
@@ -104,7 +102,7 @@ class CallerRank:
             self._ranks.request_stop()
             self._thread.join()
         self._console.stop()
-        self._store = None
+        self.local.drop_store()
         for sig, handler in self._saved_handlers.items():
             signal.signal(sig, handler)
         self._saved_handlers.clear()
@@ -177,7 +175,7 @@ class CallerRank:
     def _stop_rank_zero(self) -> None:
         """The job is being stopped (another rank failed, or the time limit): stop rank 0 too, if its task runs."""
         self._console.freeze()
-        self._store = None  # a rank 0 still joining fails at once
+        self.local.drop_store()  # a rank 0 still joining fails at once
         if self._task_over.is_set() or self.stopped:
             return
         self.stopped = True

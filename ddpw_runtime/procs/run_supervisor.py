@@ -194,8 +194,7 @@ class RunSupervisor:
             env = {**rank_environment(local.plan, 0, 0, local.payload.state.env),
                    **local.payload.job_environment(own_process=True)}
             terminal = console.terminal_of(0)
-            stores = [local.host_store()]  # dropped when the job is stopped: rank 0 stops waiting there
-            nodes = Nodes.lead(stores[0], local, starting)  # a job across machines: the other nodes join
+            nodes = Nodes.lead(local.host_store(), local, starting)  # a job across machines: the other nodes join
             rank_zero = RankZero(local.plan, env, terminal is not None, str(local.payload.task_mark(0)))
 
             def join() -> None:  # as the ranks start (`NodeRanks.start`)
@@ -205,7 +204,7 @@ class RunSupervisor:
                 console.handed_over(0)
 
             outside = OutsideRank(self.pid, self._reached_rank_zero, join)
-            ranks = self.ranks = nodes.ranks(local, console, stores.clear, outside)
+            ranks = self.ranks = nodes.ranks(local, console, local.drop_store, outside)
             if self.exited is not None:  # rank 0 died while the job was being prepared
                 ranks.inbox.put(RankExited(self.pid, self.exited))
             try:

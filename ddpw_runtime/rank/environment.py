@@ -51,8 +51,8 @@ def rank_environment(plan: LaunchPlan, rank: int, local_rank: int, given: Mappin
         "TORCHELASTIC_RUN_ID": plan.run_id,
         "TORCHELASTIC_RESTART_COUNT": restarts,
         "TORCHELASTIC_MAX_RESTARTS": str(plan.max_restarts),
-        # torchrun's word that the job's store is hosted already (by its agent; here by the launching process or
-        # rank 0): env:// and the job's tcp:// then make every rank a client of it, as under torchrun.
+        # torchrun's word that the job's store is hosted already (by its agent; here by the process that supervises
+        # node 0's ranks): env:// and the job's tcp:// then make every rank a client of it, as under torchrun.
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         RESTART_COUNT_ENV: restarts,
         **own_gpus,
