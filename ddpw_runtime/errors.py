@@ -85,18 +85,23 @@ class RankFailure(CompactError, RuntimeError):
 
 class JobTimedOut(CompactError, RuntimeError):
     """The job ran past `platform.timeout_min` (or, `stalled`, made no progress for `platform.stall_timeout_min` with
-    `platform.stop_on_stall`) and was stopped; `where`: each rank's place before any was stopped; `report` also says
-    which ranks held up the others."""
+    `platform.stop_on_stall`; or, `warned`, SLURM warned it that its time limit was near and no restart was left) and
+    was stopped; `where`: each rank's place before any was stopped; `report` also says which ranks held up the
+    others."""
 
     def __init__(self, timeout_min: float, where: dict[int, str], report: HangReport | None = None,
-                 stalled: bool = False) -> None:
+                 stalled: bool = False, warned: bool = False) -> None:
         self.timeout_min = timeout_min
         self.where = where
         self.report = report
         self.stalled = stalled
+        self.warned = warned
         # what happened, in one clause (the message goes on with where each rank was)
-        self.head = head = ("the job made no progress and was stopped (platform.stop_on_stall=true)" if stalled else
-                            f"the job ran past its time limit (platform.timeout_min={timeout_min}) and was stopped")
+        self.head = head = (
+            "the job made no progress and was stopped (platform.stop_on_stall=true)" if stalled else
+            f"SLURM warned the job that its time limit (platform.timeout_min={timeout_min}) was near, or that it was "
+            "preempted, and no restart was left (hydra.launcher.max_restarts): it was stopped" if warned else
+            f"the job ran past its time limit (platform.timeout_min={timeout_min}) and was stopped")
         if report is not None:
             lines = [f"{head}; {report.text()}"]
         else:
@@ -153,3 +158,8 @@ class Terminated(SystemExit):
 
     def __init__(self) -> None:
         super().__init__(143)
+
+
+class TimeLimitNear(Terminated):
+    """SLURM warned a job with no restart left that its time limit is near (or that it is preempted): raised in a
+    node's controller, which stops its ranks as at the time limit, where each was taken first (`JobTimedOut`)."""

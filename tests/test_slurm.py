@@ -202,6 +202,35 @@ def test_past_the_time_limit_the_rank_holding_up_another_nodes_ranks_is_named(sl
 
 
 @pytest.mark.subprocess
+def test_slurms_warning_without_a_restart_left_names_the_rank_holding_up_the_others(
+        slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """SLURM counts a job's time limit from the job's start, the nodes from their ranks' start, seconds later: with a
+    time limit of whole minutes (the usual), SLURM always stopped the job first, reported only as 'reached its time
+    limit', and no rank was named. Its warning (SIGUSR2, hydra.launcher.signal_delay_s before the limit; sent here by
+    hand, as `scancel --signal=USR2` does) now stops the ranks as the time limit does, naming the one that held up the
+    others, where every node's ranks were."""
+    out = tmp_path / "run"
+    overrides = ("platform.n_nodes=2", "platform.n_procs_per_node=1", "behaviour=hold_up", "fail_rank=0",
+                 "platform.timeout_min=10", f"hydra.run.dir={out}")
+    proc = start_app(tmp_path, *multirun(*overrides), app=APP)
+    try:
+        wait_for(lambda: sorted(seen(out)) == [0, 1], timeout=90, what="both ranks to run")
+        wait_for(lambda: "waiting in barrier" in subprocess.run(
+            [sys.executable, "-m", "ddpw_runtime.launch.where", str(out)], capture_output=True, text=True,
+            timeout=60).stdout, timeout=60, what="rank 1 to wait in the barrier")
+        (submitted,) = manifest(out)
+        slurm("scancel", "--signal=USR2", submitted["slurm_job_id"])  # what SLURM sends before its time limit
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, stderr
+    assert "SLURM warned the job that its time limit (platform.timeout_min=10) was near" in stderr, stderr
+    assert re.search(r"rank 0: NOT IN THE COLLECTIVE, at hold_up \(.*slurm_app\.py:\d+\)", stderr), stderr
+    assert "rank 1: waiting in barrier" in stderr, stderr
+    _gone(seen(out))
+
+
+@pytest.mark.subprocess
 def test_ranks_on_every_node_use_the_scripts_own_objects_and_tracebacks_name_its_lines(
         slurm_env: dict[str, str], tmp_path: Path) -> None:
     """A node runs no script of its own (its controller is submitit's): the script's class read by a spawn-context

@@ -13,7 +13,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from types import FrameType
 
-from ddpw_runtime.errors import JobTimedOut, Terminated
+from ddpw_runtime.errors import JobTimedOut, Terminated, TimeLimitNear
 from ddpw_runtime.launch.bounds import KILL_WAIT_S, REPORT_S, STARTING_GRACE_S
 from ddpw_runtime.launch.children import Child, Children, ChildState, StarterGone
 from ddpw_runtime.launch.console import ConsoleRanks
@@ -255,8 +255,10 @@ def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], ob
               ) -> list[RankOutcome]:
     """Start `ranks`, wait for them, tell how each ended; JobTimedOut past the time limit. Ctrl-C or SIGTERM here
     (through `on_sigterm`, which raises `Terminated`) is passed on to the ranks, then raised, unless every rank's task
-    had returned."""
+    had returned; `TimeLimitNear` raised here (SLURM's warning) stops them as the time limit does, SIGTERM giving them
+    their interrupt grace."""
     plan = ranks.local.plan
+    warned = False
     with sigterm_raises(on_sigterm):
         try:
             ranks.start()
@@ -265,11 +267,20 @@ def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], ob
             # Every rank's task had returned (the stop came as they exited: a tracker's upload in an atexit handler):
             # the job is done, its values kept (a sweep's `fail_fast` stops the jobs beside a failed one so).
             returned = all(o.result is not None and o.result.ok for o in ranks.outcomes())
+            near = isinstance(stop, TimeLimitNear)
+            warned = near and not ranks.stopping  # (a job being stopped for a failure ends with that failure)
+            if warned:  # where each rank is, before any is stopped
+                ranks.console.freeze()
+                ranks.places = ranks.take_places()
             ranks.interrupt(signal_of(stop))
-            note_failures(outcomes := ranks.outcomes())
-            if not returned or any(o.failed for o in outcomes):
+            outcomes = ranks.outcomes()
+            if not near:  # (else as the time limit's, or the failure's, below)
+                note_failures(outcomes)
+            if returned and not any(o.failed for o in outcomes):
+                warned = False
+            elif not near:
                 raise
-            timed_out = False
+            timed_out = warned
         except BaseException:
             ranks.kill()
             raise
@@ -282,9 +293,10 @@ def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], ob
         # A rank that failed before as another node's time limit stopped its peers: where it waited (its traceback).
         ended = {o.rank: place for o in outcomes if o.rank not in ranks.places and o.is_secondary
                  and (place := o.where()) is not None}
-        report = stalled or report_of(plan, f"the time limit, platform.timeout_min={plan.platform.timeout_min:g}",
-                                      {**ended, **ranks.places})
-        raise JobTimedOut(plan.platform.timeout_min, shown_ranks(report.places), report, stalled is not None)
+        why = ("SLURM's warning that the time limit was near" if warned else
+               f"the time limit, platform.timeout_min={plan.platform.timeout_min:g}")
+        report = stalled or report_of(plan, why, {**ended, **ranks.places})
+        raise JobTimedOut(plan.platform.timeout_min, shown_ranks(report.places), report, stalled is not None, warned)
     outcomes = ranks.outcomes()
     ranks.local.starter.preload_modules(sorted({name for o in outcomes if o.result for name in o.result.imported}))
     return outcomes

@@ -235,7 +235,7 @@ def with_every_node(timed_out: JobTimedOut, outcomes: Iterable[RankOutcome],
         ended.add(outcome.rank)
     whole = replace(report, places=tuple(places[rank] for rank in sorted(places)),
                     ended=tuple(sorted(ended - places.keys())), recorded=tuple(recorded))
-    return JobTimedOut(timed_out.timeout_min, shown_ranks(whole.places), whole, timed_out.stalled)
+    return JobTimedOut(timed_out.timeout_min, shown_ranks(whole.places), whole, timed_out.stalled, timed_out.warned)
 
 
 def failed_by_itself(outcomes: list[RankOutcome], before: float = float("inf")) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_runtime import _compat
-from ddpw_runtime.errors import JobTimedOut, SlurmJobError, Terminated
+from ddpw_runtime.errors import JobTimedOut, SlurmJobError, Terminated, TimeLimitNear
 from ddpw_runtime.hydra_jobs.prepare import task_config
 from ddpw_runtime.hydra_jobs.task import JobTask
 from ddpw_runtime.launch.checks import check
@@ -87,7 +87,7 @@ class _NodeRun:
         self.node: int = env.node
         self.attempt = _attempt()
         self.warned = False
-        """SLURM's warning came while a restart was left: the job is being requeued."""
+        """SLURM's warning came (while its ranks ran, or with a restart left: then the job is being requeued)."""
         self.in_ranks = False
         self.done = False
         """This node has its outcome; SIGTERM no longer stops it."""
@@ -110,6 +110,9 @@ class _NodeRun:
             outcome = self._run_job(hydra_context, task_function, config)
         except Preempted:
             self._requeue(submitit_warning)
+        except TimeLimitNear:  # it came just before or after the ranks' supervision (else that stops them, reporting)
+            outcome = NodeOutcome.failed(self.node, self.attempt, JobTimedOut(self.spec.platform.timeout_min, {},
+                                                                              warned=True))
         self.done = True
         # This node failed on its own (not its ranks only losing peers elsewhere): SIGTERM to the other nodes. Not past
         # the time limit: every node's own stops its ranks, taking where each was (the rank holding the others up may
@@ -166,7 +169,7 @@ class _NodeRun:
         """While this node's ranks run: SLURM's warning stops them (`Preempted`) for a requeue."""
         self.in_ranks = True
         try:
-            if self.warned:
+            if self.warned and self.attempt < self.spec.max_restarts:
                 raise Preempted()
             yield
         finally:
@@ -177,13 +180,19 @@ class _NodeRun:
             raise Terminated()
 
     def _on_warning(self, signum: int, frame: Any) -> None:
-        if self.attempt >= self.spec.max_restarts:
-            log.warning("SLURM warned the job (SIGUSR2: its time limit is near, or it is preempted); no restart "
-                        "is left (hydra.launcher.max_restarts=%d), so it runs on until SLURM stops it",
-                        self.spec.max_restarts)
-            return
         if self.warned:
             return
+        if self.attempt >= self.spec.max_restarts:
+            if not self.in_ranks:
+                log.warning("SLURM warned the job (SIGUSR2: its time limit is near, or it is preempted) while its "
+                            "ranks did not run; no restart is left (hydra.launcher.max_restarts=%d), so it runs on "
+                            "until SLURM stops it", self.spec.max_restarts)
+                return
+            self.warned = True
+            log.warning("SLURM warned the job (SIGUSR2: its time limit is near, or it is preempted) and no restart is "
+                        "left (hydra.launcher.max_restarts=%d): its ranks are stopped as at the time limit, where each "
+                        "was taken first", self.spec.max_restarts)
+            raise TimeLimitNear()  # (SIGTERM no longer stops this node: see `_on_sigterm`)
         self.warned = True
         # The SIGTERM that SLURM sends after its warning must not cut the ranks' saving short.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
