@@ -395,6 +395,7 @@ def test_a_job_that_can_never_start_is_cancelled_at_once_saying_why_and_the_swee
     # (SLURM gives PartitionConfig or PartitionNodeLimit, depending on how the partition's nodes are configured)
     assert re.search(rf"SLURM job {never} is pending \((PartitionNodeLimit|PartitionConfig)\) and can never start as "
                      r"asked: .*partition debug .*lower platform\.n_nodes=3", line), proc.stdout
+    assert "None" not in line, line  # (the values as a config holds them: null; it said n_cpus_per_node=None)
     assert line.endswith("It was cancelled."), line
     assert "logs: " not in proc.stdout.split("[ddpw] job #1 FAILED after ")[1], proc.stdout  # it has none
     assert slurm("squeue", "--noheader", f"--jobs={never}").strip() == ""

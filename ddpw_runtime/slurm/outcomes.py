@@ -43,8 +43,13 @@ def _where(platform: Platform) -> str:
 
 
 def _resources(platform: Platform) -> str:
-    return (f"platform.n_procs_per_node / n_gpus_per_node, platform.n_cpus_per_node={platform.n_cpus_per_node}, "
-            f"platform.mem_per_node={platform.mem_per_node}")
+    return (f"platform.n_procs_per_node / n_gpus_per_node, platform.n_cpus_per_node={_typed(platform.n_cpus_per_node)}"
+            f", platform.mem_per_node={platform.mem_per_node}")
+
+
+def _typed(value: Any) -> str:
+    """`value` as a user types it in a config or an override (`null`, not Python's `None`)."""
+    return "null" if value is None else str(value)
 
 
 def _never_starts(platform: Platform, options: SlurmLauncherConf) -> dict[str, str]:
@@ -60,9 +65,9 @@ def _never_starts(platform: Platform, options: SlurmLauncherConf) -> dict[str, s
                            f"rank(s), the CPUs and memory asked) or does not take its account or QOS: lower "
                            f"platform.n_nodes={platform.n_nodes}, {resources}, {another}",
         "BadConstraints": "no node has the features or resources it asks for: change hydra.launcher.constraint="
-                          f"{options.constraint} or platform.slurm_additional_parameters",
-        "InvalidQOS": f"SLURM does not take its QOS: change hydra.launcher.qos={options.qos}",
-        "InvalidAccount": f"SLURM does not take its account: change hydra.launcher.account={options.account}",
+                          f"{_typed(options.constraint)} or platform.slurm_additional_parameters",
+        "InvalidQOS": f"SLURM does not take its QOS: change hydra.launcher.qos={_typed(options.qos)}",
+        "InvalidAccount": f"SLURM does not take its account: change hydra.launcher.account={_typed(options.account)}",
         "DependencyNeverSatisfied": "a job it depends on did not end as it needs: change the dependency in "
                                     "platform.slurm_additional_parameters",
     }
@@ -90,8 +95,9 @@ def sbatch_refusal(text: str, platform: Platform, options: SlurmLauncherConf) ->
     own = {
         "partition": f"SLURM has no partition {platform.partition!r}: change platform.partition to one sinfo lists, "
                      "or leave it unset (null) for the cluster's default",
-        "node name": f"SLURM has no node of a name it was given: change hydra.launcher.exclude={options.exclude} "
-                     "(or a node list in platform.slurm_additional_parameters) to nodes sinfo -N lists",
+        "node name": "SLURM has no node of a name it was given: change hydra.launcher.exclude="
+                     f"{_typed(options.exclude)} (or a node list in platform.slurm_additional_parameters) to nodes "
+                     "sinfo -N lists",
         "reservation": "SLURM has no such reservation, or it is not yours: change the reservation in "
                        "platform.slurm_additional_parameters (scontrol show reservation lists them)",
     }
