@@ -36,7 +36,7 @@ from ddpw_conf.launcher import LOCAL_LAUNCHER, SLURM_LAUNCHER, LocalLauncherConf
 from ddpw_runtime import Wrapper, wrapper
 from ddpw_runtime.launch.checks import check_not_under_torchrun
 from ddpw_runtime.launch.rendezvous import unprivileged_ports
-from tests.helpers import APPS, run_app, run_python
+from tests.helpers import APPS, job_dirs, run_app, run_python, seen
 from tests.test_validation import BAD
 
 DOCS = Path(__file__).parent.parent / "docs"
@@ -189,6 +189,23 @@ def test_a_multirun_refuses_a_bad_value_of_any_job_before_the_first_starts(
     refused(proc.stdout + proc.stderr, key, value, fix)
     nothing_started(tmp_path)
     assert not list(tmp_path.iterdir()), "the refused sweep left a dir"  # (it left its multirun.yaml and lock)
+
+
+@pytest.mark.subprocess
+def test_a_multirun_whose_platform_refers_to_a_swept_key_checks_each_jobs_value(tmp_path: Path) -> None:
+    """The multirun's own config, which Hydra composes without the sweep's values, is no job's: a platform value that
+    refers to a swept key is resolved in each job (it was refused: `platform.n_procs_per_node='${nproc}': cannot be
+    resolved (Interpolation key 'nproc' not found)`, though Hydra's basic launcher ran the sweep)."""
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir()
+    bad.mkdir()
+    proc = run_app(good, "-m", "+nproc=1,2", "platform.n_procs_per_node=${nproc}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [sorted(seen(job)) for job in job_dirs(good)] == [[0], [0, 1]]
+    proc = run_app(bad, "-m", "+nproc=1,2,0", "platform.n_procs_per_node=${nproc}")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    refused(proc.stdout + proc.stderr, "platform.n_procs_per_node", 0, "use an integer >= 1")
+    nothing_started(bad)
 
 
 def _without_low_ports() -> None:

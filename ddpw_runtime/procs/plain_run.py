@@ -141,7 +141,18 @@ def _follow_sweep(config: DictConfig) -> None:
     from ddpw_runtime.nodes.environment import place_node
 
     with hydra_config_of(config), options.naming_platform_keys():
-        platform = options.platform_of(config)
+        try:
+            platform = options.platform_of(config)
+        except ConfigError:
+            # The multirun's config is no job's: Hydra composes it without the sweep's values, so a platform value
+            # that refers to a swept key (`platform.n_procs_per_node=${nproc} +nproc=1,2`) cannot be resolved here.
+            # On one node the launcher checks each job's own platform; only more nodes need this one read.
+            from omegaconf import OmegaConf
+
+            if OmegaConf.select(config, f"{options.platform_key}.n_nodes", default=None,
+                                throw_on_resolution_failure=False) == 1:
+                return
+            raise
         if platform.n_nodes == 1:  # (the launcher checks the rest, job by job)
             return
         platform = place_node(platform.validate())
