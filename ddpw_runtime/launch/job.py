@@ -26,7 +26,7 @@ from ddpw_runtime.launch.payload import RankPayload, write_private
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.signals import held
-from ddpw_runtime.launch.starter import RankStarter, get_starter
+from ddpw_runtime.launch.starter import RankStarter, get_starter, import_torch_first
 
 log = logging.getLogger("ddpw")
 
@@ -86,8 +86,10 @@ class LocalJob:
     def __init__(self, task: bytes, state: ProcessState, job: NodeJob, starts_ranks: bool = True) -> None:
         platform = job.platform
         self.job = job
-        self._starter = starter_for(platform) if starts_ranks else None
         hosts_store = job.node_rank == 0 and platform.ipc_protocol == "tcp"
+        if hosts_store:  # it serves the store (`host_store`), with torch
+            import_torch_first()
+        self._starter = starter_for(platform) if starts_ranks else None
         self.listener = rendezvous.listen(platform, job.master_addr, job.master_port) if hosts_store else None
         self.listen_fd = self.listener.fileno() if self.listener is not None else None
         """The bound rendezvous socket's descriptor, on the store's node."""

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TypeVar
 
+from ddpw_runtime import _compat
 from ddpw_runtime.launch.bounds import ANSWER_WAIT_S, CLOSE_WAIT_S
 from ddpw_runtime.launch.children import Children, Inbox, StarterGone
 from ddpw_runtime.launch.protocol import (
@@ -188,6 +189,13 @@ class RankStarter:
             starter.stop(signal.SIGHUP, CLOSE_WAIT_S, group=False)  # (SIGHUP: even while it imports, `Preload`)
         self.reader.join(CLOSE_WAIT_S)
         self.channel.close()
+
+
+def import_torch_first() -> None:
+    """Import torch now when it is a build without GPU support, before this process forks its starter, which then has
+    it: one import, not two. A CUDA build stays unimported: only then is the starter a fork (`_can_fork_controller`)."""
+    if "torch" not in sys.modules and _compat.torch_without_gpu_support():
+        import torch  # noqa: F401
 
 
 def _can_fork_controller() -> bool:
