@@ -90,7 +90,7 @@ def is_int(value: Any) -> bool:
 def check_int(key: str, value: Any, minimum: int, alternative: str = "", optional: bool = False) -> None:
     """Raise `ConfigError` unless `value` is an integer >= `minimum` (or None, if `optional`)."""
     if not (optional and value is None) and (not is_int(value) or value < minimum):
-        raise ConfigError(key, value, f"use an integer >= {minimum}{alternative}{_number_as_text(value)}")
+        raise ConfigError(key, value, f"use an integer >= {minimum}{alternative}{number_as_text(value)}")
 
 
 def check_bool(key: str, value: Any) -> None:
@@ -102,10 +102,10 @@ def check_bool(key: str, value: Any) -> None:
 def check_number(key: str, value: Any, fix: str, positive: bool = False) -> None:
     """Raise `ConfigError` (with `fix`) unless `value` is a number (not a bool) >= 0, or > 0 if `positive` (not NaN)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 or (positive and not value > 0):
-        raise ConfigError(key, value, fix + _number_as_text(value))
+        raise ConfigError(key, value, fix + number_as_text(value))
 
 
-def _number_as_text(value: Any) -> str:
+def number_as_text(value: Any) -> str:
     """A fix's addition for a number that came as text (quoted, or read with `${oc.env:...}`); else ""."""
     try:
         float(value if isinstance(value, str) else "-")

@@ -17,6 +17,7 @@ from ddpw_conf.errors import (
     check_match,
     check_number,
     is_int,
+    number_as_text,
 )
 from ddpw_conf.layout import Layout, layout_from_config
 
@@ -270,7 +271,7 @@ class Platform:
                               "timeout in whole milliseconds and this is less than one, so every wait would fail at "
                               f"once; use at least {1 / 60000:.7f} minutes (1 ms), such as 30")
         if not is_int(self.seed) or not 0 <= self.seed < 2**32:
-            raise ConfigError("platform.seed", self.seed, "use an integer in 0..4294967295")
+            raise ConfigError("platform.seed", self.seed, f"use an integer in 0..4294967295{number_as_text(self.seed)}")
         if self.world_size > MAX_WORLD_SIZE:
             # Name the key that made the world too big: what sets ranks per node, else n_nodes.
             key = ("n_nodes" if self.ranks_per_node <= MAX_WORLD_SIZE
@@ -293,8 +294,8 @@ class Platform:
             raise ConfigError("platform.console_ranks", list(ranks),
                               f"rank(s) {outside} are outside {self._world_text()}")
         if self.master_port is not None and (not is_int(self.master_port) or not 1 <= self.master_port <= 65535):
-            raise ConfigError("platform.master_port", self.master_port,
-                              "use a port in 1..65535, or leave it unset (null) to pick a free port per job")
+            raise ConfigError("platform.master_port", self.master_port, "use a port in 1..65535, or leave it unset "
+                              f"(null) to pick a free port per job{number_as_text(self.master_port)}")
         check_match("platform.master_addr", self.master_addr, _HOST,
                     "use a host name or IP address, or leave it unset (null) for the automatic choice", optional=True)
 
@@ -365,6 +366,10 @@ def platform_from_config(node: Any, not_ours: str = "") -> Platform:
         node = resolved_config(node)
     if not isinstance(node, dict):
         raise ConfigError("platform", node, "platform must be a mapping of Platform fields" + not_ours)
+    if isinstance(node.get("platform"), dict):  # (a preset written as a whole config: `platform:` at its top)
+        raise ConfigError("platform.platform", node["platform"], "Platform has no field platform: a preset in "
+                          "conf/platform/ is placed under platform already (its config group), so its fields go at "
+                          "the file's top level; drop its `platform:` line and un-indent what it holds")
     check_known("platform.", node, {f.name for f in fields(Platform)}, "Platform", not_ours=not_ours, renamed=_RENAMED)
     return Platform(**node)
 

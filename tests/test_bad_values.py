@@ -115,6 +115,9 @@ TYPED = [
                  "platform.stall_timeout_min set", id="stop_on_stall-without-stall_timeout_min"),
     pytest.param(["platform.n_nodes=2", "platform.node_rank=1"], "platform.master_addr", None,
                  "needs each machine's node rank and node 0's address", id="across-machines-without-node-0s-address"),
+    pytest.param(["+platform=written_as_a_whole_config"], "platform.platform", {"n_procs_per_node": 2},
+                 "a preset in conf/platform/ is placed under platform already (its config group), so its fields go "
+                 "at the file's top level; drop its `platform:` line", id="preset-with-platform-at-its-top"),
     pytest.param(["platform.n_cpus_per_node='2'"], "platform.n_cpus_per_node", "2",
                  "this is a string, not a number: write it unquoted (2, not '2')", id="number-given-as-a-string"),
     pytest.param(["hydra.launcher.interrupt_grace_s=soon"], "hydra.launcher.interrupt_grace_s", "soon",

@@ -64,6 +64,8 @@ BAD = [
     Bad("n_gpus_per_node-str-on-slurm", _slurm(n_gpus_per_node="1"), "platform.n_gpus_per_node", "integer >= 0"),
     Bad("name-int", {"name": 5}, "platform.name", "letters, digits"),
     Bad("master_port-str", {"master_port": "80"}, "platform.master_port", "1..65535"),
+    Bad("master_port-a-string-in-range", {"master_port": "29500"}, "platform.master_port",  # (`${oc.env:...}`)
+        "this is a string, not a number: write it unquoted (29500, not '29500')"),  # (it said only "use 1..65535")
     Bad("master_addr-int", {"master_addr": 5}, "platform.master_addr", "host name or IP"),
     Bad("ipc_groups-not-a-list", {"ipc_groups": 5}, "platform.ipc_groups", "list of lists of ranks"),
     Bad("ipc_groups-group-not-a-list", {"n_procs_per_node": 2, "ipc_groups": [0, 1]},
@@ -181,6 +183,8 @@ BAD = [
     Bad("seed-negative", {"seed": -1}, "platform.seed", "0..4294967295"),
     Bad("seed-2**32", {"seed": 2**32}, "platform.seed", "0..4294967295"),
     Bad("seed-float", {"seed": 1.5}, "platform.seed", "integer"),
+    Bad("seed-a-string", {"seed": "42"}, "platform.seed", "this is a string, not a number: write it unquoted (42, "
+        "not '42')"),
     # --- timeouts torch cannot count: below one millisecond, or past what its clocks hold
     Bad("collective_timeout_min-below-1ms", {"collective_timeout_min": 1e-9}, "platform.collective_timeout_min",
         "at least 0.0000167 minutes (1 ms)"),
@@ -301,6 +305,18 @@ def test_an_unknown_key_added_to_the_structured_node_is_refused() -> None:
         with pytest.raises(ConfigError) as info:
             platform_from_config(node)
         assert info.value.key == key and info.value.value == 1
+
+
+@pytest.mark.parametrize("as_dictconfig", [False, True], ids=["dict", "dictconfig"])
+def test_a_preset_written_with_platform_at_its_top_is_refused_naming_the_fix(as_dictconfig: bool) -> None:
+    """`conf/platform/mine.yaml` holding `platform: {n_procs_per_node: 2}`: Hydra places it under `platform`, so the
+    fields land in `platform.platform`. The fix named the `_own_platform` launcher options, which do not help."""
+    node = {"platform": {"n_procs_per_node": 2}}
+    with pytest.raises(ConfigError) as info:
+        platform_from_config(OmegaConf.create(node) if as_dictconfig else node, not_ours=". If `platform` is yours")
+    assert info.value.key == "platform.platform" and info.value.value == {"n_procs_per_node": 2}
+    assert "drop its `platform:` line and un-indent what it holds" in str(info.value)
+    assert "If `platform` is yours" not in str(info.value)
 
 
 @pytest.mark.parametrize("node", [pytest.param([1, 2], id="list"), pytest.param("cpu", id="str")])
