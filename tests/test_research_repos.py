@@ -6,6 +6,7 @@ has a `platform` key of its own."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,25 @@ def test_a_trainer_left_at_one_device_is_stopped_before_it_trains(
         stopped.value)
     assert "Trainer.fit` stopped" not in (tmp_path / "one" / "rank_0.log").read_text()  # no epoch ran
     assert Wrapper(platform, log_dir=tmp_path / "unset").start(lightning_after_a_collective, None) == [2, 2]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("flags", [(), ("-m",)], ids=["plain", "multirun"])
+def test_after_a_lightning_fit_each_rank_still_says_where_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...]
+) -> None:
+    """A Trainer, as it ends, sets every signal's handler back to what Python had: faulthandler's, which writes a
+    rank's stacks when they are asked for, was lost. Asked after a fit, rank 0 of a plain run was killed by the
+    request (signal 38, the job failed) and every other rank answered as if it had ended."""
+    register_library_checks(monkeypatch, tmp_path / "entry_points")
+    proc = run_app(tmp_path, *flags, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2",
+                   app="lightning_where_app.py", timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    (job,) = job_dirs(tmp_path)
+    answer = (job / "where.txt").read_text()
+    assert "had ended" not in answer, answer
+    for rank in (0, 1):  # each in the app's task: rank 0 waits for the answer, rank 1 for rank 0
+        assert re.search(rf"rank {rank}: .*at main \(.*lightning_where_app\.py:\d+\)", answer), answer
 
 
 def fabric_app(cwd: Path, *overrides: str) -> Any:

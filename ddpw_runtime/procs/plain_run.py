@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import faulthandler
 import gc
 import os
 import pickle
@@ -40,6 +39,7 @@ from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.supervisor import STOP_SIGNAL
+from ddpw_runtime.rank import recorder
 from ddpw_runtime.rank.own_process import ImportHold, RankInThisProcess, left_open, on_stack, open_log
 
 _T = TypeVar("_T")
@@ -219,18 +219,23 @@ def _on_stop(signum: int, frame: FrameType | None) -> None:
         raise RankStopped()
 
 
+def _stacks_asked(signum: int, frame: FrameType | None) -> None:
+    """Python's handler of `DUMP_SIGNAL` in rank 0 of a plain run: nothing (faulthandler's writes the stacks)."""
+
+
 def _in_forks() -> None:
     """In a process the task forks: none of hydra-ddpw's handling (its signal's default action, as without it)."""
     if signal.getsignal(STOP_SIGNAL) is _on_stop:
         signal.signal(STOP_SIGNAL, signal.SIG_DFL)
-        faulthandler.unregister(DUMP_SIGNAL)
+        recorder.no_stacks()
+        signal.signal(DUMP_SIGNAL, signal.SIG_DFL)
 
 
 def _as_it_ends() -> None:
     """At the program's end (maybe a `sys.exit` in the task): ignore `DUMP_SIGNAL` and `STOP_SIGNAL`, whose default
     action would end the process with that signal's code once Python drops its handlers as it finalizes."""
     with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C now ends the program as it was ending anyway
-        faulthandler.unregister(DUMP_SIGNAL)
+        recorder.no_stacks()
         for sig in (DUMP_SIGNAL, STOP_SIGNAL):
             signal.signal(sig, signal.SIG_IGN)
         _flush_left_open()
@@ -261,8 +266,11 @@ class RankZeroSide:
         signal.signal(STOP_SIGNAL, _on_stop)
         # Where it was, when the supervisor asks (`DUMP_SIGNAL`): into rank 0's stacks file while this process is
         # rank 0, nowhere once it has left (not the terminal). Registered for the whole run: never found unregistered.
+        # Python's own handler, under faulthandler's, does nothing: a library that sets it back (Lightning's Trainer,
+        # as it ends) leaves the process alive, where the default action would end it (`recorder.restore_stacks`).
         self._dumps = os.open(os.devnull, os.O_WRONLY)
-        faulthandler.register(DUMP_SIGNAL, file=self._dumps, all_threads=True)
+        signal.signal(DUMP_SIGNAL, _stacks_asked)
+        recorder.stacks_into(self._dumps, chain=False)
         os.register_at_fork(after_in_child=_in_forks)
         atexit.register(_as_it_ends)
 

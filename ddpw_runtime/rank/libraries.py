@@ -1,5 +1,6 @@
 """The Lightning and Fabric callbacks (entry points in `pyproject.toml`) that stop a `Trainer` or `Fabric` left at
-fewer devices than the launched ranks, each of which would train alone (docs/architecture.md)."""
+fewer devices than the launched ranks, each of which would train alone (docs/architecture.md), and give a rank back its
+stacks on request after a `Trainer` ends."""
 
 from __future__ import annotations
 
@@ -51,6 +52,13 @@ def _trainer_check_class(package: str) -> type:
             """Lightning's hook at the start of every stage (`fit`, `validate`, `test`, `predict`)."""
             if stage == "fit":
                 check("Trainer", int(trainer.world_size), int(trainer.num_devices), int(trainer.num_nodes))
+
+        def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            """Lightning's hook at the end of every stage, after the Trainer set every signal's handler back to
+            Python's: the rank writes its stacks when asked again (`recorder.restore_stacks`)."""
+            from ddpw_runtime.rank import recorder
+
+            recorder.restore_stacks()
 
         def __reduce__(self) -> tuple[Any, tuple[str]]:
             return trainer_check, (package,)
