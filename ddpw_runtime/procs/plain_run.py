@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import gc
 import os
 import pickle
@@ -270,7 +271,7 @@ class RankZeroSide:
         # as it ends) leaves the process alive, where the default action would end it (`recorder.restore_stacks`).
         self._dumps = os.open(os.devnull, os.O_WRONLY)
         signal.signal(DUMP_SIGNAL, _stacks_asked)
-        recorder.stacks_into(self._dumps, chain=False)
+        recorder.keep_stacks(lambda: faulthandler.register(DUMP_SIGNAL, file=self._dumps, all_threads=True))
         os.register_at_fork(after_in_child=_in_forks)
         atexit.register(_as_it_ends)
 

@@ -52,7 +52,8 @@ def run_rank(payload_path: str, local_rank: int, terminal: int | None = None,
     _redirect_output(plan.log_file(rank), terminal)
     recorder.arm(recorder_file(plan.log_dir, rank))
     signal.signal(DUMP_SIGNAL, recorder.on_request)  # its collectives, after faulthandler's stacks (chain)
-    recorder.stacks_into(open_log(stacks_file(plan.log_dir, rank)), chain=True)
+    stacks = open_log(stacks_file(plan.log_dir, rank))
+    recorder.keep_stacks(lambda: faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=True))
     try:
         try:
             signal.signal(signal.SIGINT, _interrupted_in_set_up)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import faulthandler
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
 
 from ddpw_runtime import _compat
 from ddpw_runtime.launch.payload import write_atomically
@@ -16,31 +16,31 @@ from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.records import RankResult
 
 _dump_to: Path | None = None  # this rank's dump, once `arm` was called
-_stacks: tuple[int | IO[Any], bool] | None = None  # where faulthandler writes this rank's stacks, and its `chain`
+_register_stacks: Callable[[], None] | None = None  # how this process has faulthandler write its stacks (`keep_stacks`)
 
 
-def stacks_into(file: int | IO[Any], chain: bool) -> None:
-    """On `DUMP_SIGNAL`, faulthandler writes every thread's stack into `file` (then, `chain`, the handler that Python
-    has for the signal runs), even while the task is in C code, as in a collective."""
-    global _stacks
-    _stacks = (file, chain)
-    faulthandler.register(DUMP_SIGNAL, file=file, all_threads=True, chain=chain)
+def keep_stacks(register: Callable[[], None]) -> None:
+    """Call `register` now, the rank's process module's registration of faulthandler's stack dump on `DUMP_SIGNAL`
+    (every thread's stack, even while the task is in C code, as in a collective), and again at `restore_stacks`."""
+    global _register_stacks
+    _register_stacks = register
+    register()
 
 
 def restore_stacks() -> None:
-    """Put faulthandler's handler of `DUMP_SIGNAL` back (`stacks_into`). A library that sets every signal's handler
-    back to what `signal.getsignal` gave (Lightning's Trainer, as its fit, validate, test or predict ends) installs the
-    one that Python knows, which lies under faulthandler's: the rank's stacks would no longer be written, so a request
-    for them would find the rank as if it had ended."""
-    if _stacks is not None:
-        faulthandler.unregister(DUMP_SIGNAL)
-        faulthandler.register(DUMP_SIGNAL, file=_stacks[0], all_threads=True, chain=_stacks[1])
+    """Register the stack dump again (`keep_stacks`). A library that sets every signal's handler back to what
+    `signal.getsignal` gave (Lightning's Trainer, as its fit, validate, test or predict ends) installs the one that
+    Python knows, which lies under faulthandler's: the rank's stacks would no longer be written, so a request for them
+    would find the rank as if it had ended."""
+    if _register_stacks is not None:
+        faulthandler.unregister(DUMP_SIGNAL)  # (else faulthandler, which counts itself registered, would not)
+        _register_stacks()
 
 
 def no_stacks() -> None:
     """Write no stacks on `DUMP_SIGNAL` from now on: the signal gets the handler that Python has for it."""
-    global _stacks
-    _stacks = None
+    global _register_stacks
+    _register_stacks = None
     faulthandler.unregister(DUMP_SIGNAL)
 
 
