@@ -39,6 +39,7 @@ from ddpw_runtime.launch.plan import DUMP_SIGNAL, stacks_file
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult
+from ddpw_runtime.launch.starter import import_torch_first
 from ddpw_runtime.launch.supervisor import STOP_SIGNAL
 from ddpw_runtime.rank import recorder
 from ddpw_runtime.rank.own_process import ImportHold, RankInThisProcess, left_open, on_stack, open_log
@@ -281,8 +282,7 @@ class RankZeroSide:
         A CPU-only torch is imported first, so the supervisor forks the ranks with it loaded (one import, not two)."""
         from ddpw_runtime.procs.run_supervisor import fork_supervisor
 
-        if "torch" not in sys.modules and _compat.torch_without_gpu_support():
-            import torch  # noqa: F401  (see above)
+        import_torch_first()
         return RankZeroSide(fork_supervisor(platform, options))
 
     def start(self, task_cfg: DictConfig, task_function: TaskFunction) -> None:
