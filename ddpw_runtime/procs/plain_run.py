@@ -270,9 +270,10 @@ class RankZeroSide:
         # rank 0, nowhere once it has left (not the terminal). Registered for the whole run: never found unregistered.
         # Python's own handler, under faulthandler's, does nothing: a library that sets it back (Lightning's Trainer,
         # as it ends) leaves the process alive, where the default action would end it (`recorder.restore_stacks`).
-        self._dumps = os.open(os.devnull, os.O_WRONLY)
+        self._dumps = dumps = os.open(os.devnull, os.O_WRONLY)
         signal.signal(DUMP_SIGNAL, _stacks_asked)
-        recorder.keep_stacks(lambda: faulthandler.register(DUMP_SIGNAL, file=self._dumps, all_threads=True))
+        # (the descriptor, not `self`: dropping the registration as the program ends must not drop this object)
+        recorder.keep_stacks(lambda: faulthandler.register(DUMP_SIGNAL, file=dumps, all_threads=True))
         os.register_at_fork(after_in_child=_in_forks)
         atexit.register(_as_it_ends)
 
