@@ -49,16 +49,19 @@ def answer_file(log_dir: Path, node: int | str) -> Path:
     return log_dir / f"where_node_{node}.answer"
 
 
-def take_places(plan: LaunchPlan, pids: Mapping[int, int]) -> dict[int, RankPlace]:
+def take_places(plan: LaunchPlan, pids: Mapping[int, int],
+                left: Callable[[int], bool] = lambda rank: False) -> dict[int, RankPlace]:
     """Where each running rank (`pids`: pid by rank) is now, from the stacks it writes on `DUMP_SIGNAL` (none in time:
-    left out); a rank whose flight-recorder dump exists dumps it again."""
+    left out); a rank whose flight-recorder dump exists dumps it again. A rank that has `left` its job (it writes no
+    stack any more) is not waited for."""
     files = {rank: stacks_file(plan.log_dir, rank) for rank in pids}
     before = {rank: file_size(path) for rank, path in files.items()}
     recorders = {rank: _version(recorder_file(plan.log_dir, rank)) for rank in pids}
-    armed = {recorder_file(plan.log_dir, rank): version for rank, version in recorders.items() if version is not None}
+    armed = {rank: (recorder_file(plan.log_dir, rank), version) for rank, version in recorders.items()
+             if version is not None}
     for pid in pids.values():
         send_to_group(pid, DUMP_SIGNAL, group=False)
-    _wait_for_dumps(files, before, armed)
+    _wait_for_dumps(files, before, armed, left)
     places = {rank: from_dump(rank, read_from(path, before[rank])) or _silent_place(rank, pids[rank])
               for rank, path in files.items()}
     return {rank: place for rank, place in places.items() if place is not None}
@@ -104,9 +107,10 @@ def _version(path: Path) -> tuple[int, int, int] | None:
 
 
 def _wait_for_dumps(files: Mapping[int, Path], before: Mapping[int, int],
-                    recorders: Mapping[Path, tuple[int, int, int]]) -> None:
-    """Wait (at most `_STACK_DUMP_WAIT_S`) until every file in `files` grew past its size `before`, then was quiet for
-    `_STACK_DUMP_QUIET_S`, and every dump in `recorders` differs from its version there."""
+                    recorders: Mapping[int, tuple[Path, tuple[int, int, int]]], left: Callable[[int], bool]) -> None:
+    """Wait (at most `_STACK_DUMP_WAIT_S`) until every file in `files` grew past its size `before` (or its rank `left`),
+    then was quiet for `_STACK_DUMP_QUIET_S`, and every rank's dump in `recorders` (not one that `left`) differs from
+    its version there."""
     start = time.monotonic()
     last, changed_at = dict(before), start
     while time.monotonic() - start < _STACK_DUMP_WAIT_S:
@@ -115,8 +119,9 @@ def _wait_for_dumps(files: Mapping[int, Path], before: Mapping[int, int],
         now = time.monotonic()
         if sizes != last:
             last, changed_at = sizes, now
-        elif (now - changed_at >= _STACK_DUMP_QUIET_S and all(sizes[rank] > before[rank] for rank in files)
-              and all(_version(path) != version for path, version in recorders.items())):
+        elif (now - changed_at >= _STACK_DUMP_QUIET_S
+              and all(sizes[rank] > before[rank] or left(rank) for rank in files)
+              and all(_version(path) != version or left(rank) for rank, (path, version) in recorders.items())):
             return
 
 

@@ -46,11 +46,13 @@ class OutsideRank:
     """Rank 0 when this node did not start it (a plain run's: the user's own process). It is signalled alone (its
     process group is the terminal's), asked to stop with `STOP_SIGNAL`, and gets `REPORT_S` more grace. `reached(sig)`:
     the signal this process got reached it too (a terminal's Ctrl-C, a signal to the process group), so it is not
-    passed on to it; `join`: asks it to join as the ranks start."""
+    passed on to it; `join`: asks it to join as the ranks start; `left`: it said its task ended (its process goes on,
+    but it is no longer rank 0: it writes no stack)."""
 
     pid: int
     reached: Callable[[int], bool]
     join: Callable[[], None]
+    left: Callable[[], bool]
 
 
 class NodeRanks(Children):
@@ -134,7 +136,9 @@ class NodeRanks(Children):
 
     def take_places(self) -> dict[int, RankPlace]:
         """Where each running rank is now (its stacks, next to its log)."""
-        return take_places(self.local.plan, {self.rank_of[rank.pid]: rank.pid for rank in self.running()})
+        outside = self.outside
+        return take_places(self.local.plan, {self.rank_of[rank.pid]: rank.pid for rank in self.running()},
+                           lambda rank: outside is not None and rank == 0 and outside.left())
 
     def watched_places(self) -> dict[int, RankPlace]:
         """`take_places`, and the rank in this process (`own`) where there is one: not a rank that had ended."""
