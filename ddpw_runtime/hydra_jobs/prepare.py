@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime.hydra_jobs.compose_once import forget_unused, job_config
+from ddpw_runtime.hydra_jobs.mandatory import check_given
 from ddpw_runtime.launch.checks import check
 
 
@@ -120,6 +121,7 @@ def prepared(config: DictConfig, idx: int, overrides: list[str], options: Launch
     """One composed job config made a `PreparedJob`: platform read and checked with `options`; output dir
     (`earlier_output_dir` where it ran before) and `${now:}` pinned with `pin` (else `PreparedJob.pin` does it)."""
     with hydra_config_of(config):
+        check_given(config, options.platform_key)
         platform = options.platform_of(config)
     job_check(options, platform)
     saved = copy.deepcopy(OmegaConf.get_cache(config))  # where `${now:...}` keeps what it resolved: put back
