@@ -140,14 +140,14 @@ TYPED = [
                  id="launcher-option-interpolation-that-fails"),  # (a traceback through hydra-ddpw)
     pytest.param(["platform.n_procs_per_node=???"], "platform.n_procs_per_node", "???", "the value is missing: give "
                  "one, such as platform.n_procs_per_node=... on the command line", id="missing-value"),
-    pytest.param(["platform.upon_finish=raises_on_import:done"], "platform.upon_finish", "raises_on_import:done",
-                 "importing raises_on_import raised RuntimeError: this module fails as it is imported",
-                 id="upon_finish-module-raises"),
     # OmegaConf keeps the value under a `???` it merges: the launcher option's default filled the preset's mark (it ran)
     pytest.param(["+platform=cpus_must_be_given"], "platform.n_cpus_per_node", "???", "the value is missing: "
                  "platform/cpus_must_be_given.yaml marks it mandatory (???) and nothing gives it (the launcher's "
                  "default does not count); give one, such as platform.n_cpus_per_node=... on the command line",
                  id="missing-value-marked-in-a-preset"),
+    pytest.param(["platform.upon_finish=raises_on_import:done"], "platform.upon_finish", "raises_on_import:done",
+                 "importing raises_on_import raised RuntimeError: this module fails as it is imported",
+                 id="upon_finish-module-raises"),
 ]
 
 
@@ -182,11 +182,11 @@ def test_a_bad_value_typed_by_a_user_is_refused_before_any_rank_starts(
                  "use an integer >= 1", id="launcher-option-of-the-wrong-type"),
     pytest.param("hydra.launcher.max_parallel_jobs=${oc.env:DDPW_TEST_NOT_SET}", "hydra.launcher.max_parallel_jobs",
                  "${oc.env:DDPW_TEST_NOT_SET}", "cannot be resolved", id="launcher-option-interpolation-that-fails"),
+    pytest.param("+platform=cpus_must_be_given", "platform.n_cpus_per_node", "???",
+                 "platform/cpus_must_be_given.yaml marks it mandatory (???)", id="missing-value-marked-in-a-preset"),
     pytest.param("platform.master_addr=127.0.0.1,no.such.host.invalid", "platform.master_addr",
                  "no.such.host.invalid", "cannot resolve it", id="master_addr-of-a-later-job-unresolvable"),
     # Side by side, their rank logs would mix and one rank's flight-recorder file could vanish under the other's
-    pytest.param("+platform=cpus_must_be_given", "platform.n_cpus_per_node", "???",
-                 "platform/cpus_must_be_given.yaml marks it mandatory (???)", id="missing-value-marked-in-a-preset"),
     # (`FileNotFoundError` as a rank started, which failed its job).
     pytest.param("hydra.sweep.subdir=.", "hydra.sweep.subdir", ".", "jobs #0 and #1 of the sweep would run in the same "
                  "output dir", id="two-jobs-in-one-output-dir"),
@@ -201,9 +201,6 @@ def test_a_multirun_refuses_a_bad_value_of_any_job_before_the_first_starts(
     assert not list(tmp_path.iterdir()), "the refused sweep left a dir"  # (it left its multirun.yaml and lock)
 
 
-@pytest.mark.subprocess
-def test_a_multirun_whose_platform_refers_to_a_swept_key_checks_each_jobs_value(tmp_path: Path) -> None:
-    """The multirun's own config, which Hydra composes without the sweep's values, is no job's: a platform value that
 @pytest.mark.subprocess
 @pytest.mark.parametrize("mode", [[], ["-m"]], ids=["plain", "multirun"])
 def test_a_value_the_apps_config_marks_mandatory_must_be_given(tmp_path: Path, mode: list[str]) -> None:
@@ -226,6 +223,9 @@ def test_a_value_the_apps_config_marks_mandatory_must_be_given(tmp_path: Path, m
     assert [len(seen(job)) for job in job_dirs(tmp_path)] == ([1, 2] if mode else [1])
 
 
+@pytest.mark.subprocess
+def test_a_multirun_whose_platform_refers_to_a_swept_key_checks_each_jobs_value(tmp_path: Path) -> None:
+    """The multirun's own config, which Hydra composes without the sweep's values, is no job's: a platform value that
     refers to a swept key is resolved in each job (it was refused: `platform.n_procs_per_node='${nproc}': cannot be
     resolved (Interpolation key 'nproc' not found)`, though Hydra's basic launcher ran the sweep)."""
     good, bad = tmp_path / "good", tmp_path / "bad"

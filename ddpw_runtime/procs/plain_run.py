@@ -30,8 +30,8 @@ from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LauncherOptions, selected_options
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import RankStopped
-from ddpw_runtime.hydra_jobs.prepare import as_typed, command_line, hydra_config_of, job_check, pin_now, task_config
 from ddpw_runtime.hydra_jobs.mandatory import check_given
+from ddpw_runtime.hydra_jobs.prepare import as_typed, command_line, hydra_config_of, job_check, pin_now, task_config
 from ddpw_runtime.hydra_jobs.task import append_to_job_files
 from ddpw_runtime.launch.engine import describe
 from ddpw_runtime.launch.outcome import ends_a_line
@@ -194,6 +194,7 @@ def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
     from ddpw_runtime.launch.checks import check_caller_rank, gpus_available
     from ddpw_runtime.nodes.environment import place_node
 
+    check_given(config, options.platform_key)
     platform = options.platform_of(config)
     with options.naming_platform_keys():  # (this machine's GPUs first: device=gpu on a machine without one says so)
         platform = place_node(platform.validate(gpus_available(platform)))
@@ -202,7 +203,6 @@ def checked_platform(config: DictConfig, options: LauncherOptions) -> Platform:
     return platform
 
 
-    check_given(config, options.platform_key)
 _stoppable: set[CodeType] = set()
 """Code of the frames inside which rank 0 of this process may be stopped: its task, and its joining."""
 _stopped = threading.Event()
