@@ -64,8 +64,12 @@ class LauncherOptions:
         known = {f.name for f in fields(cls)}
         unknown = next((key for key in options if key not in known), None)
         owner = next((name for kind, name in _OWNERS if unknown in {f.name for f in fields(kind)}), None)
+        platform_key = options.get("platform_key", PLATFORM_KEY)
         check_known("hydra.launcher.", options, known, "hydra.launcher", "option", f". {unknown} is an option of "
-                    f"hydra/launcher={owner} only: select that launcher, or drop it" if owner else "")
+                    f"hydra/launcher={owner} only: select that launcher, or drop it" if owner else
+                    f". {unknown} is a field of the job's platform: set {platform_key}.{unknown} instead (under "
+                    f"`{platform_key}:` in the config, not `hydra: launcher:`)"
+                    if unknown in {f.name for f in fields(Platform)} else "")
         plain: dict[str, Any] = {key: OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
                                  for key, value in options.items()}
         return cls(**plain)

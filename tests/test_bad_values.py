@@ -91,6 +91,9 @@ TYPED = [
                  id="unknown-launcher-option"),
     pytest.param(["hydra.launcher.max_restart=2"], "hydra.launcher.max_restart", 2, "did you mean max_restarts?",
                  id="unknown-launcher-option-without-plus"),  # (it was Hydra's "use +", with no fix)
+    pytest.param(["+hydra.launcher.n_cpus_per_node=2"], "hydra.launcher.n_cpus_per_node", 2, "n_cpus_per_node is a "
+                 "field of the job's platform: set platform.n_cpus_per_node instead (under `platform:` in the config, "
+                 "not `hydra: launcher:`)", id="platform-field-as-a-launcher-option"),  # (its known options, no more)
     pytest.param(["platform.device=mps"], "platform.device", "mps", "no MPS device", id="mps-not-here"),
     pytest.param(["hydra/launcher=ddpw_mps"], "platform.device", "mps", "use platform.device=cpu",
                  id="ddpw_mps-not-here"),
