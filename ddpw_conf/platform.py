@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
@@ -123,7 +124,11 @@ class Platform:
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        """Accept `layout` as a mapping too (`Platform(layout={"tensor": 2})`)."""
+        """Accept `layout` as a mapping too (`Platform(layout={"tensor": 2})`), and a device named in any case or as
+        `cuda` (or a `Device`), kept as its own name (`CPU`: `cpu`), so it is shown and compared as that."""
+        if isinstance(self.device, (str, Device)):
+            with contextlib.suppress(ConfigError):  # (a name that is no device: `validate` refuses it)
+                self.device = Device.from_str(self.device).value
         if not isinstance(self.layout, Layout):
             self.layout = layout_from_config(self.layout)
 

@@ -433,6 +433,15 @@ def test_device_from_str_bad_value() -> None:
     assert "'tpu'" in str(info.value) and "cpu, gpu, mps, slurm" in str(info.value)
 
 
+@pytest.mark.parametrize("given, device", [("CPU", "cpu"), (" Gpu ", "gpu"), ("CUDA", "gpu"), (Device.MPS, "mps")])
+def test_a_device_named_in_another_case_is_kept_as_its_own_name(given: Any, device: str) -> None:
+    """`platform.device=CPU` was accepted (`Device.from_str` reads any case) and shown as typed: `device : CPU` in the
+    dry run's platform, `ddpw_runtime.platform().device == "cpu"` false in a rank. It is kept as the device's name."""
+    for platform in (Platform(device=given), platform_from_config(OmegaConf.create({"device": given}))):
+        assert platform.device == device and f"device                      : {device}\n" in platform.summary()
+    assert Platform(device="tpu").device == "tpu"  # (no device: `validate` refuses it as given)
+
+
 def test_summary_names_every_field() -> None:
     from dataclasses import fields
 
