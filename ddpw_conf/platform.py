@@ -367,8 +367,9 @@ def platform_from_config(node: Any, not_ours: str = "") -> Platform:
         return Platform()
     if isinstance(node, Platform):
         return node
-    if isinstance(node, DictConfig):
-        node = resolved_config(node)
+    if isinstance(node, DictConfig):  # a whole config's keys are the platform's fields, named `platform.<field>`
+        root = node._get_parent() is None  # noqa: SLF001 - OmegaConf has no public way to ask for a node's root
+        node = resolved_config(node, "platform." if root else "")
     if not isinstance(node, dict):
         raise ConfigError("platform", node, "platform must be a mapping of Platform fields" + not_ours)
     if isinstance(node.get("platform"), dict):  # (a preset written as a whole config: `platform:` at its top)
@@ -379,15 +380,17 @@ def platform_from_config(node: Any, not_ours: str = "") -> Platform:
     return Platform(**node)
 
 
-def resolved_config(node: Any) -> Any:
-    """`node` as plain data, resolved; `ConfigError` naming a key whose value is missing or cannot be resolved."""
+def resolved_config(node: Any, prefix: str = "") -> Any:
+    """`node` as plain data, resolved; `ConfigError` naming a key whose value is missing or cannot be resolved by its
+    full key in the node's config, after `prefix` (such as `platform.`, for a node that is a whole config)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     try:
         return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as error:
-        key = str(getattr(error, "full_key", "") or "platform")
+        full_key = str(getattr(error, "full_key", "") or "")
+        key = f"{prefix}{full_key}" if full_key else prefix.rstrip(".") or "platform"
         if isinstance(error, MissingMandatoryValue):
             raise ConfigError(key, "???", f"the value is missing: give one, such as {key}=... on the command line "
                               "or in the config") from None

@@ -442,6 +442,27 @@ def test_a_device_named_in_another_case_is_kept_as_its_own_name(given: Any, devi
     assert Platform(device="tpu").device == "tpu"  # (no device: `validate` refuses it as given)
 
 
+@pytest.mark.parametrize("text, key, value", [
+    ("n_procs_per_node: ${nope}", "platform.n_procs_per_node", "${nope}"),
+    ("layout:\n  tensor: ${oc.env:DDPW_TEST_NOT_SET}", "platform.layout.tensor", "${oc.env:DDPW_TEST_NOT_SET}"),
+    ("ipc_groups: [[0, '${nope}']]", "platform.ipc_groups[0][1]", "${nope}"),
+    ("seed: ???", "platform.seed", "???"),
+])
+def test_a_whole_config_whose_value_cannot_be_resolved_names_it_as_a_platform_key(text: str, key: str,
+                                                                                   value: str) -> None:
+    """`platform_from_config` on a config that is the platform itself (its fields at its top) named such a key without
+    `platform.` (`n_procs_per_node='${nope}': ...`), unlike every other error of that config; a node inside a config
+    is named by its key there."""
+    with pytest.raises(ConfigError) as info:
+        platform_from_config(OmegaConf.create(text))
+    assert (info.value.key, info.value.value) == (key, value)
+    assert str(info.value).startswith(f"{key}={value!r}: ")
+    nested = OmegaConf.create({"train": {"platform": OmegaConf.create(text)}})
+    with pytest.raises(ConfigError) as info:
+        platform_from_config(nested.train.platform)
+    assert (info.value.key, info.value.value) == ("train." + key, value)
+
+
 def test_summary_names_every_field() -> None:
     from dataclasses import fields
 
