@@ -14,6 +14,7 @@ import pytest
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_runtime import Wrapper
+from ddpw_runtime.launch.plan import free_port
 from ddpw_runtime.rank.libraries import mismatch
 from tests.helpers import job_dirs, run_app, run_ranks, seen
 from tests.lightning_entry_points import register_library_checks
@@ -162,6 +163,31 @@ def test_the_documented_change_runs_an_mp_spawn_script_as_one_job(tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     (job,) = job_dirs(tmp_path)
     assert [(data["world_size"], data["total"]) for data in seen(job).values()] == [(2, 3.0)] * 2
+
+
+@pytest.mark.subprocess
+def test_a_rank_that_sets_its_own_master_port_without_a_group_made_fails_at_once_naming_the_fix(tmp_path: Path) -> None:
+    # Half the documented change: ddp_main runs in each rank but still sets MASTER_PORT. With platform.ipc_groups=null
+    # its init_process_group made every rank a client of a store at that port that nobody hosts (as under torchrun),
+    # and the job hung until its time limit (30 minutes in init_process_group, were the limit longer).
+    port = free_port("127.0.0.1")
+    half_done = ("+n_procs=2", "+recipe=ranks_only", f"+port={port}")
+    proc = run_app(tmp_path, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", "platform.ipc_groups=null",
+                   "platform.timeout_min=1", *half_done, app="spawn_repo.py")
+    assert proc.returncode == 1
+    refusal = (f"ConfigError: platform.master_port=None: the task's init_process_group() looks for its store at port "
+               f"{port}, which nothing hosts (hydra-ddpw hosts this job's at 127.0.0.1:")
+    summary = next(line for line in proc.stderr.splitlines() if re.match(r"rank \d \(node 0\) failed: ", line))
+    assert refusal in summary and summary.endswith(f"or set platform.master_port={port}")  # (not cut)
+    assert "JobTimedOut" not in proc.stdout + proc.stderr
+    # The port it names runs it; with the group hydra-ddpw makes (the default), the port the task sets is not used
+    for name, fix in (("port", f"platform.master_port={port}"), ("group", "platform.ipc_groups=[]")):
+        (tmp_path / name).mkdir()
+        fixed = run_app(tmp_path / name, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", fix, *half_done,
+                        app="spawn_repo.py")
+        assert fixed.returncode == 0, fixed.stderr
+        (job,) = job_dirs(tmp_path / name)
+        assert [(data["world_size"], data["total"]) for data in seen(job).values()] == [(2, 3.0)] * 2
 
 
 @pytest.mark.parametrize(("change", "key"), [

@@ -16,7 +16,7 @@ from ddpw_runtime import _compat
 from ddpw_runtime.launch.plan import LaunchPlan
 from ddpw_runtime.rank import context
 from ddpw_runtime.rank.environment import threads_per_rank
-from ddpw_runtime.rank.task_init import JobGroup, answer_task_init, restore_init, watch_spawns
+from ddpw_runtime.rank.task_init import JobGroup, answer_task_init, restore_init, watch_own_rendezvous, watch_spawns
 
 # The job's store while this process is a rank: a task that makes its own group finds it through `env://`.
 _held_store: Any = None
@@ -50,6 +50,8 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int) -> None:
         # while a slower peer still connects, which fails with gloo's "Connection closed by peer". No device used.
         _count_in(_held_store, "joined", plan.world_size)
         answer_task_init(JobGroup(plan, rank, timeout, gpu, dist.group.WORLD))
+    else:
+        watch_own_rendezvous(plan)
     watch_spawns(plan, rank)
     context.enter(plan, rank, local_rank, gpu or torch.device(plan.device), own_group, mesh)
     random.seed(plan.platform.seed)

@@ -4,9 +4,11 @@ with `torch.multiprocessing.spawn`, which cannot make one (docs/from-torchrun.md
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -58,6 +60,41 @@ def answer_task_init(group: JobGroup) -> None:
         return None
 
     _set_init(init_process_group)
+
+
+def watch_own_rendezvous(plan: LaunchPlan) -> None:
+    """With `platform.ipc_groups=null`, from now on: the task's own `init_process_group()` finds the job's store at
+    `MASTER_PORT`, hosted for it (every rank is a client: `TORCHELASTIC_USE_AGENT_STORE`, as under torchrun). A call at
+    another port (a `MASTER_PORT` the task set, as tutorials' `ddp_main` does) would wait for a store that nobody hosts
+    until its timeout (30 minutes): it is refused, naming the fix. Undo with `restore_init`."""
+
+    @functools.wraps(_ORIGINAL)
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        port = _rendezvous_port(inspect.signature(_ORIGINAL).bind(*args, **kwargs).arguments)
+        if port is not None and port != plan.master_port and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            raise ConfigError("platform.master_port", plan.platform.master_port,
+                              f"the task's init_process_group() looks for its store at port {port}, which nothing "
+                              f"hosts (hydra-ddpw hosts this job's at {plan.master_addr}:{plan.master_port}): it would "
+                              f"wait for its timeout. Do not set MASTER_PORT in the task, or set "
+                              f"platform.master_port={port}")
+        return _ORIGINAL(*args, **kwargs)
+
+    _set_init(init_process_group)
+
+
+def _rendezvous_port(asked: dict[str, Any]) -> int | None:
+    """The port at which a call of `init_process_group` with the arguments `asked` looks for its store (None: a
+    store of its own, or a rendezvous that is not tcp)."""
+    init_method = asked.get("init_method")
+    if asked.get("store") is not None:
+        return None
+    if init_method is None or str(init_method).startswith("env://"):
+        port = os.environ.get("MASTER_PORT", "")
+        return int(port) if port.isdigit() else None
+    if str(init_method).startswith("tcp://"):
+        with contextlib.suppress(ValueError):
+            return urllib.parse.urlparse(str(init_method)).port
+    return None
 
 
 def watch_spawns(plan: LaunchPlan, rank: int) -> None:

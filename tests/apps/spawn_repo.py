@@ -1,7 +1,8 @@
 """A Hydra script that starts its own ranks with `torch.multiprocessing.spawn`, as many research repos do: `ddp_main`
 makes a group of `cfg.n_procs` ranks of its own and sums the ranks over it. With `+recipe=true` it takes the change
 docs/from-torchrun.md gives (call `ddp_main` in the rank where a launcher started it, and leave `MASTER_ADDR` and
-`MASTER_PORT` to the launcher) and reports what it saw."""
+`MASTER_PORT` to the launcher) and reports what it saw; with `+recipe=ranks_only`, only its first half (it still sets
+`MASTER_ADDR` and `MASTER_PORT`)."""
 
 import json
 import os
@@ -15,8 +16,8 @@ from omegaconf import DictConfig
 
 
 def ddp_main(rank: int, cfg: DictConfig, out_dir: str) -> None:
-    if not cfg.get("recipe"):  # as the tutorials do; the change leaves them to the launcher
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", "29533"
+    if cfg.get("recipe") is not True:  # as the tutorials do; the change leaves them to the launcher
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(cfg.get("port", 29533))
     dist.init_process_group("gloo", rank=rank, world_size=cfg.n_procs)
     total = torch.tensor([rank + 1.0])
     dist.all_reduce(total)
