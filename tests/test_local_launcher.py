@@ -210,6 +210,42 @@ def test_every_rank_ends_as_python_does_its_exit_handlers_run_and_the_files_it_l
         assert (job / f"atexit_rank_{rank}.txt").read_text() == "ran\n"
 
 
+_SWEEP_LEAVES_OPEN = """
+import atexit, gzip, sys
+import hydra
+
+class Holder:  # in a reference cycle: only a garbage collection as Python ends would close its file
+    def __init__(self, path):
+        self.me, self.file = self, gzip.open(path, "wt")
+
+HELD = Holder("sweep.gz")
+HELD.file.write("written in the sweep's process\\n")
+atexit.register(print, "an exit handler registered before the sweep ran")
+
+@hydra.main(version_base=None)
+def main(cfg):
+    return 0
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_multiruns_own_process_ends_as_python_does_exit_handlers_run_and_files_left_open_keep_what_it_wrote(
+        tmp_path: Path) -> None:
+    """The Hydra process of a multirun (the user's own) skips the last garbage collections as it ends (0.4 to 0.7 s with
+    torch loaded): every exit handler still runs, and a file left open in a reference cycle, which only those
+    collections would have closed, still keeps what was written to it (a gzip file's end too)."""
+    (tmp_path / "sweep_app.py").write_text(_SWEEP_LEAVES_OPEN)
+    proc = subprocess.run([sys.executable, "sweep_app.py", "-m", "hydra/launcher=ddpw_cpu",
+                           "platform.n_procs_per_node=1", "+x=1,2"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert "an exit handler registered before the sweep ran" in proc.stdout
+    with gzip.open(tmp_path / "sweep.gz", "rt") as zipped:
+        assert zipped.read() == "written in the sweep's process\n"
+
+
 @pytest.mark.parametrize("mode", [("fail_rank=1",), ("-m", "fail_rank=0")], ids=["plain", "multirun"])
 def test_a_rank_whose_exit_handler_hangs_is_ended_and_named_with_the_handlers_line(
         tmp_path: Path, mode: tuple[str, ...]) -> None:

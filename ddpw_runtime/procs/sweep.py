@@ -5,6 +5,7 @@ outside a task (a callback's) stops new jobs and is raised once the running ones
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import shutil
@@ -41,6 +42,7 @@ from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.nodes.environment import place_node
 from ddpw_runtime.nodes.sweep_channel import SweepChannel, hosted, stop_job_at
 from ddpw_runtime.procs.job import RESULT, JobEnd, JobPayload, run_job_process
+from ddpw_runtime.rank.own_process import end_frozen
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,10 @@ def run_jobs(hydra_context: HydraContext, task_function: TaskFunction, jobs: Seq
                           "machines runs on the same machines: sweep over other keys, or run a multirun per node count")
     if options.dry_run:
         return [_dry_run(job) for job in jobs]
+    # The program's end skips the interpreter's last garbage collections (a plain run's rank 0 does, its heap frozen
+    # at the fork): registered once, however many sweeps the program runs.
+    atexit.unregister(end_frozen)
+    atexit.register(end_frozen)
     return _Sweep(hydra_context, task_function, jobs, options, summary).run()
 
 

@@ -160,10 +160,36 @@ def open_log(log_file: Path) -> int:
 def left_open() -> list[Any]:
     """The files the task made (since the heap was frozen) and left open, outermost only (a text file, not the buffer
     it closes itself); never this process's own output."""
-    files = _compat.open_files(gc.get_objects())
+    return _outermost(_compat.open_files(gc.get_objects()))
+
+
+def _outermost(files: list[Any]) -> list[Any]:
+    """Those of `files` that no other file (nor this process's output) holds, never this process's output."""
     inner = {id(held) for file in [*files, sys.stdout, sys.stderr] for referent in gc.get_referents(file)
              for held in (referent.values() if isinstance(referent, dict) else (referent,))}
     return [file for file in files if id(file) not in inner and file not in (sys.stdout, sys.stderr)]
+
+
+def flush_left_open() -> None:
+    """Flush the files left open (`left_open`): not closed, since an exit handler that runs later may still write. But
+    a file written over another in Python (gzip, bz2, lzma) is closed: only that writes its end."""
+    files = _compat.open_files(gc.get_objects())
+    for file in _outermost(files):
+        with contextlib.suppress(Exception):
+            file.flush()
+    for file in files:
+        if type(file).__module__ != "_io":
+            with contextlib.suppress(Exception):
+                file.close()
+
+
+def end_frozen() -> None:
+    """As a process ends, once the exit handlers registered after this one ran: flush the files left open
+    (`flush_left_open`), then freeze the heap, so that the interpreter's last garbage collections do not walk it (0.4 to
+    0.7 s with torch loaded, on 2 cores). Objects are still freed by their reference counts as Python ends; only those
+    in reference cycles are left to the process's end, as Python allows (a rank leaves everything to it: `os._exit`)."""
+    flush_left_open()
+    gc.freeze()
 
 
 def flush_output() -> None:
