@@ -135,6 +135,45 @@ def test_ranks_in_different_collectives_are_named_with_each_ones_collective_and_
     assert failure.hang is not None and failure.hang.waiting == [0, 1]
 
 
+MISMATCHED_APP = """
+import datetime
+import hydra
+import torch
+import torch.distributed as dist
+import ddpw_runtime
+
+@hydra.main(version_base=None, config_path=None, config_name=None)
+def main(cfg):
+    timing_out_first = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=2))
+    if ddpw_runtime.rank() == 0:
+        dist.all_reduce(torch.ones(1), group=timing_out_first)
+    else:
+        dist.barrier()
+
+main()
+"""
+
+
+@pytest.mark.subprocess
+def test_a_plain_runs_rank_0_named_for_a_mismatch_shows_the_report_not_its_bare_timeout(tmp_path: Path) -> None:
+    """Rank 0 all-reduces while rank 1 enters a barrier, in a plain run; rank 0's collective (of a group with a shorter
+    timeout) times out first, so the job's failure is the mismatch, named on rank 0. Hydra's error is that failure,
+    with where each rank was, not rank 0's bare gloo timeout (which was all the console showed below the job's
+    summary line)."""
+    app = tmp_path / "mismatch.py"
+    app.write_text(MISMATCHED_APP)
+    proc = subprocess.run([sys.executable, str(app), "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2",
+                           "platform.collective_timeout_min=1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1, proc.stderr
+    assert "rank 0 (node 0) failed: CollectiveMismatch: the ranks waited in different collectives until rank 0's " \
+           "timed out" in proc.stderr, proc.stderr
+    report = proc.stderr[proc.stderr.index("where each rank was"):].splitlines()
+    assert report[1].startswith(f"  rank 0: waiting in all_reduce, at main ({app}:12)"), report
+    assert report[2].startswith(f"  rank 1: waiting in barrier, at main ({app}:14)"), report
+    assert "--- traceback of rank 0 ---" in proc.stderr and "Timed out waiting" in proc.stderr
+
+
 @pytest.mark.subprocess
 def test_in_ddp_training_the_rank_outside_the_gradient_all_reduce_is_named_among_3(tmp_path: Path) -> None:
     """DDP all-reduces gradients inside `backward()`, from hooks that leave no frame of torch.distributed on the

@@ -224,7 +224,8 @@ class RunSupervisor:
         """Tell rank 0 how the job ended (when it waits to hear it), then wait for its process to end."""
         self.job_over = True
         if self.awaiting.is_set() and self.exited is None:  # rank 0's Hydra run shows its own error itself
-            own = isinstance(failure, RankFailure) and failure.rank == 0 and bool(failure.traceback_text)
+            own = isinstance(failure, RankFailure) and failure.rank == 0 and bool(failure.traceback_text) \
+                and failure.hang is None  # (a hang named on rank 0, its timeout the cause: the report is the error)
             self._answer(JobSettled(None if own or failure is None else _pickled(failure)))
             with held():  # the run's one job is over: the starter exits while rank 0 finishes the run (a signal
                 close_starters()  # meanwhile is handled right after, not lost in the starter's bounded stop)
