@@ -16,6 +16,7 @@ from ddpw_conf import ConfigError, Platform
 from ddpw_runtime import Wrapper
 from ddpw_runtime.launch.plan import free_port
 from ddpw_runtime.rank.libraries import mismatch
+from ddpw_runtime.rank.task_init import _rendezvous_port
 from tests.helpers import job_dirs, run_app, run_ranks, seen
 from tests.lightning_entry_points import register_library_checks
 
@@ -178,7 +179,8 @@ def test_a_rank_that_sets_its_own_master_port_without_a_group_made_fails_at_once
     refusal = (f"ConfigError: platform.master_port=None: the task's init_process_group() looks for its store at port "
                f"{port}, which nothing hosts (hydra-ddpw hosts this job's at 127.0.0.1:")
     summary = next(line for line in proc.stderr.splitlines() if re.match(r"rank \d \(node 0\) failed: ", line))
-    assert refusal in summary and summary.endswith(f"or set platform.master_port={port}")  # (not cut)
+    assert refusal in summary  # and not cut:
+    assert summary.endswith(f"In the task, do not set MASTER_PORT; or set platform.master_port={port}")
     assert "JobTimedOut" not in proc.stdout + proc.stderr
     # The port it names runs it; with the group hydra-ddpw makes (the default), the port the task sets is not used
     for name, fix in (("port", f"platform.master_port={port}"), ("group", "platform.ipc_groups=[]")):
@@ -188,6 +190,13 @@ def test_a_rank_that_sets_its_own_master_port_without_a_group_made_fails_at_once
         assert fixed.returncode == 0, fixed.stderr
         (job,) = job_dirs(tmp_path / name)
         assert [(data["world_size"], data["total"]) for data in seen(job).values()] == [(2, 3.0)] * 2
+
+
+def test_the_port_a_call_looks_for_its_store_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASTER_PORT", "1234")
+    assert [_rendezvous_port(asked) for asked in ({}, {"init_method": "env://"}, {"init_method": "tcp://h:12355"},
+                                                  {"init_method": "file:///x"}, {"store": object()})] == \
+        [1234, 1234, 12355, None, None]
 
 
 @pytest.mark.parametrize(("change", "key"), [

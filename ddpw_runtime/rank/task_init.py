@@ -70,13 +70,15 @@ def watch_own_rendezvous(plan: LaunchPlan) -> None:
 
     @functools.wraps(_ORIGINAL)
     def init_process_group(*args: Any, **kwargs: Any) -> None:
-        port = _rendezvous_port(inspect.signature(_ORIGINAL).bind(*args, **kwargs).arguments)
+        asked = inspect.signature(_ORIGINAL).bind(*args, **kwargs).arguments
+        port = _rendezvous_port(asked)
         if port is not None and port != plan.master_port and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            given = "call it with init_method='env://'" if str(asked.get("init_method")).startswith("tcp://") else \
+                "do not set MASTER_PORT"
             raise ConfigError("platform.master_port", plan.platform.master_port,
                               f"the task's init_process_group() looks for its store at port {port}, which nothing "
                               f"hosts (hydra-ddpw hosts this job's at {plan.master_addr}:{plan.master_port}): it would "
-                              f"wait for its timeout. Do not set MASTER_PORT in the task, or set "
-                              f"platform.master_port={port}")
+                              f"hang. In the task, {given}; or set platform.master_port={port}")
         return _ORIGINAL(*args, **kwargs)
 
     _set_init(init_process_group)
