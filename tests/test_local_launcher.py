@@ -285,6 +285,21 @@ def test_a_rank_whose_task_returns_while_the_others_wait_for_it_is_named_as_the_
     assert f"  rank {early}: ENDED EARLY (exit 0)" in console
 
 
+@pytest.mark.parametrize(("mode", "early", "how"), [
+    ((), 0, "it exited with code 0 in its task (sys.exit(0), say)"), ((), 1, "its task called sys.exit(0)"),
+    (("-m",), 0, "its task called sys.exit(0)")], ids=["plain-rank-0", "plain", "multirun-rank-0"])
+def test_a_rank_whose_task_calls_sys_exit_0_while_the_others_wait_for_it_is_named_as_the_cause_saying_so(
+        tmp_path: Path, mode: tuple[str, ...], early: int, how: str) -> None:
+    """As above, but the rank's task ends with `sys.exit(0)`: the failure said "its task returned", which it never
+    did; it says how the rank ended."""
+    proc = run_app(tmp_path, *mode, "behaviour=exited_early", f"fail_rank={early}")
+    assert proc.returncode == 1
+    console = proc.stdout + proc.stderr
+    assert f"rank {early} (node 0) failed: EndedEarly: {how} while rank {1 - early} still waited for it in a " \
+           "collective at main (" in console, console
+    assert "its task returned" not in console, console
+
+
 def test_multiprocessings_temporary_folder_in_rank_0_of_a_plain_run_is_removed_as_the_program_ends(
         tmp_path: Path) -> None:
     """Rank 0 of a plain run, the program's own process, keeps the program's TMPDIR: multiprocessing removes its folder

@@ -217,6 +217,22 @@ def test_a_task_that_ends_with_sys_exit_0_on_every_rank_completes(tmp_path: Path
     assert "job #0 COMPLETED" in proc.stdout and "RankLost" not in proc.stdout + proc.stderr
 
 
+def test_what_rank_0_says_as_the_program_ends_reaches_its_log_as_every_other_ranks_does(tmp_path: Path) -> None:
+    """Rank 0 of a plain run is the program's own process: what it said after its job (an exit handler's print, a
+    finalizer's, a record logged at exit, a write to fd 2) reached the console but not `rank_0.log`, whereas every
+    other rank's log has what its process says until it ends. It reaches both, fd 2's on stderr still."""
+    proc = run_app(tmp_path, "behaviour=says_at_exit")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (job,) = job_dirs(tmp_path)
+    logs = {rank: (job / f"rank_{rank}.log").read_text() for rank in (0, 1)}
+    said = ("an exit handler's print", "a record logged at exit", "a finalizer's print")
+    for line in said:
+        assert f"rank 0: {line}\n" in logs[0] and f"rank 0: {line}\n" in proc.stdout, (logs[0], proc.stdout)
+    assert "rank 0: written to fd 2 at exit\n" in logs[0] and "rank 0: written to fd 2 at exit\n" in proc.stderr
+    for line in (*said[:2], "written to fd 2 at exit"):
+        assert f"rank 1: {line}\n" in logs[1], logs[1]
+
+
 def test_a_plain_run_of_a_program_that_started_a_thread_is_refused_in_one_line_naming_it(tmp_path: Path) -> None:
     """The refusal says what to do: it came with a traceback through hydra-ddpw's own frames, as a crash would."""
     proc = run_app(tmp_path, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", app="thread_before_run.py")

@@ -194,6 +194,11 @@ class TerminalCopy:
         self._thread = threading.Thread(target=self._copy, name="ddpw-terminal", daemon=True)
         self._thread.start()
 
+    @property
+    def writer(self) -> int:
+        """What the rank writes into (its fds 1 and 2)."""
+        return self.slave_fd
+
     def handed_over(self) -> None:
         """The rank holds the terminal now: close this process's side, so the copy ends when the rank's do."""
         if self.slave_fd >= 0:
@@ -248,6 +253,61 @@ class TerminalCopy:
         if not self._frozen.is_set():
             self._lines.write(data)
         return True
+
+
+class PipeCopy:
+    """A pipe (`write_fd`) copied to `console_fd` and appended to `log_file`, as `TerminalCopy` copies a terminal, for a
+    console that is not one (a file, a pipe): what the process that writes into it prints reaches both."""
+
+    def __init__(self, log_file: Path, console_fd: int) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        self._log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._console_fd = os.dup(console_fd)
+        self._thread = threading.Thread(target=self._copy, name="ddpw-output-copy", daemon=True)
+        self._thread.start()
+
+    @property
+    def writer(self) -> int:
+        """What the process that writes writes into."""
+        return self.write_fd
+
+    def handed_over(self) -> None:
+        """The writer holds the pipe now: close this process's end, so the copy ends when the writer's do."""
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def stop(self) -> None:
+        """Wait (at most `_DRAIN_WAIT_S`) until everything written is copied, then close."""
+        self.handed_over()
+        self._thread.join(_DRAIN_WAIT_S)
+        if not self._thread.is_alive():
+            for fd in (self.read_fd, self._log_fd, self._console_fd):
+                os.close(fd)
+
+    def _copy(self) -> None:
+        while data := os.read(self.read_fd, _CHUNK):
+            _write_all(self._log_fd, data)
+            _write_all(self._console_fd, data)
+
+
+def copied_output(log_file: Path) -> list[TerminalCopy | PipeCopy]:
+    """A copy of this process's fds 1 and 2 each (a terminal's for a terminal, a pipe's for anything else) that also
+    appends to `log_file`: what writes into them reaches this process's console and the log. One for both when both
+    are the same terminal."""
+    copies: list[TerminalCopy | PipeCopy] = []
+    for fd in (1, 2):
+        if fd == 2 and copies and isinstance(copies[0], TerminalCopy) and os.isatty(2) and _same_file(1, 2):
+            copies.append(copies[0])
+        else:
+            copies.append(TerminalCopy(log_file, fd, "") if os.isatty(fd) else PipeCopy(log_file, fd))
+    return copies
+
+
+def _same_file(fd: int, other: int) -> bool:
+    one, two = os.fstat(fd), os.fstat(other)
+    return (one.st_dev, one.st_ino, one.st_rdev) == (two.st_dev, two.st_ino, two.st_rdev)
 
 
 class ConsoleRanks:

@@ -122,8 +122,9 @@ def _ended_early(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFai
     at = f" at {place.where()}" if place is not None else ""
     return RankFailure(
         rank=first.rank, node=first.node, exit_code=first.exit_code, error_type="EndedEarly",
-        error_message=f"its task returned while rank {cause.rank} still waited for it in a collective{at}: every rank "
-                      "must enter the same collectives (as many batches on every rank, no early return on one)",
+        error_message=f"{first.result.how_it_ended if first.result is not None else 'its task returned'} while rank "
+                      f"{cause.rank} still waited for it in a collective{at}: every rank must enter the same "
+                      "collectives (as many batches on every rank, no early return on one)",
         log_file=first.log_file, outcomes=sorted(outcomes, key=lambda o: o.rank),
         waiting_error=f"rank {cause.rank}: {cause.error.headline}")
 

@@ -149,9 +149,17 @@ class TaskEnded(NamedTuple):
     result: RankResult | None
 
 
+class ExitBegan(NamedTuple):
+    """From rank 0's process: it began to exit (its `atexit` handlers run) at `at` (`time.time`) while its task ran, as
+    a `sys.exit(0)` in the task ends it; its connections to its peers are still open."""
+
+    at: float
+
+
 class JobSettled(NamedTuple):
     """To rank 0's process, answering `TaskEnded` (or instead of `RankZero`): how the job ended. `error`: its failure
-    (pickled) unless rank 0's own; `restart`: a `RankZero` follows; `stopped`: the signal that interrupted it."""
+    (pickled) unless rank 0's own; `restart`: a `RankZero` follows; `stopped`: the signal that interrupted it.
+    Attached, unless `restart`: where its fds 1 and 2 write from now on, until it ends (console and rank 0's log)."""
 
     error: bytes | None
     restart: bool = False

@@ -117,11 +117,19 @@ class RankResult:
     imported: tuple[str, ...] = ()
     """Torch modules this rank imported that its parent lacked: the starter loads them for later jobs (`Preload`)."""
     finished_at: float = field(default_factory=time.time)
+    exited: str = ""
+    """How a task that did not return ended its rank with success: `called sys.exit(0)` (its own words for the exit, as
+    they follow "its task" or "it"); "" when it returned."""
 
     @property
     def ok(self) -> bool:
-        """Whether the task returned."""
+        """Whether the task returned (or ended its rank with success: `exited`)."""
         return self.error is None
+
+    @property
+    def how_it_ended(self) -> str:
+        """How its task ended, for a message: "its task returned", or how it exited instead."""
+        return self.exited or "its task returned"
 
     @staticmethod
     def success(rank: int, value: Any, loaded_by_task: Collection[str] = ()) -> RankResult:

@@ -14,6 +14,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -38,12 +39,19 @@ from ddpw_runtime.launch.outcome import ends_a_line
 from ddpw_runtime.launch.payload import TaskCall
 from ddpw_runtime.launch.plan import DUMP_SIGNAL, stacks_file
 from ddpw_runtime.launch.process_state import ProcessState
-from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankZero, RunEnded, TaskEnded
+from ddpw_runtime.launch.protocol import Channel, ExitBegan, JobSettled, JobStarting, RankZero, RunEnded, TaskEnded
 from ddpw_runtime.launch.records import RankResult
 from ddpw_runtime.launch.starter import import_torch_first
 from ddpw_runtime.launch.supervisor import STOP_SIGNAL
 from ddpw_runtime.rank import recorder
-from ddpw_runtime.rank.own_process import ImportHold, RankInThisProcess, left_open, on_stack, open_log
+from ddpw_runtime.rank.own_process import (
+    ImportHold,
+    RankInThisProcess,
+    flush_output,
+    left_open,
+    on_stack,
+    open_log,
+)
 
 _T = TypeVar("_T")
 
@@ -258,6 +266,33 @@ def _flush_left_open() -> None:
                 file.close()
 
 
+_program_output: list[int] = []
+"""Copies of the program's own fds 1 and 2, while those write where a job's supervisor said (`_output_to`)."""
+
+
+def _output_to(fds: list[int]) -> None:
+    """From its job's end until the process ends, fds 1 and 2 write into `fds` (the supervisor copies them to the
+    console and rank 0's log); the program's own are put back when it runs another job (`_program_output_back`)."""
+    if len(fds) != 2:
+        return
+    flush_output()
+    if not _program_output:
+        _program_output.extend((os.dup(1), os.dup(2)))
+    for fd, new in zip((1, 2), fds, strict=True):
+        os.dup2(new, fd)
+        os.close(new)
+
+
+def _program_output_back() -> None:
+    """The program's own fds 1 and 2 again (a program that runs a job after another, hydra-zen's `launch`)."""
+    if _program_output:
+        flush_output()
+        for fd, saved in zip((1, 2), _program_output, strict=True):
+            os.dup2(saved, fd)
+            os.close(saved)
+        _program_output.clear()
+
+
 class RankZeroSide:
     """Rank 0 of a plain run, in the user's own process, and its channel to the supervisor."""
 
@@ -278,6 +313,7 @@ class RankZeroSide:
         recorder.keep_stacks(lambda: faulthandler.register(DUMP_SIGNAL, file=dumps, all_threads=True))
         os.register_at_fork(after_in_child=_in_forks)
         atexit.register(_as_it_ends)
+        atexit.register(self._as_it_exits)
 
     @staticmethod
     def fork(platform: Platform, options: LauncherOptions) -> RankZeroSide:
@@ -285,6 +321,7 @@ class RankZeroSide:
         A CPU-only torch is imported first, so the supervisor forks the ranks with it loaded (one import, not two)."""
         from ddpw_runtime.procs.run_supervisor import fork_supervisor
 
+        _program_output_back()
         import_torch_first()
         return RankZeroSide(fork_supervisor(platform, options))
 
@@ -305,6 +342,7 @@ class RankZeroSide:
         while True:
             message, fds = self._next_message()
             if isinstance(message, JobSettled):
+                _output_to(fds)
                 _end_run(message, None)
             assert isinstance(message, RankZero)
             self.log_file = message.plan.log_file(0)
@@ -373,9 +411,19 @@ class RankZeroSide:
         os.close(fd)
 
     def _settled(self) -> JobSettled:
-        message, _ = self._next_message()
+        message, fds = self._next_message()
         assert isinstance(message, JobSettled)
+        _output_to(fds)
         return message
+
+    def _as_it_exits(self) -> None:
+        """At the process's end: when its task still runs (a `sys.exit` in it), tell the supervisor when its exit
+        began, its peers' connections still open (so that it, not they, is the cause of their failure); close the
+        channel (dropped open, Python warns of it as the program ends)."""
+        with contextlib.suppress(OSError, KeyboardInterrupt):
+            if self.rank is not None:
+                self.channel.send(ExitBegan(time.time()))
+        self.channel.close()
 
     def _next_message(self) -> tuple[object, list[int]]:
         """The supervisor's next message, read on a thread (no signal handler runs there to cut it short). An error a

@@ -78,7 +78,10 @@ def run_rank(payload_path: str, local_rank: int, terminal: int | None = None,
             held = _hold_stops()  # the task is over: its result is written whole before the job's stop takes it
         result = RankResult.success(rank, value, _loaded_since(before_task))
     except SystemExit as exc:  # `sys.exit()` in a task: success for status 0 or None
-        result = RankResult.success(rank, None) if exc.code in (0, None) else RankResult.failure(rank, from_task(exc))
+        if exc.code in (0, None):
+            result = RankResult(rank, exited=f"its task called sys.exit({'' if exc.code is None else exc.code!r})")
+        else:
+            result = RankResult.failure(rank, from_task(exc))
     except BaseException as exc:  # every failure goes back to the controller
         result = RankResult.failure(rank, explained(from_task(exc)))
     result.imported = _torch_modules_imported(inherited)

@@ -30,11 +30,21 @@ from ddpw_runtime.errors import RankFailure, Terminated
 from ddpw_runtime.launch import signals
 from ddpw_runtime.launch.bounds import KILL_WAIT_S, TERM_WAIT_S, WAIT_SLICE_S
 from ddpw_runtime.launch.children import Children, wait_for_exit
+from ddpw_runtime.launch.console import PipeCopy, TerminalCopy, copied_output
 from ddpw_runtime.launch.engine import settle, with_restarts
 from ddpw_runtime.launch.job import Grace, NodeJob, local_job, starter_for
 from ddpw_runtime.launch.job_processes import children_of_this_process
 from ddpw_runtime.launch.payload import write_atomically
-from ddpw_runtime.launch.protocol import Channel, JobSettled, JobStarting, RankExited, RankZero, RunEnded, TaskEnded
+from ddpw_runtime.launch.protocol import (
+    Channel,
+    ExitBegan,
+    JobSettled,
+    JobStarting,
+    RankExited,
+    RankZero,
+    RunEnded,
+    TaskEnded,
+)
 from ddpw_runtime.launch.records import RankResult, portable_pickle
 from ddpw_runtime.launch.signals import blocked, handle, held, raised_for, send_to_group, signal_of
 from ddpw_runtime.launch.starter import close_starters, starter_threads
@@ -112,6 +122,12 @@ class RunSupervisor:
         """What rank 0's process said; None once it ended (`exited`)."""
         self._watcher: threading.Thread | None = None
         self.result_file: Path | None = None
+        self.log_file: Path | None = None
+        """Rank 0's log, once its job has started."""
+        self.output_copies: list[TerminalCopy | PipeCopy] = []
+        """From the job's end: rank 0's fds 1 and 2, copied to this process's own and to rank 0's log."""
+        self.exit_began: float | None = None
+        """When rank 0's process began to exit while its task ran (`ExitBegan`)."""
         self.ranks: NodeRanks | None = None
         """The running attempt's ranks (a second Ctrl-C or SIGTERM kills them at once; its inbox gets rank 0's end)."""
         self.task_ended = threading.Event()
@@ -157,6 +173,8 @@ class RunSupervisor:
             close_starters()
             self.witness.close()
             self._stop_what_rank_zero_left()
+            for copy in dict.fromkeys(self.output_copies):  # what rank 0 wrote last reaches the console and its log
+                copy.stop()
 
     def _job(self, starting: JobStarting) -> BaseException | None:
         """Run the job whose rank 0 is starting; its failure, or None when every rank returned. KeyboardInterrupt or
@@ -191,6 +209,7 @@ class RunSupervisor:
 
         with local_job(starting.task, starting.state, job) as local, local.console() as console:
             self.result_file = local.payload.result_file(0)
+            self.log_file = local.plan.log_file(0)
             env = {**rank_environment(local.plan, 0, 0, local.payload.state.env),
                    **local.payload.job_environment(own_process=True)}
             terminal = console.terminal_of(0)
@@ -237,9 +256,23 @@ class RunSupervisor:
         return 1 if failure is not None and not own else _exit_code(self.exited or 0)
 
     def _answer(self, settled: JobSettled) -> None:
+        fds = [] if settled.restart else self._output_after_the_job()
         with held(), suppress(OSError):  # answered and no longer waiting, or neither (OSError: it is gone)
             self.awaiting.clear()
-            self.channel.send(settled)
+            self.channel.send(settled, fds)
+        for copy in self.output_copies:
+            copy.handed_over()
+
+    def _output_after_the_job(self) -> list[int]:
+        """What rank 0's fds 1 and 2 write into once its job is over, until its process ends (the program's output:
+        its exit handlers', Hydra's error report, what the program does after its run): copied to this process's own
+        and to rank 0's log, as every other rank's output goes to its log until it ends. Made once; none (rank 0 keeps
+        its own) before the job has a log, or when this process has no output to copy to."""
+        if self.output_copies or self.log_file is None:
+            return []
+        with suppress(OSError):
+            self.output_copies = copied_output(self.log_file)
+        return [copy.writer for copy in self.output_copies]
 
     def _end_of_run(self) -> int:
         """Wait for rank 0's process to end (Hydra finishing the run); its exit code."""
@@ -379,6 +412,8 @@ class RunSupervisor:
                 message, _ = self.channel.recv()
             except (EOFError, OSError):
                 break
+            if isinstance(message, ExitBegan):
+                self.exit_began = message.at
             if isinstance(message, (JobStarting, TaskEnded)):
                 self.awaiting.set()
             if isinstance(message, TaskEnded):
@@ -398,7 +433,10 @@ class RunSupervisor:
             if self.exited == 0 and self.result_file is not None and ranks.local.payload.task_mark(0).exists():
                 # The program ended with status 0 in its task (`sys.exit()` there, past Hydra's job): its task
                 # returned, as a rank's `sys.exit(0)` does (a plain run's rank 0 hands no value back).
-                write_atomically(self.result_file, pickle.dumps(RankResult(0)))
+                # It ended as its exit began (its peers' connections then still open), not when this saw it end.
+                result = RankResult(0, exited="it exited with code 0 in its task (sys.exit(0), say)")
+                result.finished_at = min(self.exit_began or result.finished_at, result.finished_at)
+                write_atomically(self.result_file, pickle.dumps(result))
             ranks.inbox.put(RankExited(self.pid, self.exited))
         self.events.put(None)
 

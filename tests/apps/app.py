@@ -180,6 +180,22 @@ def leave_open(output_dir: str, rank: int) -> None:
     atexit.register(lambda: open(os.path.join(output_dir, f"atexit_rank_{rank}.txt"), "w").write("ran\n"))
 
 
+def say_at_exit(rank: int) -> None:
+    """What a task leaves to say as its process ends: an exit handler's print, a line written to fd 2 directly (a C
+    library), a logger of its own flushed as logging shuts down, and (made last: run first) a `weakref.finalize`."""
+    import logging
+    import weakref
+
+    atexit.register(lambda: print(f"rank {rank}: an exit handler's print", flush=True))
+    atexit.register(lambda: os.write(2, f"rank {rank}: written to fd 2 at exit\n".encode()))
+    logger = logging.getLogger("says_at_exit")
+    logger.propagate = False
+    logger.addHandler(logging.StreamHandler(sys.stdout))
+    atexit.register(lambda: logger.warning("rank %d: a record logged at exit", rank))
+    LEFT_OPEN.append(kept := type("Kept", (), {})())
+    weakref.finalize(kept, print, f"rank {rank}: a finalizer's print", flush=True)
+
+
 def upload_at_exit() -> None:
     """An exit handler that hangs (a tracker's upload whose server does not answer)."""
     while True:
@@ -510,6 +526,10 @@ def main(cfg: DictConfig) -> object:
             misbehave("hang")
     if cfg.behaviour == "ended_early" and seen["rank"] == cfg.fail_rank:  # it returns; the others enter a barrier
         return {"rank": seen["rank"]}
+    if cfg.behaviour == "says_at_exit":
+        say_at_exit(seen["rank"])
+    if cfg.behaviour == "exited_early" and seen["rank"] == cfg.fail_rank:  # sys.exit(0); the others enter a barrier
+        sys.exit(0)
     if cfg.behaviour == "mp_temp_dir":  # multiprocessing's temporary folder, which it removes as the process ends
         multiprocessing.util.get_temp_dir()
     if cfg.behaviour == "leave_open":
