@@ -51,6 +51,14 @@ def job_error(ret: JobReturn) -> BaseException | None:
     return ret._return_value if ret.status is JobStatus.FAILED else None
 
 
+def config_file(loader: Any, config_path: str) -> Any:
+    """The config file `config_path` (a `ConfigResult`: its config and header) as `loader`, Hydra's config loader,
+    finds it on the search path; None when missing. Private: `ConfigLoaderImpl.repository`. Fallback: None (the app's
+    `???` marks are not read; the launcher's defaults stand in for them, as Hydra's merge leaves them)."""
+    repository = getattr(loader, "repository", None)
+    return None if repository is None else repository.load_config(config_path)
+
+
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 """`hydra.sweeper._target_` of Hydra's basic sweeper, whose jobs follow from the overrides alone (a resume matches
 them to an earlier run's). Private: the module that holds it."""
@@ -119,6 +127,25 @@ def run_exit_handlers() -> None:
 
     if hasattr(atexit, "_clear"):
         getattr(atexit, "_run_exitfuncs", lambda: None)()
+
+
+def disown_finalizers() -> None:
+    """Make the `weakref.finalize` finalizers this process has now (those of the process it is a fork of) run no more
+    as it exits: `run_finalizers` then runs only those made since. Public: `finalize.atexit`; private:
+    `weakref.finalize._registry`. Fallback: nothing."""
+    import weakref
+
+    for pending in list(getattr(weakref.finalize, "_registry", {})):
+        pending.atexit = False
+
+
+def run_finalizers() -> None:
+    """Run the `weakref.finalize` finalizers whose `atexit` is true, as Python does as it exits (a rank ends with
+    `os._exit`, and its `atexit` list, cleared at its fork, may lack weakref's own handler). Private:
+    `weakref.finalize._exitfunc`, which Python registers with `atexit`. Fallback: nothing."""
+    import weakref
+
+    getattr(weakref.finalize, "_exitfunc", lambda: None)()
 
 
 def open_files(objects: list[Any]) -> list[Any]:

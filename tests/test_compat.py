@@ -49,6 +49,20 @@ def test_the_basic_sweepers_target_is_the_one_hydra_configures(hydra_restore_sin
     assert config.hydra.sweeper._target_ == _compat.BASIC_SWEEPER
 
 
+def test_a_config_file_is_read_as_hydras_loader_finds_it(tmp_path: Path, hydra_restore_singletons: Any) -> None:
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    (tmp_path / "platform").mkdir()
+    (tmp_path / "platform" / "mine.yaml").write_text("# @package _global_\nplatform:\n  n_procs_per_node: ???\n")
+    with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
+        loader = GlobalHydra.instance().config_loader()
+        found = _compat.config_file(loader, "platform/mine")
+        assert OmegaConf.to_container(found.config) == {"platform": {"n_procs_per_node": "???"}}
+        assert found.header["package"] == "_global_"
+        assert _compat.config_file(loader, "platform/none") is None
+
+
 def test_report_like_hydra_prints_a_compact_error_alone_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert _compat.report_like_hydra(lambda: 7) == 7
 

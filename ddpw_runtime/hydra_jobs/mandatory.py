@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ddpw_conf import ConfigError
+from ddpw_runtime import _compat
 
 MISSING = "???"
 _FOUND: dict[tuple[Any, ...], list[tuple[str, str]]] = {}
@@ -58,15 +59,12 @@ def _read_marks(config_name: str, overrides: list[str], nodes: tuple[str, ...]) 
     from omegaconf.errors import OmegaConfBaseException
 
     loader = GlobalHydra.instance().config_loader()
-    repository = getattr(loader, "repository", None)
-    if repository is None:
-        return []
     files: list[tuple[str, Any]] = []
     try:
         for default in loader.compute_defaults_list(config_name, overrides, RunMode.RUN).defaults:
             if default.config_path is None or default.config_path.startswith("hydra/"):
                 continue  # (Hydra's own groups, where the launcher options are)
-            loaded = repository.load_config(default.config_path)
+            loaded = _compat.config_file(loader, default.config_path)
             if loaded is None:
                 continue
             package = default.package if default.package is not None else loaded.header.get("package") or ""
