@@ -202,6 +202,31 @@ def test_the_failure_names_the_rank_outside_the_collective_among_2(tmp_path: Pat
     assert failure.__cause__ is not None and "Timed out waiting" in str(failure.__cause__)
 
 
+def _held_up_in_the_ipc_group() -> None:
+    import torch
+    import torch.distributed as dist
+
+    import ddpw_runtime
+
+    if rank() == 1:
+        while True:
+            time.sleep(1)
+    dist.all_reduce(torch.ones(1), group=ddpw_runtime.group())
+
+
+@pytest.mark.subprocess
+def test_a_collective_in_a_ranks_ipc_group_times_out_after_the_collective_timeout(tmp_path: Path) -> None:
+    """`platform.ipc_groups` groups are hydra-ddpw's too: a collective in one waits `collective_timeout_min`, as in the
+    world group, and the rank outside it is named (it waited torch's default 30 minutes; here the job's time limit,
+    far later than the collective timeout, ended it first, as JobTimedOut)."""
+    platform = Platform(n_procs_per_node=2, ipc_groups=[[0, 1]], collective_timeout_min=0.03, timeout_min=1)
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_held_up_in_the_ipc_group, platform=platform, log_dir=tmp_path)
+    failure = info.value
+    assert (failure.rank, failure.error_type) == (1, "NotInCollective"), failure
+    assert "Timed out waiting" in failure.waiting_error
+
+
 @pytest.mark.subprocess
 def test_the_callers_rank_0_outside_the_collective_is_named(tmp_path: Path) -> None:
     """`Wrapper(caller_rank=True)` whose rank 0, the caller, never reaches the collective rank 1 waits in: rank 0 is

@@ -39,7 +39,7 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int) -> None:
         dist.init_process_group(backend=plan.backend, store=_held_store, rank=rank, world_size=plan.world_size,
                                 timeout=timeout, device_id=gpu)
         for members in plan.groups:
-            group = dist.new_group(members)
+            group = dist.new_group(members, timeout=timeout)  # (else torch's default, 30 minutes)
             if rank in members:
                 own_group = group
         layout = plan.platform.layout
