@@ -229,7 +229,7 @@ def test_what_rank_0_says_as_the_program_ends_reaches_its_log_as_every_other_ran
     for line in said:
         assert f"rank 0: {line}\n" in logs[0] and f"rank 0: {line}\n" in proc.stdout, (logs[0], proc.stdout)
     assert "rank 0: written to fd 2 at exit\n" in logs[0] and "rank 0: written to fd 2 at exit\n" in proc.stderr
-    for line in (*said[:2], "written to fd 2 at exit"):
+    for line in (*said, "written to fd 2 at exit"):  # (a rank's finalizers did not run as it ended)
         assert f"rank 1: {line}\n" in logs[1], logs[1]
 
 

@@ -73,6 +73,7 @@ def run_rank(payload_path: str, local_rank: int, terminal: int | None = None,
             _task_may_start()
             payload.task_mark(rank).touch(0o600)
             gc.freeze()  # what the task makes from now on is what `_end_as_python_does` looks through
+            _compat.disown_finalizers()  # (the controller's and the starter's)
             value = task()
         finally:
             held = _hold_stops()  # the task is over: its result is written whole before the job's stop takes it
@@ -110,6 +111,7 @@ def _end_as_python_does(returned: bool, timeout_min: float) -> None:
     signal.alarm(min(math.ceil(timeout_min * 60), 2**31 - 1))  # (a C int: 68 years, below the 100 it may be)
     if returned:
         _compat.run_exit_handlers()
+        _compat.run_finalizers()  # (weakref's own exit handler, registered before the fork, was dropped there)
     if "logging" in sys.modules:
         sys.modules["logging"].shutdown()
     for file in left_open():  # what they hold back reaches the disk
