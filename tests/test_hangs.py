@@ -454,6 +454,22 @@ def test_the_report_names_each_ranks_last_collective_and_the_one_the_culprit_is_
                                             "out/fr_rank_<k>:"
 
 
+def test_a_group_the_task_made_is_named_by_torchs_name_and_a_culprit_outside_it_by_its_last_collective() -> None:
+    """A group made by `dist.new_group()` without `group_desc` (torch describes it as `undefined`) that a rank never
+    entered: the report said `collectives: none entered, not all_reduce #1 of group undefined` for a rank that had
+    entered the world group's collectives."""
+    waiting = from_dump(0, DUMP)
+    stuck = RankPlace(1, (Frame("/repo/train.py", 57, "train"),))
+    assert waiting is not None
+    world = (Collective("broadcast", 3, "0"), Collective("all_reduce", 4, "0"))
+    subgroup = Collective("all_reduce", 1, "1", "undefined")
+    recorded = (Recorded(0, (world[-1], subgroup), (*world, subgroup)), Recorded(1, world[-1:], world))
+    report = HangReport("asked", (waiting, stuck), recorded=recorded)
+    assert report.awaited == subgroup
+    assert report.lines()[0].endswith("; collectives: last entered all_reduce #4, not all_reduce #1 of group 1")
+    assert report.lines()[1].endswith("; collectives: last entered all_reduce #1 of group 1")
+
+
 def test_the_collective_awaited_is_the_first_the_culprit_missed_when_the_waiting_ranks_enqueued_more() -> None:
     """NCCL's collectives are asynchronous: a rank waiting for a peer has enqueued the collectives after the one it
     waits in (seen on a GPU: `all_reduce #3`, then the `barrier`'s `all_reduce_barrier #4`)."""

@@ -13,6 +13,7 @@ from typing import Any
 from ddpw_runtime.launch.plan import recorder_file
 
 _DEFAULT_GROUP_DESC = "default_pg"  # how torch describes the default process group
+_UNDESCRIBED = ("", "undefined")  # how torch describes a group made without `group_desc`: named by its name
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,8 @@ class Collective:
     desc: str = _DEFAULT_GROUP_DESC
 
     def __str__(self) -> str:
-        where = "" if self.desc == _DEFAULT_GROUP_DESC else f" of group {self.desc or self.group}"
+        described = self.group if self.desc in _UNDESCRIBED else self.desc
+        where = "" if self.desc == _DEFAULT_GROUP_DESC else f" of group {described}"
         return f"{self.name} #{self.seq}{where}"
 
 

@@ -158,7 +158,8 @@ class HangReport:
             return ""
         awaited = self.awaited
         last = record.newest if awaited is None else record.in_group(awaited.group)
-        text = f"; collectives: last entered {last}" if last is not None else "; collectives: none entered"
+        shown = last or record.newest  # (none in the awaited collective's group: the last it entered elsewhere)
+        text = f"; collectives: last entered {shown}" if shown is not None else "; collectives: none entered"
         if awaited is not None and (last is None or last.seq < awaited.seq):
             text += f", not {awaited}"
         return text
