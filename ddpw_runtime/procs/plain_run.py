@@ -8,7 +8,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
-import gc
 import os
 import pickle
 import signal
@@ -47,8 +46,8 @@ from ddpw_runtime.rank import recorder
 from ddpw_runtime.rank.own_process import (
     ImportHold,
     RankInThisProcess,
+    end_frozen,
     flush_output,
-    left_open,
     on_stack,
     open_log,
 )
@@ -245,25 +244,14 @@ def _in_forks() -> None:
 
 def _as_it_ends() -> None:
     """At the program's end (maybe a `sys.exit` in the task): ignore `DUMP_SIGNAL` and `STOP_SIGNAL`, whose default
-    action would end the process with that signal's code once Python drops its handlers as it finalizes."""
+    action would end the process with that signal's code once Python drops its handlers as it finalizes; the files
+    the task left open keep what they hold, and Python's last collections do not walk the heap (`end_frozen`; most of
+    it was frozen at the fork already)."""
     with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C now ends the program as it was ending anyway
         recorder.no_stacks()
         for sig in (DUMP_SIGNAL, STOP_SIGNAL):
             signal.signal(sig, signal.SIG_IGN)
-        _flush_left_open()
-
-
-def _flush_left_open() -> None:
-    """Flush the files the task left open, which Python does not free as it ends (frozen at the fork; unfreezing costs
-    0.3 s with torch). Not closed: an exit handler registered before the run runs later and may still write. But a
-    file written over another in Python (gzip, bz2, lzma) is closed: only that writes its end."""
-    for file in left_open():
-        with contextlib.suppress(Exception):
-            file.flush()
-    for file in _compat.open_files(gc.get_objects()):  # (made since the fork: what was there before is frozen)
-        if type(file).__module__ != "_io":
-            with contextlib.suppress(Exception):
-                file.close()
+        end_frozen()
 
 
 _program_output: list[int] = []
