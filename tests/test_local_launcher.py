@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpw_runtime.launch.console import ConsoleEcho
+from ddpw_runtime.launch.console import ConsoleEcho, PipeCopy
 from tests.helpers import APPS, job_dirs, leftover, run_app, seen
 
 pytestmark = pytest.mark.subprocess  # every test here starts programs or rank processes
@@ -334,3 +334,26 @@ def test_a_progress_bar_of_a_rank_shown_with_its_prefix_keeps_the_prefix(tmp_pat
     os.close(write)
     with os.fdopen(read, "rb") as shown:
         assert shown.read() == b"[rank 1] step 3/3\n[rank 1] loaded\n[rank 1] step 1/2\n"
+
+
+def test_two_streams_copied_into_one_log_never_land_inside_each_others_lines(tmp_path: Path) -> None:
+    """A plain run's rank 0 after its job: its stdout and stderr, each a pipe copied to the console and to rank_0.log.
+    A line that one stream writes in parts (a `print` writes its text, then its newline) stays whole in the log while
+    the other stream writes a line of its own in between."""
+    log = tmp_path / "rank_0.log"
+    consoles = [os.pipe() for _ in range(2)]
+    out, err = (PipeCopy(log, console_w) for _, console_w in consoles)
+
+    def write(copy: PipeCopy, console_r: int, data: bytes) -> None:
+        os.write(copy.writer, data)
+        assert os.read(console_r, len(data)) == data  # copied: the console has it
+
+    write(out, consoles[0][0], b"printed")
+    write(err, consoles[1][0], b"to stderr\n")
+    write(out, consoles[0][0], b"\n")
+    for copy in (out, err):
+        copy.stop()
+    assert log.read_text() == "to stderr\nprinted\n"
+    for console_r, console_w in consoles:
+        os.close(console_r)
+        os.close(console_w)

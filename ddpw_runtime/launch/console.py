@@ -287,9 +287,16 @@ class PipeCopy:
                 os.close(fd)
 
     def _copy(self) -> None:
+        """Each chunk to the console as it comes; to the log whole lines (a partial one once its line ends, or it grows
+        past a chunk), so that the other stream's copy into the same log never lands inside one of this stream's."""
+        pending = b""
         while data := os.read(self.read_fd, _CHUNK):
-            _write_all(self._log_fd, data)
             _write_all(self._console_fd, data)
+            pending += data
+            cut = pending.rfind(b"\n") + 1 if len(pending) < _CHUNK else len(pending)
+            _write_all(self._log_fd, pending[:cut])
+            pending = pending[cut:]
+        _write_all(self._log_fd, pending)
 
 
 def copied_output(log_file: Path) -> list[TerminalCopy | PipeCopy]:
