@@ -9,6 +9,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -417,6 +418,18 @@ def test_the_report_names_the_ranks_outside_the_collective_first() -> None:
         "rank 2: had ended",
     ]
     assert HangReport("asked", (stuck,)).culprits == []  # nobody waits: nobody holds anybody up
+
+
+def test_a_rank_inside_a_library_is_shown_in_the_call_its_code_made_and_where_that_ended_up() -> None:
+    """A rank whose DataLoader waits for a worker: its innermost frame alone (`select`) does not say it is the
+    DataLoader; the call the user's code made does."""
+    selectors = f"{sysconfig.get_paths()['stdlib']}/selectors.py"
+    stuck = RankPlace(1, (Frame(selectors, 415, "select"),
+                          Frame("/site-packages/torch/utils/data/dataloader.py", 1133, "_try_get_data"),
+                          Frame("/site-packages/torch/utils/data/dataloader.py", 733, "__next__"),
+                          Frame("/repo/train.py", 58, "train")))
+    assert stuck.where() == ("train (/repo/train.py:58), inside __next__ (/site-packages/torch/utils/data/"
+                             f"dataloader.py:733) ... select ({selectors}:415)")
 
 
 def _dump(*entries: tuple[str, int, str]) -> bytes:

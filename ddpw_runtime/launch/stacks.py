@@ -79,8 +79,9 @@ class RankPlace:
         return "backward (DDP's gradient all-reduce)" if inside[-1].in_backward else inside[-1].function
 
     def where(self) -> str:
-        """Where the rank was: its user's frames (`load_batch (train.py:57) <- train (train.py:80)`), then the innermost
-        frame when it is not the user's (`, inside _next_data (.../dataloader.py:1320)`)."""
+        """Where the rank was: its user's frames (`load_batch (train.py:57) <- train (train.py:80)`), then, when it was
+        inside a library, the library's call the user's code made and the innermost frame (`, inside __next__
+        (.../dataloader.py:733) ... select (.../selectors.py:415)`: its DataLoader, waiting for a worker)."""
         if self.silent:
             return f"an unknown place (it gave no stack: {self.silent})"
         users = [frame for frame in self.frames if frame.is_users][:_FRAMES_SHOWN]
@@ -88,7 +89,8 @@ class RankPlace:
             return " <- ".join(map(str, self.frames[:_FRAMES_SHOWN])) or "no Python frame"
         text = " <- ".join(map(str, users))
         if not self.frames[0].is_users and not self.waiting:
-            text += f", inside {self.frames[0]}"
+            called = self.frames[self.frames.index(users[0]) - 1]
+            text += f", inside {called}" + (f" ... {self.frames[0]}" if called is not self.frames[0] else "")
         return text
 
 
