@@ -192,6 +192,21 @@ def node_result_time(task: Any) -> float:
     return float(task.paths.result_pickle.stat().st_mtime)
 
 
+def mesh_group_options(backend: str, timeout: Any) -> Any:
+    """Options that give a DeviceMesh's groups `timeout`, for `init_device_mesh`'s public `backend_override`: it takes
+    no timeout, and its groups would wait torch's default (30 minutes), not the job's collective timeout. Private: the
+    backend's Options (NCCL's `ProcessGroupNCCL.Options`, gloo's `ProcessGroupGloo._Options`) and their `_timeout`,
+    which DeviceMesh reads. Fallback: None (torch's default timeout)."""
+    import torch.distributed as dist
+
+    try:
+        options = dist.ProcessGroupNCCL.Options() if "nccl" in backend else dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+        options._timeout = timeout
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+    return options
+
+
 def compiled_original(model: Any) -> Any:
     """The module `torch.compile` wrapped in `model`, else None. Private: `_orig_mod`. Fallback: None."""
     from torch import nn

@@ -63,6 +63,16 @@ def test_a_config_file_is_read_as_hydras_loader_finds_it(tmp_path: Path, hydra_r
         assert _compat.config_file(loader, "platform/none") is None
 
 
+def test_options_give_a_device_meshs_groups_a_timeout() -> None:
+    from datetime import timedelta
+
+    for backend in ("gloo", "nccl"):
+        options = _compat.mesh_group_options(backend, timedelta(seconds=7))
+        if backend == "nccl" and options is None:  # (a torch built without NCCL: torch's default stands)
+            continue
+        assert options._timeout == timedelta(seconds=7)
+
+
 def test_report_like_hydra_prints_a_compact_error_alone_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert _compat.report_like_hydra(lambda: 7) == 7
 

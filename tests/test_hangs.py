@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpw_conf import Platform
+from ddpw_conf import Layout, Platform
 from ddpw_runtime import RankFailure, Wrapper, rank
 from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.recorded import Collective, Recorded, recorded_in
@@ -223,6 +223,33 @@ def test_a_collective_in_a_ranks_ipc_group_times_out_after_the_collective_timeou
     platform = Platform(n_procs_per_node=2, ipc_groups=[[0, 1]], collective_timeout_min=0.03, timeout_min=1)
     with pytest.raises(RankFailure) as info:
         run_ranks(_held_up_in_the_ipc_group, platform=platform, log_dir=tmp_path)
+    failure = info.value
+    assert (failure.rank, failure.error_type) == (1, "NotInCollective"), failure
+    assert "Timed out waiting" in failure.waiting_error
+
+
+def _held_up_in_the_tensor_group() -> None:
+    import torch
+    import torch.distributed as dist
+
+    import ddpw_runtime
+
+    if rank() == 1:
+        while True:
+            time.sleep(1)
+    if rank() == 0:  # (ranks 2 and 3, the other tensor group, return)
+        dist.all_reduce(torch.ones(1), group=ddpw_runtime.group("tensor"))
+
+
+@pytest.mark.subprocess
+def test_a_collective_in_a_layouts_group_times_out_after_the_collective_timeout(tmp_path: Path) -> None:
+    """The groups of `platform.layout` (a DeviceMesh, whose `init_device_mesh` takes no timeout) are hydra-ddpw's too:
+    a collective in one waits `collective_timeout_min`, and the rank outside it is named (it waited torch's default 30
+    minutes; here the job's time limit ended it first, as JobTimedOut). 4 ranks: an axis as wide as the world is the
+    world group itself."""
+    platform = Platform(n_procs_per_node=4, layout=Layout(tensor=2), collective_timeout_min=0.03, timeout_min=1)
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_held_up_in_the_tensor_group, platform=platform, log_dir=tmp_path)
     failure = info.value
     assert (failure.rank, failure.error_type) == (1, "NotInCollective"), failure
     assert "Timed out waiting" in failure.waiting_error

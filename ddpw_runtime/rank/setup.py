@@ -45,7 +45,12 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int) -> None:
         layout = plan.platform.layout
         if not layout.is_data_only:  # else the world group is the data group: no mesh (see `context.group`)
             sizes = layout.sizes(plan.world_size)
-            mesh = init_device_mesh(plan.device, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
+            # The groups of an axis narrower than the world get the job's timeout (else torch's default, 30 minutes);
+            # an axis as wide as the world is the world group, and has it.
+            options = _compat.mesh_group_options(plan.backend, timeout)
+            narrower: dict[int | str, Any] = {axis: options for axis, size in sizes.items() if size < plan.world_size}
+            mesh = init_device_mesh(plan.device, tuple(sizes.values()), mesh_dim_names=tuple(sizes),
+                                    backend_override=narrower if options is not None and narrower else None)
         # Every rank waits until all have their groups: else a rank whose task ends at once tears its group down
         # while a slower peer still connects, which fails with gloo's "Connection closed by peer". No device used.
         _count_in(_held_store, "joined", plan.world_size)
