@@ -73,6 +73,28 @@ def test_options_give_a_device_meshs_groups_a_timeout() -> None:
         assert options._timeout == timedelta(seconds=7)
 
 
+_FINALIZERS_SCRIPT = """
+import os, sys, weakref
+from ddpw_runtime import _compat
+
+class Held:
+    pass
+
+inherited, own = Held(), Held()
+weakref.finalize(inherited, print, "inherited")
+_compat.disown_finalizers()
+weakref.finalize(own, print, "own")
+_compat.run_finalizers()  # "own" only: a rank ends with os._exit, which runs none
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_finalizers_made_before_are_disowned_and_those_made_since_are_run() -> None:
+    proc = subprocess.run([sys.executable, "-c", _FINALIZERS_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "own\n"), proc.stderr
+
+
 def test_report_like_hydra_prints_a_compact_error_alone_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert _compat.report_like_hydra(lambda: 7) == 7
 
