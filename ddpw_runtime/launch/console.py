@@ -176,34 +176,43 @@ def _raw(fd: int) -> None:
     termios.tcsetattr(fd, termios.TCSAFLUSH, attributes)
 
 
-class TerminalCopy:
-    """A pseudo-terminal for one rank's output (`slave_fd`: its fds 1 and 2), copied to the console and the log."""
+class _Copy:
+    """What a process writes into (`writer`: its fds 1 and 2), appended to `log_file` and copied to a console by a
+    thread of this process; `handed_over` once the writer holds it, so the copy ends when the writer's end closes."""
 
-    def __init__(self, log_file: Path, console_fd: int, prefix: str) -> None:
-        self.master_fd, self.slave_fd = os.openpty()
-        _raw(self.slave_fd)
-        with contextlib.suppress(OSError):
-            size = fcntl.ioctl(console_fd, termios.TIOCGWINSZ, b"\0" * 8)
-            fcntl.ioctl(self.slave_fd, termios.TIOCSWINSZ, size)
-        os.set_blocking(self.master_fd, False)  # the thread waits in `select`; `freeze` reads what is there
+    def __init__(self, log_file: Path, writer: int) -> None:
+        self._writer = writer
         log_file.parent.mkdir(parents=True, exist_ok=True)
         self._log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    @property
+    def writer(self) -> int:
+        """What the process that writes writes into."""
+        return self._writer
+
+    def handed_over(self) -> None:
+        """The writer holds it now: close this process's end, so the copy ends when the writer's do."""
+        if self._writer >= 0:
+            os.close(self._writer)
+            self._writer = -1
+
+
+class TerminalCopy(_Copy):
+    """A pseudo-terminal for one rank's output (`writer`: its fds 1 and 2), copied to the console and the log."""
+
+    def __init__(self, log_file: Path, console_fd: int, prefix: str) -> None:
+        self.master_fd, slave_fd = os.openpty()
+        super().__init__(log_file, slave_fd)
+        _raw(slave_fd)
+        with contextlib.suppress(OSError):
+            size = fcntl.ioctl(console_fd, termios.TIOCGWINSZ, b"\0" * 8)
+            fcntl.ioctl(slave_fd, termios.TIOCSWINSZ, size)
+        os.set_blocking(self.master_fd, False)  # the thread waits in `select`; `freeze` reads what is there
         self._lines = _Lines(console_fd, prefix)
         self._lock = threading.Lock()  # held while output is copied: `freeze` copies what is left, then stops
         self._frozen = threading.Event()
         self._thread = threading.Thread(target=self._copy, name="ddpw-terminal", daemon=True)
         self._thread.start()
-
-    @property
-    def writer(self) -> int:
-        """What the rank writes into (its fds 1 and 2)."""
-        return self.slave_fd
-
-    def handed_over(self) -> None:
-        """The rank holds the terminal now: close this process's side, so the copy ends when the rank's do."""
-        if self.slave_fd >= 0:
-            os.close(self.slave_fd)
-            self.slave_fd = -1
 
     def freeze(self) -> None:
         """Copy to the console what the rank wrote so far, then stop copying there (the log still gets everything)."""
@@ -255,28 +264,16 @@ class TerminalCopy:
         return True
 
 
-class PipeCopy:
-    """A pipe (`write_fd`) copied to `console_fd` and appended to `log_file`, as `TerminalCopy` copies a terminal, for a
+class PipeCopy(_Copy):
+    """A pipe (`writer`) copied to `console_fd` and appended to `log_file`, as `TerminalCopy` copies a terminal, for a
     console that is not one (a file, a pipe): what the process that writes into it prints reaches both."""
 
     def __init__(self, log_file: Path, console_fd: int) -> None:
-        self.read_fd, self.write_fd = os.pipe()
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        self._log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.read_fd, write_fd = os.pipe()
+        super().__init__(log_file, write_fd)
         self._console_fd = os.dup(console_fd)
         self._thread = threading.Thread(target=self._copy, name="ddpw-output-copy", daemon=True)
         self._thread.start()
-
-    @property
-    def writer(self) -> int:
-        """What the process that writes writes into."""
-        return self.write_fd
-
-    def handed_over(self) -> None:
-        """The writer holds the pipe now: close this process's end, so the copy ends when the writer's do."""
-        if self.write_fd >= 0:
-            os.close(self.write_fd)
-            self.write_fd = -1
 
     def stop(self) -> None:
         """Wait (at most `_DRAIN_WAIT_S`) until everything written is copied, then close."""
@@ -335,7 +332,7 @@ class ConsoleRanks:
 
     def terminal_of(self, rank: int) -> int | None:
         """The descriptor that rank `rank` writes its output to, when it gets a terminal."""
-        return copy.slave_fd if (copy := self.terminals.get(rank)) is not None else None
+        return copy.writer if (copy := self.terminals.get(rank)) is not None else None
 
     def handed_over(self, rank: int) -> None:
         """Rank `rank` has started with its terminal."""
