@@ -29,6 +29,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 _HOST = re.compile(r"[A-Za-z0-9:][A-Za-z0-9_.:-]{0,252}")  # (`:` first: IPv6, such as ::1)
 _SLURM_KEY = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*([.:][A-Za-z_]\w*)")
+_KEY_PARTS = re.compile(r"[.\[\]]+")
 MAX_WORLD_SIZE = 4096
 MAX_TIMEOUT_MIN = 100 * 365 * 24 * 60
 """The longest timeout and grace (100 years): torch adds a timeout to the time since 1970 in nanoseconds, a signed
@@ -401,13 +402,18 @@ def resolved_config(node: Any, prefix: str = "") -> Any:
 
 def _as_written(data: Any, key: str) -> Any:
     """The value at full key `key` (`a.b[0].c`, the node's own key somewhere at its start) in `data`, or None."""
-    parts = [part for part in re.split(r"[.\[\]]", key) if part]
-    for start in range(len(parts)):
-        found = data
-        try:
-            for part in parts[start:]:
-                found = found[int(part)] if isinstance(found, list) else found[part]
-        except (KeyError, IndexError, ValueError, TypeError):
-            continue
-        return found
-    return None
+    parts = [part for part in _KEY_PARTS.split(key) if part]
+    suffixes = (".".join(parts[start:]) for start in range(len(parts)))
+    return next((found for suffix in suffixes if (found := value_at(data, suffix)) is not None), None)
+
+
+def value_at(data: Any, key: str) -> Any:
+    """The value at `key` (`a.b[0].c`) in plain `data` (dicts and lists), or None."""
+    for part in filter(None, _KEY_PARTS.split(key)):
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            return None
+    return data

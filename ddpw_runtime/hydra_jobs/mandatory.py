@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ddpw_conf import ConfigError
+from ddpw_conf.platform import value_at
 from ddpw_runtime import _compat
 
 MISSING = "???"
@@ -80,30 +81,14 @@ def _read_marks(config_name: str, overrides: list[str], nodes: tuple[str, ...]) 
         for node in nodes:
             merged = OmegaConf.create()
             for _, data in files:
-                if (value := _at(data, node.split("."))) is not None:
+                if (value := value_at(data, node)) is not None:
                     merged.merge_with({"node": value})
-            for key in _missing_keys(_at(OmegaConf.to_container(merged, resolve=False), ["node"]), node):
+            for key in _missing_keys(value_at(OmegaConf.to_container(merged, resolve=False), "node"), node):
                 found.append((key, next(shown for shown, data in reversed(files)
-                                        if _at(data, _parts(key)) == MISSING)))
+                                        if value_at(data, key) == MISSING)))
     except (HydraException, OmegaConfBaseException):  # (Hydra composed these same files; here, nothing to add)
         return []
     return found
-
-
-def _parts(key: str) -> list[str]:
-    return [part for part in key.replace("[", ".").replace("]", "").split(".") if part]
-
-
-def _at(data: Any, parts: list[str]) -> Any:
-    """The value at `parts` (keys and list indices) in plain `data`, or None."""
-    for part in parts:
-        if isinstance(data, dict) and part in data:
-            data = data[part]
-        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
-            data = data[int(part)]
-        else:
-            return None
-    return data
 
 
 def _missing_keys(node: Any, prefix: str) -> list[str]:
