@@ -63,7 +63,7 @@ class LauncherOptions:
             options = resolved_config(options)
         known = {f.name for f in fields(cls)}
         unknown = next((key for key in options if key not in known), None)
-        owner = next((name for kind, name in _OWNERS if unknown in {f.name for f in fields(kind)}), None)
+        owner = next((name for kind, name in _KINDS.values() if unknown in {f.name for f in fields(kind)}), None)
         platform_key = options.get("platform_key", PLATFORM_KEY)
         check_known("hydra.launcher.", options, known, "hydra.launcher", "option", f". {unknown} is an option of "
                     f"hydra/launcher={owner} only: select that launcher, or drop it" if owner else
@@ -271,15 +271,15 @@ class SlurmLauncherConf(LauncherOptions):
                               "would be requeued; use fewer seconds than the time limit has")
 
 
-_OWNERS: tuple[tuple[type[LauncherOptions], str], ...] = (
-    (LocalLauncherConf, "ddpw_cpu|ddpw_gpu|ddpw_mps"), (SlurmLauncherConf, "ddpw_slurm"))
-"""Each kind of launcher options, and the launcher options (`hydra/launcher=...`) that take it."""
+_KINDS: dict[str, tuple[type[LauncherOptions], str]] = {
+    LOCAL_LAUNCHER: (LocalLauncherConf, "ddpw_cpu|ddpw_gpu|ddpw_mps"),
+    SLURM_LAUNCHER: (SlurmLauncherConf, "ddpw_slurm"),
+}
+"""Each ddpw launcher's options class, and the launcher options (`hydra/launcher=...`) that take it."""
 
 
 def selected_options(launcher: Mapping[str, Any] | None) -> LauncherOptions | None:
     """The options of the selected launcher (the `hydra.launcher` node) when it is a ddpw launcher, else None."""
-    if launcher is None:
+    if launcher is None or (kind := _KINDS.get(str(launcher.get("_target_")))) is None:
         return None
-    kinds: dict[str, type[LauncherOptions]] = {LOCAL_LAUNCHER: LocalLauncherConf, SLURM_LAUNCHER: SlurmLauncherConf}
-    kind = kinds.get(str(launcher.get("_target_")))
-    return kind.from_mapping(launcher).validate() if kind is not None else None
+    return kind[0].from_mapping(launcher).validate()
