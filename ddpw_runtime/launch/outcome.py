@@ -9,6 +9,7 @@ import signal
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 from ddpw_runtime.errors import RankFailure
 from ddpw_runtime.launch.plan import recorder_file, stacks_file
@@ -33,7 +34,7 @@ def failure(outcomes: Sequence[RankOutcome]) -> RankFailure | None:
     cause = root_cause(outcomes)
     if cause is None:
         return None
-    error = cause.error
+    error, outcomes = cause.error, sorted(outcomes, key=lambda o: o.rank)
     made = _held_up(outcomes, cause)
     if made is None or _task_returned(outcomes, made.rank):  # the rank the others waited for had returned
         made = _ended_early(outcomes, cause) or made
@@ -43,11 +44,16 @@ def failure(outcomes: Sequence[RankOutcome]) -> RankFailure | None:
         else:
             error_type, message = describe_exit(cause.exit_code, returned=cause.result is not None)
             text, tail = "", log_tail(cause.log_file)
-        made = RankFailure(rank=cause.rank, node=cause.node, exit_code=cause.exit_code, error_type=error_type,
-                           error_message=message, traceback_text=text, log_tail=tail, log_file=cause.log_file,
-                           outcomes=sorted(outcomes, key=lambda o: o.rank))
+        made = _blaming(cause, outcomes, error_type, message, traceback_text=text, log_tail=tail)
     made.__cause__ = error.exception() if error is not None else None
     return made
+
+
+def _blaming(rank: RankOutcome, outcomes: Sequence[RankOutcome], error_type: str, message: str,
+             **details: Any) -> RankFailure:
+    """The `RankFailure` whose root cause is `rank`, among every rank's `outcomes` (in rank order)."""
+    return RankFailure(rank=rank.rank, node=rank.node, exit_code=rank.exit_code, error_type=error_type,
+                       error_message=message, log_file=rank.log_file, outcomes=outcomes, **details)
 
 
 def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure | None:
@@ -55,7 +61,7 @@ def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure
     them), the ranks that waited as secondary; None otherwise, or when every rank looked at waited."""
     if not cause.timed_out_in_collective:
         return None
-    places = tuple(place for place in (o.where() for o in sorted(outcomes, key=lambda o: o.rank)) if place)
+    places = tuple(place for place in (o.where() for o in outcomes) if place)
     ended = tuple(o.rank for o in outcomes if o.where() is None)
     log_dir = Path(cause.log_file).parent if cause.log_file else None
     stacks, recorder = ("", "") if log_dir is None else (
@@ -69,13 +75,11 @@ def _held_up(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFailure
     assert place is not None  # a culprit was looked at
     waiting, awaited = report.waiting, report.awaited
     calls = [str(awaited)] if awaited is not None else sorted({p.call for p in report.places if p.waiting and p.call})
-    return RankFailure(
-        rank=culprit.rank, node=culprit.node, exit_code=culprit.exit_code, error_type="NotInCollective",
-        error_message=f"rank{'s' if len(waiting) > 1 else ''} {rank_ranges(waiting)} waited for it in "
-                      f"{', '.join(calls) or 'a collective'} until the collective timed out; it was at {place.where()}",
-        log_file=culprit.log_file, outcomes=sorted(outcomes, key=lambda o: o.rank), hang=report,
-        waiting_error=f"rank {cause.rank}: "
-                      f"{cause.error.headline if cause.error is not None else timeout_line(cause.log_file)}")
+    return _blaming(
+        culprit, outcomes, "NotInCollective", f"rank{'s' if len(waiting) > 1 else ''} {rank_ranges(waiting)} waited "
+        f"for it in {', '.join(calls) or 'a collective'} until the collective timed out; it was at {place.where()}",
+        hang=report,
+        waiting_error=f"rank {cause.rank}: {cause.error.headline if cause.error else timeout_line(cause.log_file)}")
 
 
 def _mismatched(outcomes: Sequence[RankOutcome], cause: RankOutcome, report: HangReport) -> RankFailure | None:
@@ -91,13 +95,10 @@ def _mismatched(outcomes: Sequence[RankOutcome], cause: RankOutcome, report: Han
     culprit = next(o for o in outcomes if o.rank == (cause.rank if cause.rank in fewest else fewest[0]))
     calls = "; ".join(f"{'ranks' if len(ranks) > 1 else 'rank'} {rank_ranges(ranks)} in {call} at "
                       f"{places[ranks[0]].where()}" for call, ranks in sorted(by_call.items(), key=lambda it: it[1]))
-    error = culprit.error
-    return RankFailure(
-        rank=culprit.rank, node=culprit.node, exit_code=culprit.exit_code, error_type="CollectiveMismatch",
-        error_message=f"the ranks waited in different collectives until rank {cause.rank}'s timed out ({calls}): every "
-                      "rank must enter the same collectives, in the same order",
-        traceback_text=error.traceback if error is not None else "", log_file=culprit.log_file,
-        outcomes=sorted(outcomes, key=lambda o: o.rank), hang=report,
+    return _blaming(
+        culprit, outcomes, "CollectiveMismatch", f"the ranks waited in different collectives until rank {cause.rank}'s "
+        f"timed out ({calls}): every rank must enter the same collectives, in the same order",
+        traceback_text=culprit.error.traceback if culprit.error is not None else "", hang=report,
         waiting_error="" if culprit is cause or cause.error is None else f"rank {cause.rank}: {cause.error.headline}")
 
 
@@ -120,12 +121,10 @@ def _ended_early(outcomes: Sequence[RankOutcome], cause: RankOutcome) -> RankFai
         return None
     first, place = early[0], cause.where()
     at = f" at {place.where()}" if place is not None else ""
-    return RankFailure(
-        rank=first.rank, node=first.node, exit_code=first.exit_code, error_type="EndedEarly",
-        error_message=f"{first.result.how_it_ended if first.result is not None else 'its task returned'} while rank "
-                      f"{cause.rank} still waited for it in a collective{at}: every rank must enter the same "
-                      "collectives (as many batches on every rank, no early return on one)",
-        log_file=first.log_file, outcomes=sorted(outcomes, key=lambda o: o.rank),
+    ended = (first.result.exited if first.result is not None else "") or "its task returned"
+    return _blaming(
+        first, outcomes, "EndedEarly", f"{ended} while rank {cause.rank} still waited for it in a collective{at}: "
+        "every rank must enter the same collectives (as many batches on every rank, no early return on one)",
         waiting_error=f"rank {cause.rank}: {cause.error.headline}")
 
 

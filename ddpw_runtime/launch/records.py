@@ -126,11 +126,6 @@ class RankResult:
         """Whether the task returned (or ended its rank with success: `exited`)."""
         return self.error is None
 
-    @property
-    def how_it_ended(self) -> str:
-        """How its task ended, for a message: "its task returned", or how it exited instead."""
-        return self.exited or "its task returned"
-
     @staticmethod
     def success(rank: int, value: Any, loaded_by_task: Collection[str] = ()) -> RankResult:
         """A result carrying `value`, or its repr() when it cannot be pickled; its repr() too when its class comes from
