@@ -181,20 +181,15 @@ class _Copy:
     thread of this process; `handed_over` once the writer holds it, so the copy ends when the writer's end closes."""
 
     def __init__(self, log_file: Path, writer: int) -> None:
-        self._writer = writer
+        self.writer = writer
         log_file.parent.mkdir(parents=True, exist_ok=True)
         self._log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    @property
-    def writer(self) -> int:
-        """What the process that writes writes into."""
-        return self._writer
-
     def handed_over(self) -> None:
         """The writer holds it now: close this process's end, so the copy ends when the writer's do."""
-        if self._writer >= 0:
-            os.close(self._writer)
-            self._writer = -1
+        if self.writer >= 0:
+            os.close(self.writer)
+            self.writer = -1
 
 
 class TerminalCopy(_Copy):
