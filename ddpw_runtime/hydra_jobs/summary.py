@@ -90,9 +90,9 @@ def _head(colour: bool, job: int, what: str, *colours: str) -> str:
     return f"{_style(colour, PREFIX, 'dim')} {_style(colour, f'job #{job}', 'bold')} {_style(colour, what, *colours)}"
 
 
-def restarts_text(restarts: int) -> str:
+def counted(count: int, noun: str) -> str:
     """`1 restart`, `2 restarts`."""
-    return f"{restarts} restart" + ("s" if restarts != 1 else "")
+    return f"{count} {noun}" + ("s" if count != 1 else "")
 
 
 def failed_summary(job: int, error: BaseException, duration_s: float, log_dir: str | None, colour: bool = False,
@@ -150,9 +150,8 @@ class JobConsole:
     @contextmanager
     def shown(self) -> Iterator[None]:
         """Print the job's start line, and as the block ends its summary: completed, or failed (raised on)."""
-        ranks = f"{self.world_size} rank" + ("s" if self.world_size != 1 else "")
-        show(f"{_head(self.colour, self.job, 'started')}: {ranks} on {self.device}, output dir {self.output_dir}",
-             self.out)
+        show(f"{_head(self.colour, self.job, 'started')}: {counted(self.world_size, 'rank')} on {self.device}, "
+             f"output dir {self.output_dir}", self.out)
         started = time.monotonic()
         try:
             yield
@@ -161,6 +160,6 @@ class JobConsole:
                                 self.restarts, self.max_restarts), self.out)
             raise
         ranks = ("ranks " if self.world_size > 1 else "rank ") + rank_ranges(list(range(self.world_size)))
-        after = f" after {restarts_text(self.restarts)}" if self.restarts else ""
+        after = f" after {counted(self.restarts, 'restart')}" if self.restarts else ""
         show(f"{_head(self.colour, self.job, 'COMPLETED', 'green', 'bold')} in {time.monotonic() - started:.1f} s"
              f"{after}: {ranks} {_style(self.colour, 'ok', 'green')}; logs {self.output_dir}/rank_<k>.log", self.out)

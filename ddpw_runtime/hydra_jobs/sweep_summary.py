@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ddpw_runtime import _compat
 from ddpw_runtime.hydra_jobs.prepare import as_typed
-from ddpw_runtime.hydra_jobs.summary import PREFIX, one_line, restarts_text, shown_path
+from ddpw_runtime.hydra_jobs.summary import PREFIX, counted, one_line, shown_path
 from ddpw_runtime.hydra_jobs.task import DdpwJobReturn
 from ddpw_runtime.launch import pickling
 from ddpw_runtime.launch.console import show
@@ -194,7 +194,6 @@ def fail_fast_line(failed: int, stopped: list[int], not_started: list[int]) -> s
 def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
     """The summary as the console shows it."""
     counts = Counter(str(e["status"]) for e in entries)
-    jobs = f"{len(entries)} job" + ("s" if len(entries) != 1 else "")
     kept = sum(1 for e in entries if e.get("kept"))
     tally = ", ".join(f"{count} {status}" + (f" ({kept} kept)" if kept and status == "COMPLETED" else "")
                       for status, count in counts.items())  # (only a COMPLETED job is kept)
@@ -208,14 +207,14 @@ def table(entries: list[dict[str, Any]], path: Path, base: Path) -> str:
         shown = e["error"] if e["error"] is not None else ("" if value is None else _shown(value))
         if len(shown) > _SHOWN_VALUE_CHARS:
             shown = shown[:_SHOWN_VALUE_CHARS - 3] + "..."
-        notes = [restarts_text(e["restarts"])] if e.get("restarts") else []
+        notes = [counted(e["restarts"], "restart")] if e.get("restarts") else []
         notes += ["kept"] if e.get("kept") else []
         status = str(e["status"]) + (f" ({', '.join(notes)})" if notes else "")
         time = "-" if e["status"] == "NOT STARTED" else f"{e['duration_s']:.1f} s"
         rows.append([f"#{e['job']}", status, time, shown,
                      shown_path(Path(e["output_dir"]), base), " ".join(o for o in own if o not in common)])
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]) - 1)]
-    lines = [f"{PREFIX} sweep summary: {jobs}, {tally} ({shown_path(path, base)})"]
+    lines = [f"{PREFIX} sweep summary: {counted(len(entries), 'job')}, {tally} ({shown_path(path, base)})"]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         lines.append("  " + "  ".join([*cells, row[-1]]))
