@@ -32,7 +32,7 @@ _STOP_KEY = _KEY + "stop"  # the first node that stops the job says why there (`
 MULTIRUN_KEY = "ddpw/sweep/multirun"
 """Set to the sweep's overrides in the store node 0 serves for a multirun, so a node that runs a plain run says so
 at once instead of waiting for a job that never comes."""
-_POLL_S = 0.05
+POLL_S = 0.05  # how often a wait on a store (the job's, the sweep's) looks again
 _CONNECT_SLICE_S = 1.0  # each try to reach node 0 (Ctrl-C is seen between tries)
 _CONNECT_PAUSE_S = 0.25  # after a failed try
 _ANSWER_S = 5.0  # for node 0's store, once reached, to answer (a program that holds its port never does)
@@ -305,7 +305,7 @@ class NodeChannel(StoreSide):
             if time.monotonic() >= deadline:
                 raise NodeError(f"node {self.node} reached node 0 at {self.where}, which did not start the job "
                                 f"within platform.join_timeout_min={timeout_min:g}")
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
         return pickle.loads(self.store.get(SPEC_KEY))
 
     def join(self) -> None:
@@ -333,7 +333,7 @@ class NodeChannel(StoreSide):
                 said = True
             if not missing or waited >= timeout_min * 60.0 or self.store.check([_STOP_KEY]):
                 return missing
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
 
     def stopped(self) -> NodeStop | None:
         """Who stopped the job, once one has (a node that lost node 0 finds `lost`)."""
@@ -368,5 +368,5 @@ class NodeChannel(StoreSide):
             lost = self.silent()
             if self.store.check([key for node, key in keys.items() if node not in lost]):
                 break
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
         return {node: pickle.loads(self.store.get(key)) for node, key in keys.items() if self.store.check([key])}, lost

@@ -16,10 +16,9 @@ from datetime import timedelta
 from ddpw_conf import Platform
 from ddpw_runtime.errors import NodeError
 from ddpw_runtime.launch.signals import named
-from ddpw_runtime.nodes.channel import MULTIRUN_KEY, SPEC_KEY, NodeStop, StoreSide
+from ddpw_runtime.nodes.channel import MULTIRUN_KEY, POLL_S, SPEC_KEY, NodeStop, StoreSide
 
 _KEY = "ddpw/sweep/"
-_POLL_S = 0.05
 _ENDED = -1  # published in place of a job's port once the sweep ended
 _ENDED_EARLY = -2  # the same, when node 0's process ends before its sweep ended (Hydra raised)
 _ACK_WAIT_S = 10.0  # how long node 0, as it ends, waits for the nodes that follow its sweep to read that it ended
@@ -57,7 +56,7 @@ class SweepChannel(StoreSide):
         self.store.set(f"{_KEY}job/{self.store.add(_KEY + 'jobs', 0)}", str(_ENDED_EARLY if early else _ENDED))
         deadline = time.monotonic() + _ACK_WAIT_S
         while self.store.add(_KEY + "left", 0) < self.n_nodes - 1 and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
 
     def follow(self) -> None:
         """A node other than 0 follows the sweep from now on, beating until it leaves; NodeError when node 0's sweep has
@@ -102,7 +101,7 @@ class SweepChannel(StoreSide):
             if time.monotonic() >= deadline:
                 raise NodeError(f"node 0 (at {self.where}) started no job #{idx} within "
                                 f"platform.join_timeout_min={timeout_min:g} and did not end its sweep")
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
         port = int(self.store.get(key))
         if port == _ENDED_EARLY:
             raise NodeError("node 0's sweep ended with an error: a job failed or a callback raised there, or it was "
@@ -144,7 +143,7 @@ def stop_waiting_job(side: StoreSide, stop: NodeStop) -> None:
                 if port > 0:
                     stop_job_at(side, port, stop)
                 return
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
 
 
 def stop_job_at(side: StoreSide, port: int, stop: NodeStop) -> None:
