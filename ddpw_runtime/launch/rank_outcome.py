@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ddpw_runtime.launch.records import COLLECTIVE_TIMEOUT_MARKERS, RaisedError, RankResult
 from ddpw_runtime.launch.stacks import RankPlace, ends_in_a_dump, from_crash_report, from_traceback, last_dump
 
-_LOG_TAIL_LINES = 20
+LOG_TAIL_LINES = 20  # the most lines of a log's end an error shows
 _CRASH_REPORT = "Fatal Python error"  # how faulthandler's report in a crashed rank's log starts
 _BEFORE_CRASH_LINES = 5
 _OWN_FRAME = f"{os.sep}ddpw_runtime{os.sep}"  # hydra-ddpw's frames in a crash report, which say nothing of the crash
@@ -128,7 +128,7 @@ def log_tail(log_file: str | None) -> str:
     lines = _log_lines(log_file)
     start = _report_start(lines)
     if start is None:
-        return "\n".join(lines[-_LOG_TAIL_LINES:])
+        return "\n".join(lines[-LOG_TAIL_LINES:])
     before = [line for line in lines[max(0, start - _BEFORE_CRASH_LINES):start] if line.strip()]
     crash, below_the_task = [], False
     for line in _current_thread_first(lines[start:]):
@@ -136,7 +136,7 @@ def log_tail(log_file: str | None) -> str:
         below_the_task = frame and (below_the_task or _OWN_FRAME in line)  # (each thread's stack anew)
         if not below_the_task and not line.startswith(_MODULES_LINE):
             crash.append(line)
-    return "\n".join([*before, *crash[:_LOG_TAIL_LINES]])
+    return "\n".join([*before, *crash[:LOG_TAIL_LINES]])
 
 
 def _current_thread_first(report: list[str]) -> list[str]:

@@ -38,7 +38,8 @@ _PER_JOB_LIMIT = re.compile(r"(Assoc|QOS)\w*PerJob\w*")
 QOSMaxWallDurationPerJobLimit, AssocMaxNodesPerJobLimit."""
 
 
-def _where(platform: Platform) -> str:
+def partition(platform: Platform) -> str:
+    """`partition <name>`, or `the default partition`."""
     return f"partition {platform.partition}" if platform.partition else "the default partition"
 
 
@@ -54,7 +55,7 @@ def _typed(value: Any) -> str:
 
 def _never_starts(platform: Platform, options: SlurmLauncherConf) -> dict[str, str]:
     """Why a job SLURM gives one of these (squeue's) reasons can never start as asked, and the key to change."""
-    where, resources = _where(platform), _resources(platform)
+    where, resources = partition(platform), _resources(platform)
     another = "or choose another platform.partition (sinfo lists them)"
     return {
         "PartitionNodeLimit": f"it asks for more nodes than {where} has or allows: lower platform.n_nodes="
@@ -120,7 +121,7 @@ def pending_reason(job_ids: list[str], reason: str, platform: Platform, options:
     of the job resolves it)."""
     shown = ", ".join(job_ids) if len(job_ids) <= 3 else f"{job_ids[0]} ... {job_ids[-1]} ({len(job_ids)} jobs)"
     jobs = f"job {shown} is" if len(job_ids) == 1 else f"jobs {shown} are"
-    where = _where(platform)
+    where = partition(platform)
     nodes_out = ("nodes it needs are down, drained or reserved; it starts once they are back (hydra.launcher.exclude "
                  "leaves nodes out; a shorter platform.timeout_min may end before a reservation)")
     waits = {

@@ -36,6 +36,7 @@ from ddpw_runtime.launch.console import ConsoleEcho, console_of, show
 from ddpw_runtime.launch.job import Grace
 from ddpw_runtime.launch.outcome import note_start
 from ddpw_runtime.launch.payload import write_atomically
+from ddpw_runtime.launch.rank_outcome import LOG_TAIL_LINES
 from ddpw_runtime.slurm import outcomes as node_outcomes
 from ddpw_runtime.slurm import sbatch
 
@@ -47,7 +48,6 @@ _SUBMITTED = "SUBMITTED"
 """A job's status in the summary from its submission until it ends."""
 _POLL_S = 0.5
 _SACCT_MIN_S, _SACCT_MAX_S = 2.0, 30.0
-_LOG_TAIL_LINES = 20
 _SQUEUE_WAIT_S = 30.0
 """The longest wait for squeue's answer (a resume asks it about a job sacct does not know yet)."""
 
@@ -242,9 +242,9 @@ def _submit(groups: list[list[_Job]], hydra_context: HydraContext, task_function
             job.slurm, job.submitted_at = slurm_job, time.time()
             submitted.append(job)
             p = job.prepared
-            partition = f"partition {p.platform.partition}" if p.platform.partition else "the default partition"
             log.info(f"#{p.idx} : {p.shown} -> SLURM job {slurm_job.job_id} ({p.platform.n_nodes} node(s) x "
-                     f"{p.platform.ranks_per_node} rank(s), {partition}); output: {p.output_dir}"
+                     f"{p.platform.ranks_per_node} rank(s), {node_outcomes.partition(p.platform)}); output: "
+                     f"{p.output_dir}"
                      .replace(" :  -> ", " : -> "))
         _write_manifest(manifest, group)
         for job in group:
@@ -387,7 +387,7 @@ def _stderr_tail(job: _Job) -> str:
         lines = job.slurm.task(0).paths.stderr.read_text(errors="backslashreplace").splitlines()
     except OSError:
         return ""
-    return "\nlast lines of node 0's stderr:\n" + "\n".join(lines[-_LOG_TAIL_LINES:]) if lines else ""
+    return "\nlast lines of node 0's stderr:\n" + "\n".join(lines[-LOG_TAIL_LINES:]) if lines else ""
 
 
 def _return(job: _Job, status: JobStatus, value: Any) -> DdpwJobReturn:
