@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from enum import Enum
@@ -417,3 +418,13 @@ def value_at(data: Any, key: str) -> Any:
         else:
             return None
     return data
+
+
+def keys_where(data: Any, test: Callable[[Any], bool], prefix: str = "") -> list[str]:
+    """The full keys (`a.b[0].c`, after `prefix`) of the values in plain `data` (dicts and lists) that pass `test`."""
+    if isinstance(data, dict):
+        return [key for name, value in data.items()
+                for key in keys_where(value, test, f"{prefix}.{name}" if prefix else str(name))]
+    if isinstance(data, list):
+        return [key for index, value in enumerate(data) for key in keys_where(value, test, f"{prefix}[{index}]")]
+    return [prefix] if test(data) else []

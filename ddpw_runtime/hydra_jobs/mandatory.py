@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ddpw_conf import ConfigError
-from ddpw_conf.platform import value_at
+from ddpw_conf.platform import keys_where, value_at
 from ddpw_runtime import _compat
 
 MISSING = "???"
@@ -83,22 +83,13 @@ def _read_marks(config_name: str, overrides: list[str], nodes: tuple[str, ...]) 
             for _, data in files:
                 if (value := value_at(data, node)) is not None:
                     merged.merge_with({"node": value})
-            for key in _missing_keys(value_at(OmegaConf.to_container(merged, resolve=False), "node"), node):
+            for key in keys_where(value_at(OmegaConf.to_container(merged, resolve=False), "node"),
+                                  lambda value: value == MISSING, node):
                 found.append((key, next(shown for shown, data in reversed(files)
                                         if value_at(data, key) == MISSING)))
     except (HydraException, OmegaConfBaseException):  # (Hydra composed these same files; here, nothing to add)
         return []
     return found
-
-
-def _missing_keys(node: Any, prefix: str) -> list[str]:
-    if node == MISSING:
-        return [prefix]
-    if isinstance(node, dict):
-        return [key for name, value in node.items() for key in _missing_keys(value, f"{prefix}.{name}")]
-    if isinstance(node, list):
-        return [key for index, value in enumerate(node) for key in _missing_keys(value, f"{prefix}[{index}]")]
-    return []
 
 
 def _given(config: DictConfig, key: str) -> bool:

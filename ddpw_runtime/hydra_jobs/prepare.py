@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ddpw_conf import ConfigError, Platform
 from ddpw_conf.launcher import LauncherOptions
+from ddpw_conf.platform import keys_where
 from ddpw_runtime.hydra_jobs.compose_once import forget_unused, job_config
 from ddpw_runtime.hydra_jobs.mandatory import check_given
 from ddpw_runtime.launch.checks import check
@@ -179,12 +180,7 @@ def pin_now(config: DictConfig) -> None:
     config, which travels with it, so every rank (and `.hydra/config.yaml`) gets the same time."""
     plain = OmegaConf.to_container(config, resolve=False)
     assert isinstance(plain, dict)
-    for path in _paths_using_now({key: value for key, value in plain.items() if key != "hydra"}):
+    for path in keys_where({key: value for key, value in plain.items() if key != "hydra"},
+                           lambda value: isinstance(value, str) and "${now:" in value):
         OmegaConf.select(config, path, throw_on_resolution_failure=False, throw_on_missing=False)
 
-
-def _paths_using_now(node: Any, prefix: str = "") -> list[str]:
-    if not isinstance(node, (dict, list)):
-        return [prefix] if isinstance(node, str) and "${now:" in node else []
-    items = node.items() if isinstance(node, dict) else enumerate(node)
-    return [path for key, value in items for path in _paths_using_now(value, f"{prefix}.{key}" if prefix else str(key))]
