@@ -282,6 +282,36 @@ def test_the_rank_starter_killed_leaves_no_process_of_the_job(tmp_path: Path, fl
              what="every process of the job to end")
 
 
+def test_a_job_process_killed_fails_its_job_naming_the_signal_in_one_line(tmp_path: Path) -> None:
+    """A multirun's job process dies of SIGKILL (the OOM killer may pick it) while its ranks run: the sweep fails
+    naming the job, its process and the signal in one line (it showed a traceback of hydra-ddpw's code ending in
+    `ended without a result (exit code -9)`), the summary has the job FAILED so, and no rank is left."""
+    proc = _start(tmp_path, "-m", "behaviour=wait")
+    ranks = _started(tmp_path, proc)
+    starter = ranks[0]["ppid"]
+    (job_process,) = set(_children(starter)) - {report["pid"] for report in ranks.values()}
+    os.kill(job_process, signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    said = f"the process of job #0 (pid {job_process}) was killed by SIGKILL before it said how its job ended"
+    assert said in err and "Traceback" not in err, err
+    (record,) = json.loads((job_dirs(tmp_path)[0].parent / "sweep_summary.json").read_text())["jobs"]
+    assert record["status"] == "FAILED" and said in record["error"], record
+    wait_for(lambda: leftover(ranks) == [], timeout=15, what="the ranks to end")
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    return [child for child in _descendants(pid) if _parent(child) == pid]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError):
+        return None
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below `pid`, whatever its session (the ranks and the starter lead sessions of their own)."""
     parents = {}

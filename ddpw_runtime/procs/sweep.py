@@ -23,6 +23,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from ddpw_conf import ConfigError
+from ddpw_conf.errors import CompactError
 from ddpw_conf.launcher import LocalLauncherConf
 from ddpw_runtime import _compat
 from ddpw_runtime.errors import Interrupted, NodeError, NodeLost, Terminated
@@ -36,6 +37,7 @@ from ddpw_runtime.launch.children import Child, Children, StarterGone, wait_gone
 from ddpw_runtime.launch.devices import Devices, Need, Share, cpu_cores, visible_gpus
 from ddpw_runtime.launch.engine import describe, gpus_available
 from ddpw_runtime.launch.job import Grace, NodeJob, starter_for
+from ddpw_runtime.launch.outcome import signal_name
 from ddpw_runtime.launch.payload import read_pickled, write_private
 from ddpw_runtime.launch.plan import free_port
 from ddpw_runtime.launch.process_state import ProcessState
@@ -45,6 +47,17 @@ from ddpw_runtime.procs.job import RESULT, JobEnd, JobPayload, run_job_process
 from ddpw_runtime.rank.own_process import end_frozen
 
 log = logging.getLogger(__name__)
+
+
+class JobProcessGone(CompactError, RuntimeError):
+    """A job process ended before it wrote how its job ended (killed, as by the OOM killer, or `os._exit` in a
+    callback): its ranks end with it (the rank starter stops what it started)."""
+
+    @staticmethod
+    def of(idx: int, pid: int, code: int | None) -> JobProcessGone:
+        how = f"was killed by {signal_name(-code)}" if code is not None and code < 0 else f"exited with code {code}"
+        return JobProcessGone(f"the process of job #{idx} (pid {pid}) {how} before it said how its job ended (the OOM "
+                              "killer or a kill may have ended it); the ranks it started were stopped with it")
 
 
 def run_jobs(hydra_context: HydraContext, task_function: TaskFunction, jobs: Sequence[PreparedJob],
@@ -248,8 +261,8 @@ class _Sweep:
         with signals.held():  # its private folder is either known here or gone
             running = self.running.pop(child.pid)
             end = read_pickled(running.folder / RESULT, JobEnd) or (
-                JobEnd(stopped_by=self.stopped_by) if self.stopped_by else JobEnd(error=RuntimeError(
-                    f"the process of job #{running.job.idx} ended without a result (exit code {child.exit_code})")))
+                JobEnd(stopped_by=self.stopped_by) if self.stopped_by else
+                JobEnd(error=JobProcessGone.of(running.job.idx, child.pid, child.exit_code)))
             shutil.rmtree(running.folder, ignore_errors=True)
         self.schedule.ended(running.share)
         self.ended[running.job.idx] = end
