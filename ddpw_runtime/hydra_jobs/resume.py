@@ -56,15 +56,10 @@ def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
     if differences := _differences(earlier[0], record):
         raise ConfigError("hydra.launcher.resume", True, "this sweep differs from the earlier run in "
                           f"hydra.sweep.dir={sweep_dir}: {'; '.join(differences)}; " + _AGAIN)
-    moved_from = Path(earlier[0].sweep_dir or record.sweep_dir)  # (copied or moved since: its jobs run here)
-    return SweepSummary(sweep_dir, record, [replace(e, output_dir=str(_moved(Path(e.output_dir), moved_from,
-                                                                               Path(record.sweep_dir))))
-                                            for e in earlier[1]])
-
-
-def _moved(path: Path, before: Path, now: Path) -> Path:
-    """`path`, inside the sweep dir `before`, at the same place inside `now`; elsewhere, as it is."""
-    return now / path.relative_to(before) if path.is_relative_to(before) else path
+    # A job's output dir inside the sweep dir as it was is at the same place inside it now (copied or moved since).
+    before, now = Path(earlier[0].sweep_dir or record.sweep_dir), Path(record.sweep_dir)
+    return SweepSummary(sweep_dir, record, [replace(e, output_dir=str(now / Path(e.output_dir).relative_to(before)))
+                                            if Path(e.output_dir).is_relative_to(before) else e for e in earlier[1]])
 
 
 _HELD: dict[Path, int] = {}
