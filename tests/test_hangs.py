@@ -5,6 +5,7 @@ from the console and from `RankFailure`."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from ddpw_conf import Layout, Platform
 from ddpw_runtime import RankFailure, Wrapper, rank
 from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.recorded import Collective, Recorded, recorded_in
-from ddpw_runtime.launch.stacks import Frame, HangReport, RankPlace, from_dump, from_traceback
+from ddpw_runtime.launch.stacks import Frame, HangReport, RankPlace, WorkerPlace, from_dump, from_traceback
 from tests.helpers import APPS, job_dirs, leftover, run_app, run_ranks, seen, start_app, wait_for
 
 APP = APPS / "app.py"
@@ -529,3 +530,141 @@ def test_the_launcher_plugin_that_forks_a_multiruns_ranks_is_not_named_as_the_us
 
     place = RankPlace(1, (Frame("/repo/train.py", 57, "train"), Frame(plugin.__file__, 36, "setup")))
     assert place.where() == "train (/repo/train.py:57)", place.where()
+
+
+# ------------------------------------------------------------------ whose code a frame is; a DataLoader's workers
+def _installed_as_by_pip(folder: Path, name: str, files: dict[str, str], installed: str = "dist-info") -> None:
+    """`files` (path: text) in `folder`, and the record an installer leaves beside them: `pip install --target
+    folder` (a `*.dist-info` with its RECORD), or, `installed="egg-info"`, a legacy `setup.py install`."""
+    for path, text in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text)
+    record = folder / f"{name}-1.0.{installed}"
+    record.mkdir(parents=True)
+    if installed == "dist-info":
+        (record / "RECORD").write_text("".join(f"{path},sha256=x,1\n" for path in files) + f"{record.name}/RECORD,,\n")
+    else:
+        (record / "installed-files.txt").write_text("".join(f"../{path}\n" for path in files))
+
+
+def test_a_library_installed_outside_site_packages_is_not_the_users_code_but_an_editable_project_is(
+        tmp_path: Path) -> None:
+    """`pip install --target DIR` (with PYTHONPATH=DIR), a legacy egg install: their frames were shown as the user's
+    (`at fetch (.../deps/slowlib/__init__.py:6) <- load (train.py:29)`). A project installed editable keeps its
+    own: its dist-info lists only its hook (pip), or its egg-info beside its code lists no installed file."""
+    _installed_as_by_pip(tmp_path / "deps", "slowlib", {"slowlib/__init__.py": "", "slowlib/io.py": ""})
+    _installed_as_by_pip(tmp_path / "deps", "six", {"six.py": ""})
+    _installed_as_by_pip(tmp_path / "old", "oldlib", {"oldlib/__init__.py": ""}, installed="egg-info")
+    _installed_as_by_pip(tmp_path / "venv", "mine", {"__editable__.mine-1.0.pth": "", "__editable___finder.py": ""})
+    (tmp_path / "repo/src/mine.egg-info").mkdir(parents=True)  # `setup.py develop`'s, beside the project's code
+    (tmp_path / "repo/src/mine.egg-info/SOURCES.txt").write_text("src/mine/__init__.py\nsrc/mine/data.py\n")
+    (tmp_path / "repo/src/mine.egg-info/top_level.txt").write_text("mine\n")
+    train, data = f"{tmp_path}/repo/train.py", f"{tmp_path}/repo/src/mine/data.py"
+    for library in (f"{tmp_path}/deps/slowlib/io.py", f"{tmp_path}/deps/six.py", f"{tmp_path}/old/oldlib/__init__.py"):
+        place = RankPlace(1, (Frame(library, 6, "fetch"), Frame(data, 12, "load"), Frame(train, 29, "main")))
+        assert place.where() == f"load ({data}:12) <- main ({train}:29), inside fetch ({library}:6)", place.where()
+    assert all(Frame(path, 1, "f").is_users for path in (train, data, f"{tmp_path}/deps/slowlib-io.py", "train.py"))
+
+
+def test_a_dataloader_worker_is_named_at_its_batch_not_at_the_ranks_frames_it_forked_from_nor_when_idle() -> None:
+    torch = "/site-packages/torch/utils/data"
+    below = (Frame(f"{torch}/_utils/worker.py", 374, "_worker_loop"), Frame("/repo/train.py", 38, "main"))
+    making = (Frame("/repo/train.py", 22, "__getitem__"), Frame(f"{torch}/_utils/fetch.py", 54, "fetch"), *below)
+    idle = (Frame("/usr/lib/python3.11/multiprocessing/queues.py", 113, "get"), *below)
+    worker = WorkerPlace.of(4242, making)
+    assert worker == WorkerPlace(4242, making[:3]) and WorkerPlace.of(4243, idle) is None
+    assert WorkerPlace.of(4244, making[:2]) is None  # (not a DataLoader's worker)
+    rank_1 = RankPlace(1, (Frame(f"{torch}/dataloader.py", 725, "__next__"), Frame("/repo/train.py", 38, "main")),
+                       workers=(worker,))
+    assert rank_1.where() == (f"main (/repo/train.py:38), inside __next__ ({torch}/dataloader.py:725); rank 1's "
+                              "DataLoader worker (pid 4242) at __getitem__ (/repo/train.py:22)")
+
+
+_STUCK_WORKER_APP = '''
+import os
+import time
+
+import hydra
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+import ddpw_runtime
+from mine.data import Batches
+
+
+@hydra.main(version_base=None, config_path=None, config_name=None)
+def main(cfg):
+    if ddpw_runtime.rank() == 1:
+        batches = iter(DataLoader(Batches(), batch_size=2, num_workers=1))  # (its worker starts on the first batch)
+        dist.all_reduce(torch.ones(2))
+        open("entered", "w").close()
+        dist.all_reduce(next(batches))
+    else:
+        dist.all_reduce(torch.ones(2))
+        dist.all_reduce(torch.ones(2))
+
+
+if __name__ == "__main__":
+    main()
+'''
+_DATASET = '''
+import os
+
+import slowlib
+import torch
+
+
+class Batches(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        open(f"stuck_{os.getpid()}", "w").close()
+        return slowlib.fetch(index)
+'''
+_LIBRARY = '''
+import time
+
+
+def fetch(index):
+    while True:
+        time.sleep(0.1)
+'''
+
+
+@pytest.mark.subprocess
+def test_a_rank_waiting_for_its_dataloader_names_the_workers_line_in_the_users_dataset(tmp_path: Path) -> None:
+    """Rank 1's DataLoader waits for its worker, stuck in a library (installed with `pip install --target deps`) that
+    the user's Dataset (a package of the repo, with `setup.py develop`'s egg-info beside it) calls. The report
+    said only `at main (app.py:17), inside __next__ (.../dataloader.py:...) ... select (...)`."""
+    _installed_as_by_pip(tmp_path / "deps", "slowlib", {"slowlib/__init__.py": _LIBRARY})
+    (tmp_path / "repo/mine").mkdir(parents=True)
+    (tmp_path / "repo/mine.egg-info").mkdir()
+    (tmp_path / "repo/mine.egg-info/SOURCES.txt").write_text("mine/__init__.py\nmine/data.py\n")
+    (tmp_path / "repo/mine/__init__.py").write_text("")
+    (tmp_path / "repo/mine/data.py").write_text(_DATASET)
+    (tmp_path / "repo/app.py").write_text(_STUCK_WORKER_APP)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "deps"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "app.py", "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2"],
+                            cwd=tmp_path / "repo", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (any((tmp_path / "repo").glob("stuck_*")) and (tmp_path / "repo/entered").exists())
+                 or proc.poll() is not None, what="the worker and rank 1's first all_reduce")
+        (worker,) = [int(path.name.split("_")[1]) for path in (tmp_path / "repo").glob("stuck_*")]
+        asked = subprocess.run([sys.executable, "-m", "ddpw_runtime.launch.where", str(tmp_path / "repo")],
+                               capture_output=True, text=True, timeout=60)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    assert asked.returncode == 0, asked.stderr + stderr
+    (line,) = [line for line in asked.stdout.splitlines() if line.startswith("    rank 1: ")]
+    app, data, library = (tmp_path / "repo/app.py", tmp_path / "repo/mine/data.py", tmp_path / "deps/slowlib")
+    assert line.startswith(f"    rank 1: NOT IN THE COLLECTIVE, at main ({app}:20) <- <module> ({app}:27), inside "
+                           "__next__ ("), line
+    # its worker, and the rank's own collectives (not those of the worker's copy of its flight recorder, from before
+    # the rank's first all_reduce, which the worker, asked for its stacks, wrote over the rank's dump)
+    assert line.endswith(f"; rank 1's DataLoader worker (pid {worker}) at __getitem__ ({data}:14), inside fetch "
+                         f"({library}/__init__.py:7); collectives: last entered all_reduce #1"), line
+    assert "    rank 0: waiting in all_reduce, at main (" in asked.stdout

@@ -4,11 +4,12 @@ noticed (`platform.stall_timeout_min`). docs/results-logs-failures.md, "Hangs an
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddpw_runtime.launch.console import file_size
@@ -16,7 +17,7 @@ from ddpw_runtime.launch.payload import read_pickled, write_atomically
 from ddpw_runtime.launch.plan import DUMP_SIGNAL, LaunchPlan, recorder_file, stacks_file
 from ddpw_runtime.launch.recorded import recorded_in
 from ddpw_runtime.launch.signals import send_to_group
-from ddpw_runtime.launch.stacks import HangReport, RankPlace, from_dump, read_from
+from ddpw_runtime.launch.stacks import HangReport, RankPlace, WorkerPlace, from_dump, in_a_dataloader, read_from
 
 CHECK_S = 0.5
 """How often a job's supervisor looks for a request and for a stall while its ranks run."""
@@ -52,8 +53,8 @@ def answer_file(log_dir: Path, node: int | str) -> Path:
 def take_places(plan: LaunchPlan, pids: Mapping[int, int],
                 left: Callable[[int], bool] = lambda rank: False) -> dict[int, RankPlace]:
     """Where each running rank (`pids`: pid by rank) is now, from the stacks it writes on `DUMP_SIGNAL` (none in time:
-    left out); a rank whose flight-recorder dump exists dumps it again. A rank that has `left` its job (it writes no
-    stack any more) is not waited for."""
+    left out), with its DataLoader's workers (`_with_workers`); a rank whose flight-recorder dump exists dumps it
+    again. A rank that has `left` its job (it writes no stack any more) is not waited for."""
     files = {rank: stacks_file(plan.log_dir, rank) for rank in pids}
     before = {rank: file_size(path) for rank, path in files.items()}
     recorders = {rank: _version(recorder_file(plan.log_dir, rank)) for rank in pids}
@@ -64,7 +65,52 @@ def take_places(plan: LaunchPlan, pids: Mapping[int, int],
     _wait_for_dumps(files, before, armed, left)
     places = {rank: from_dump(rank, read_from(path, before[rank])) or _silent_place(rank, pids[rank])
               for rank, path in files.items()}
-    return {rank: place for rank, place in places.items() if place is not None}
+    return _with_workers({rank: place for rank, place in places.items() if place is not None}, pids, files, left)
+
+
+def _with_workers(places: dict[int, RankPlace], pids: Mapping[int, int], files: Mapping[int, Path],
+                  left: Callable[[int], bool]) -> dict[int, RankPlace]:
+    """`places`, each rank in a DataLoader (not in a collective) with where its workers that make a batch are
+    (`WorkerPlace`). Its workers are the processes it forked that still have its stack dump on `DUMP_SIGNAL`
+    (faulthandler's registration, inherited by fork; `_dumping_children`): they write into the rank's stacks file,
+    so each rank's are asked one at a time (the ranks side by side). A process started by spawn or forkserver, or that
+    ran another program, or dropped the registration, is never sent the signal (its default action would end it)."""
+    children = {rank: _dumping_children(pids[rank]) for rank, place in places.items()
+                if not place.silent and not place.waiting and in_a_dataloader(place)}
+    workers: dict[int, list[WorkerPlace]] = {rank: [] for rank in children}
+    for turn in range(max(map(len, children.values()), default=0)):
+        asked = {rank: found[turn] for rank, found in children.items() if turn < len(found)}
+        before = {rank: file_size(files[rank]) for rank in asked}
+        for pid in asked.values():
+            send_to_group(pid, DUMP_SIGNAL, group=False)
+        _wait_for_dumps({rank: files[rank] for rank in asked}, before, {}, left)
+        for rank, pid in asked.items():
+            dumped = from_dump(rank, read_from(files[rank], before[rank]))
+            if dumped is not None and (worker := WorkerPlace.of(pid, dumped.frames)) is not None:
+                workers[rank].append(worker)
+    return {rank: replace(place, workers=tuple(workers[rank])) if workers.get(rank) else place
+            for rank, place in places.items()}
+
+
+def _dumping_children(pid: int) -> list[int]:
+    """The processes `pid` started that catch `DUMP_SIGNAL` (Linux's /proc; none elsewhere), never this one."""
+    try:
+        entries = [entry for entry in os.listdir("/proc") if entry.isdigit() and int(entry) != os.getpid()]
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        try:
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
+            if parent != pid:
+                continue
+            status = Path(f"/proc/{entry}/status").read_text()
+        except (OSError, IndexError, ValueError):  # (it ended meanwhile)
+            continue
+        caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+        if int(caught, 16) >> (DUMP_SIGNAL - 1) & 1:
+            found.append(int(entry))
+    return sorted(found)
 
 
 _SILENT = {"T": "stopped, as by SIGSTOP, Ctrl-Z or a debugger", "t": "stopped by a debugger",

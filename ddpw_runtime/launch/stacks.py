@@ -3,8 +3,13 @@ traceback or a live frame; and which ranks hold up the others (`HangReport`). Da
 
 from __future__ import annotations
 
+import csv
+import functools
+import importlib.util
 import itertools
+import os
 import re
+import sys
 import sysconfig
 import traceback
 from collections.abc import Iterable
@@ -25,9 +30,12 @@ leave no Python frame: a rank held there while a collective times out waits in t
 _WRAPPER = "/torch/distributed/c10d_logger.py"  # torch's `wrapper` frame around the collective the task called
 _HERE = Path(__file__).resolve().parents[2]
 _NOT_THE_USERS = (*(str(_HERE / part) for part in ("ddpw_runtime", "ddpw_conf", "hydra_plugins/hydra_ddpw_launcher")),
-                  sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], "/site-packages/",
-                  "/dist-packages/", "<frozen ")
-"""Not the user's code: hydra-ddpw (its plugin too: a multirun's ranks fork inside its `setup`), stdlib, packages."""
+                  *(sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")),
+                  "/site-packages/", "/dist-packages/", "<frozen ")
+"""Not the user's code: hydra-ddpw (its plugin too: a multirun's ranks fork inside its `setup`), stdlib, packages;
+nor a file an installer put elsewhere (`_installed`), nor torch's, wherever it is (`_torch_folder`)."""
+_WORKER = ("/torch/utils/data/_utils/worker.py", "_worker_loop")  # a DataLoader worker's loop (file, function)
+_FETCH = "/torch/utils/data/_utils/fetch.py"  # a DataLoader worker making a batch (the dataset, the collate_fn)
 
 
 @dataclass(frozen=True)
@@ -53,17 +61,95 @@ class Frame:
 
     @property
     def is_users(self) -> bool:
-        """Whether this is the user's code (not hydra-ddpw's, Python's or an installed package's)."""
-        return not any(part in self.file for part in _NOT_THE_USERS)
+        """Whether this is the user's code (not hydra-ddpw's, Python's, torch's or an installed package's)."""
+        return not any(part in self.file for part in _NOT_THE_USERS) and not _library_file(self.file)
+
+
+def _library_file(file: str) -> bool:
+    """Whether `file` is torch's (`_torch_folder`) or an installed package's outside site-packages (`_installed`)."""
+    torch = _torch_folder()
+    return (torch is not None and file.startswith(torch)) or _installed(file)
+
+
+@functools.cache
+def _torch_folder() -> str | None:
+    """The folder torch's modules are in (with its separator), wherever torch is installed (None: none found)."""
+    module = sys.modules.get("torch")
+    try:
+        spec = module.__spec__ if module is not None else importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return os.path.join(locations[0], "") if locations else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _installed(file: str) -> bool:
+    """Whether an installer put `file` where it is: a folder above it holds a `*.dist-info` whose `RECORD` (or an
+    `*.egg-info` whose `installed-files.txt`) lists the top-level package or module `file` is in (`pip install
+    --target DIR` with `PYTHONPATH=DIR`, a vendored install, another layout than site-packages). The files of a
+    project installed editable (`pip install -e .`, your own repo) stay the user's: its record lists only the hook
+    that finds them, and `setup.py develop`'s `*.egg-info` next to them lists no installed files."""
+    path = os.path.normpath(file)
+    if not os.path.isabs(path):
+        return False
+    folder, top = os.path.split(path)
+    while top not in _installed_tops(folder):
+        parent, name = os.path.split(folder)
+        if parent == folder:
+            return False
+        folder, top = parent, name
+    return True
+
+
+@functools.lru_cache(maxsize=256)
+def _installed_tops(folder: str) -> frozenset[str]:
+    """The top-level packages and modules (names in `folder`) that the distributions recorded in `folder` installed."""
+    try:
+        names = [name for name in os.listdir(folder) if name.endswith((".dist-info", ".egg-info"))]
+    except OSError:
+        return frozenset()
+    tops: set[str] = set()
+    for name in names:
+        record = os.path.join(folder, name, "RECORD" if name.endswith(".dist-info") else "installed-files.txt")
+        try:
+            with open(record, newline="", encoding="utf-8", errors="replace") as rows:
+                listed = ([row[0] for row in csv.reader(rows) if row] if name.endswith(".dist-info")
+                          else [os.path.join(name, line) for line in rows.read().splitlines()])
+        except OSError:
+            continue
+        tops.update(os.path.normpath(entry).split(os.sep)[0] for entry in listed)
+    return frozenset(tops - {"..", ".", ""} - set(names))
+
+
+@dataclass(frozen=True)
+class WorkerPlace:
+    """Where one of a rank's DataLoader workers was, making a batch: its main thread's frames, innermost first."""
+
+    pid: int
+    frames: tuple[Frame, ...]
+
+    @staticmethod
+    def of(pid: int, frames: tuple[Frame, ...]) -> WorkerPlace | None:
+        """The place of the process `pid` whose main thread's frames are `frames`, if it is a DataLoader worker making
+        a batch (in its dataset or collate_fn), not one waiting for the next (that holds nothing up): its frames up to
+        its loop (those below are the rank's, as it forked the worker)."""
+        loop = next((i for i, frame in enumerate(frames)
+                     if frame.file.endswith(_WORKER[0]) and frame.function == _WORKER[1]), None)
+        if loop is None or not any(frame.file.endswith(_FETCH) for frame in frames[:loop]):
+            return None
+        return WorkerPlace(pid, frames[:loop + 1])
 
 
 @dataclass(frozen=True)
 class RankPlace:
-    """Where one rank was: its main thread's frames, innermost first."""
+    """Where one rank was: its main thread's frames, innermost first; and its DataLoader's workers that were making
+    a batch, where their stacks were taken (a rank forked from hydra-ddpw's rank process, not rank 0 of a plain run)."""
 
     rank: int
     frames: tuple[Frame, ...] = ()
     silent: str = ""  # why a running rank gave no stack (stopped, stuck in the kernel: it holds the others up)
+    workers: tuple[WorkerPlace, ...] = ()
 
     @property
     def waiting(self) -> bool:
@@ -81,17 +167,26 @@ class RankPlace:
     def where(self) -> str:
         """Where the rank was: its user's frames (`load_batch (train.py:57) <- train (train.py:80)`), then, when it was
         inside a library, the library's call the user's code made and the innermost frame (`, inside __next__
-        (.../dataloader.py:733) ... select (.../selectors.py:415)`: its DataLoader, waiting for a worker)."""
+        (.../dataloader.py:733) ... select (.../selectors.py:415)`: its DataLoader, waiting for a worker), then where
+        each of its DataLoader's workers making a batch was (`; rank 1's DataLoader worker (pid 4242) at __getitem__
+        (train.py:22)`)."""
         if self.silent:
             return f"an unknown place (it gave no stack: {self.silent})"
-        users = [frame for frame in self.frames if frame.is_users][:_FRAMES_SHOWN]
-        if not users:
-            return " <- ".join(map(str, self.frames[:_FRAMES_SHOWN])) or "no Python frame"
-        text = " <- ".join(map(str, users))
-        if not self.frames[0].is_users and not self.waiting:
-            called = self.frames[self.frames.index(users[0]) - 1]
-            text += f", inside {called}" + (f" ... {self.frames[0]}" if called is not self.frames[0] else "")
-        return text
+        return _where(self.frames, self.waiting) + "".join(
+            f"; rank {self.rank}'s DataLoader worker (pid {worker.pid}) at {_where(worker.frames, False)}"
+            for worker in self.workers)
+
+
+def _where(frames: tuple[Frame, ...], waiting: bool) -> str:
+    """`RankPlace.where` of a stack's `frames`, innermost first (`waiting` in a collective: not shown inside it)."""
+    users = [frame for frame in frames if frame.is_users][:_FRAMES_SHOWN]
+    if not users:
+        return " <- ".join(map(str, frames[:_FRAMES_SHOWN])) or "no Python frame"
+    text = " <- ".join(map(str, users))
+    if not frames[0].is_users and not waiting:
+        called = frames[frames.index(users[0]) - 1]
+        text += f", inside {called}" + (f" ... {frames[0]}" if called is not frames[0] else "")
+    return text
 
 
 @dataclass(frozen=True)
@@ -181,6 +276,11 @@ def from_dump(rank: int, text: str) -> RankPlace | None:
     if not dump:
         return None
     return _thread_place(rank, lines, next((i for i in dump if lines[i].startswith("Current thread")), dump[0]))
+
+
+def in_a_dataloader(place: RankPlace) -> bool:
+    """Whether `place` is in torch's data loading (a DataLoader's `__next__`, waiting for its workers if it has any)."""
+    return any("/torch/utils/data/" in frame.file for frame in place.frames)
 
 
 def last_dump(lines: list[str]) -> list[int]:

@@ -5,6 +5,7 @@ a rank stuck in C code (the handler runs between Python lines) only leaves its s
 from __future__ import annotations
 
 import faulthandler
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from ddpw_runtime.launch.plan import DUMP_SIGNAL
 from ddpw_runtime.launch.records import RankResult
 
 _dump_to: Path | None = None  # this rank's dump, once `arm` was called
+_armed_in: int | None = None  # the process that armed it: the rank's, not a process it forked (a DataLoader worker)
 _register_stacks: Callable[[], None] | None = None  # how this process has faulthandler write its stacks (`keep_stacks`)
 
 
@@ -48,8 +50,8 @@ def arm(path: Path | None, asked: bool = True) -> None:
     """Dump into `path` from now on (None: no longer) after a failed task and, if `asked`, when the supervisor takes
     the stacks (`on_request`, installed before faulthandler's `chain=True` one, so it runs after it); an empty file
     there then says this rank answers (dropping an earlier attempt's). A rank in the user's process is not `asked`."""
-    global _dump_to
-    _dump_to = path
+    global _dump_to, _armed_in
+    _dump_to, _armed_in = path, os.getpid()
     if path is not None and asked:
         write_atomically(path, b"", 0o644)
 
@@ -66,8 +68,10 @@ def after(result: RankResult) -> None:
 
 
 def dump() -> None:
-    """Write the flight recorder into this rank's dump (empty without a group); never raises, only logs a line."""
-    if _dump_to is None:
+    """Write the flight recorder into this rank's dump (empty without a group); never raises, only logs a line. Not
+    in a process the rank forked, which has its handler (a DataLoader worker asked for its stacks): its copy of the
+    recorder is the rank's as it forked, and would take the place of the rank's own dump."""
+    if _dump_to is None or os.getpid() != _armed_in:
         return
     try:
         write_atomically(_dump_to, _compat.flight_recorder_dump() or b"", 0o644)
