@@ -12,6 +12,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -574,10 +575,13 @@ def test_a_dataloader_worker_is_named_at_its_batch_not_at_the_ranks_frames_it_fo
     worker = WorkerPlace.of(4242, making)
     assert worker == WorkerPlace(4242, making[:3]) and WorkerPlace.of(4243, idle) is None
     assert WorkerPlace.of(4244, making[:2]) is None  # (not a DataLoader's worker)
+    other = WorkerPlace(4245, (Frame("/repo/train.py", 25, "__getitem__"), *making[1:3]))
     rank_1 = RankPlace(1, (Frame(f"{torch}/dataloader.py", 725, "__next__"), Frame("/repo/train.py", 38, "main")),
-                       workers=(worker,))
-    assert rank_1.where() == (f"main (/repo/train.py:38), inside __next__ ({torch}/dataloader.py:725); rank 1's "
-                              "DataLoader worker (pid 4242) at __getitem__ (/repo/train.py:22)")
+                       workers=(worker, other, replace(worker, pid=4246)))
+    # (not `inside __next__ (.../dataloader.py:725) ... select (...)` too: a summary shows its first 300 characters)
+    assert rank_1.where() == ("main (/repo/train.py:38); rank 1's DataLoader workers (pids 4242, 4246) at __getitem__ "
+                              "(/repo/train.py:22); rank 1's DataLoader worker (pid 4245) at __getitem__ "
+                              "(/repo/train.py:25)")
 
 
 _STUCK_WORKER_APP = '''
@@ -661,10 +665,9 @@ def test_a_rank_waiting_for_its_dataloader_names_the_workers_line_in_the_users_d
     assert asked.returncode == 0, asked.stderr + stderr
     (line,) = [line for line in asked.stdout.splitlines() if line.startswith("    rank 1: ")]
     app, data, library = (tmp_path / "repo/app.py", tmp_path / "repo/mine/data.py", tmp_path / "deps/slowlib")
-    assert line.startswith(f"    rank 1: NOT IN THE COLLECTIVE, at main ({app}:20) <- <module> ({app}:27), inside "
-                           "__next__ ("), line
     # its worker, and the rank's own collectives (not those of the worker's copy of its flight recorder, from before
     # the rank's first all_reduce, which the worker, asked for its stacks, wrote over the rank's dump)
-    assert line.endswith(f"; rank 1's DataLoader worker (pid {worker}) at __getitem__ ({data}:14), inside fetch "
-                         f"({library}/__init__.py:7); collectives: last entered all_reduce #1"), line
+    assert line == f"    rank 1: NOT IN THE COLLECTIVE, at main ({app}:20) <- <module> ({app}:27); rank 1's " \
+                   f"DataLoader worker (pid {worker}) at __getitem__ ({data}:14), inside fetch " \
+                   f"({library}/__init__.py:7); collectives: last entered all_reduce #1", line
     assert "    rank 0: waiting in all_reduce, at main (" in asked.stdout

@@ -167,23 +167,27 @@ class RankPlace:
     def where(self) -> str:
         """Where the rank was: its user's frames (`load_batch (train.py:57) <- train (train.py:80)`), then, when it was
         inside a library, the library's call the user's code made and the innermost frame (`, inside __next__
-        (.../dataloader.py:733) ... select (.../selectors.py:415)`: its DataLoader, waiting for a worker), then where
-        each of its DataLoader's workers making a batch was (`; rank 1's DataLoader worker (pid 4242) at __getitem__
-        (train.py:22)`)."""
+        (.../dataloader.py:733) ... select (.../selectors.py:415)`: its DataLoader, waiting for a worker); or, when the
+        stacks of its DataLoader's workers that were making a batch were taken, where those were instead (`; rank 1's
+        DataLoader worker (pid 4242) at __getitem__ (train.py:22)`: the line stays short enough for a summary)."""
         if self.silent:
             return f"an unknown place (it gave no stack: {self.silent})"
-        return _where(self.frames, self.waiting) + "".join(
-            f"; rank {self.rank}'s DataLoader worker (pid {worker.pid}) at {_where(worker.frames, False)}"
-            for worker in self.workers)
+        text = _where(self.frames, inside=not (self.waiting or self.workers))
+        alike: dict[str, list[int]] = {}  # the workers' pids, by where they were
+        for worker in self.workers:
+            alike.setdefault(_where(worker.frames), []).append(worker.pid)
+        return text + "".join(f"; rank {self.rank}'s DataLoader worker{'s' if len(pids) > 1 else ''} "
+                              f"(pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids))}) at {where}"
+                              for where, pids in alike.items())
 
 
-def _where(frames: tuple[Frame, ...], waiting: bool) -> str:
-    """`RankPlace.where` of a stack's `frames`, innermost first (`waiting` in a collective: not shown inside it)."""
+def _where(frames: tuple[Frame, ...], inside: bool = True) -> str:
+    """`RankPlace.where` of a stack's `frames`, innermost first; `inside`: with the library's call it was in."""
     users = [frame for frame in frames if frame.is_users][:_FRAMES_SHOWN]
     if not users:
         return " <- ".join(map(str, frames[:_FRAMES_SHOWN])) or "no Python frame"
     text = " <- ".join(map(str, users))
-    if not frames[0].is_users and not waiting:
+    if not frames[0].is_users and inside:
         called = frames[frames.index(users[0]) - 1]
         text += f", inside {called}" + (f" ... {frames[0]}" if called is not frames[0] else "")
     return text
