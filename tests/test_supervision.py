@@ -22,10 +22,10 @@ SHORT_GRACE = "hydra.launcher.interrupt_grace_s=1"
 FREEZER = Path("/sys/fs/cgroup/freezer")
 
 
-def _start(cwd: Path, *overrides: str, cgroup_v2: bool = True) -> subprocess.Popen:
+def _start(cwd: Path, *overrides: str, cgroup_v2: bool = True, app: Path = APPS / "app.py") -> subprocess.Popen:
     """The test app in a session of its own (so a signal to its group reaches it alone), output as text; without
     `cgroup_v2`, on a machine without one (a mount namespace of its own, where no cgroup v2 is mounted)."""
-    command = [sys.executable, str(APPS / "app.py"), *overrides]
+    command = [sys.executable, str(app), *overrides]
     if not cgroup_v2:
         unmount = "".join(f"umount {point} && " for point in _cgroup_v2_mounts())
         command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{unmount}exec "$@"', "sh", *command]
@@ -238,6 +238,57 @@ def test_rank_0_killed_while_its_forks_live_ends_the_job_naming_it_and_its_forks
     assert "did not exit" not in out + err  # no false "left behind"
     wait_for(lambda: not any(alive(pid) for pid in forks) and leftover(ranks) == [], timeout=10,
              what="the forks and the ranks to end with the job")
+
+
+_FORKS_A_PROCESS = """
+import multiprocessing, time
+import hydra, torch.distributed as dist
+import ddpw_runtime
+
+def sleep() -> None:
+    time.sleep(600)
+
+@hydra.main(version_base=None, config_path=None, config_name=None)
+def main(cfg) -> None:
+    if ddpw_runtime.rank() == 0:  # a worker of its own, as Python's exit joins it (not a daemon)
+        process = multiprocessing.get_context("fork").Process(target=sleep)
+        process.start()
+        with open("forked.txt", "w") as file:
+            file.write(str(process.pid))
+    dist.barrier()
+    if cfg.get("fail") and ddpw_runtime.rank() == 1:
+        raise ValueError("rank 1 fails")
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("cgroup_v2", [True, False], ids=["cgroup v2 where there is one", "no cgroup v2"])
+@pytest.mark.parametrize("fail", [False, True], ids=["completed", "rank 1 failed"])
+def test_a_multiprocessing_process_rank_0_started_ends_with_the_job_and_the_program_with_it(
+    tmp_path: Path, cgroup_v2: bool, fail: bool
+) -> None:
+    """Rank 0 of a plain run starts a `multiprocessing.Process` (forked, no exec, not a daemon) that outlives its
+    task: it ends with the job, as every other rank's does, and so the program ends, also where the job has no cgroup
+    (rank 0's process, whose exit joins it, waited for it: for ever, here for its 600 s)."""
+    if not cgroup_v2 and not _can_leave_cgroup_v2():
+        pytest.skip("needs a mount namespace of the test's own (root)")
+    app = tmp_path / "forks_a_process.py"
+    app.write_text(_FORKS_A_PROCESS)
+    proc = _start(tmp_path, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", f"+fail={fail}",
+                  "hydra.run.dir=out", cgroup_v2=cgroup_v2, app=app)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        forked = tmp_path / "forked.txt"
+        process = int(forked.read_text()) if forked.exists() else None
+        if proc.poll() is None:  # (what the test must not leave behind when it fails)
+            proc.kill()
+            if process is not None:
+                os.kill(process, signal.SIGKILL)
+    assert proc.returncode == (1 if fail else 0), err
+    assert process is not None and not alive(process)
 
 
 def test_what_rank_0_leaves_running_in_the_background_is_reaped_while_the_run_goes_on(tmp_path: Path) -> None:

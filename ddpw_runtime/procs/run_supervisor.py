@@ -149,6 +149,8 @@ class RunSupervisor:
         self.sees_ctrl_c = _in_foreground()
         self.own_children = children_of_this_process()
         """Rank 0's process and what the program started before the run (never stopped here)."""
+        self.before_job: set[int] = set()
+        """What rank 0's process had started as its job started (not the job's)."""
 
     # ------------------------------------------------------------------ the whole run
     def run(self) -> int:
@@ -162,6 +164,7 @@ class RunSupervisor:
             self._watching()
             first = self._next_event()
             if isinstance(first, JobStarting):
+                self.before_job = _descendants(self.pid)
                 return self._after_job(self._job(first))
             return self._end_of_run()
         except (KeyboardInterrupt, Terminated) as stop:
@@ -245,6 +248,7 @@ class RunSupervisor:
         if self.awaiting.is_set() and self.exited is None:  # rank 0's Hydra run shows its own error itself
             own = isinstance(failure, RankFailure) and failure.rank == 0 and bool(failure.traceback_text) \
                 and failure.hang is None  # (a hang named on rank 0, its timeout the cause: the report is the error)
+            self._stop_what_rank_zero_started()  # while it waits: not what the program starts after its run
             self._answer(JobSettled(None if own or failure is None else _pickled(failure)))
             with held():  # the run's one job is over: the starter exits while rank 0 finishes the run (a signal
                 close_starters()  # meanwhile is handled right after, not lost in the starter's bounded stop)
@@ -347,6 +351,19 @@ class RunSupervisor:
                     orphans.adopt(pid, "a process rank 0 started")
                 orphans.stop(signal.SIGTERM, TERM_WAIT_S, group=False)
 
+    def _stop_what_rank_zero_started(self) -> None:
+        """Stop what rank 0's task forked during the job and still runs as the job ends, as the job's cgroup has it
+        stopped where there is one: without a cgroup a fork that runs no exec (a `multiprocessing.Process`) is not
+        known as the job's, and rank 0's process, whose exit joins it, would wait for it (for ever, after a failure)."""
+        forks = _descendants(self.pid) - self.before_job
+        if forks:
+            with suppress(KeyboardInterrupt, Terminated, _Hangup):  # asked again: they have had their SIGKILL
+                running = Children()
+                for pid in forks:
+                    with suppress(ProcessLookupError):  # (ended meanwhile)
+                        running.adopt(pid, "a process rank 0 started")
+                running.stop(signal.SIGTERM, TERM_WAIT_S, group=False)
+
     def _reap_orphans(self) -> None:
         """Reap what rank 0's task left (`adopt_orphans`) and has ended, so background commands (`cmd &`) of a long run
         leave no zombies piling up."""
@@ -439,6 +456,24 @@ class RunSupervisor:
                 write_atomically(self.result_file, pickle.dumps(result))
             ranks.inbox.put(RankExited(self.pid, self.exited))
         self.events.put(None)
+
+
+def _descendants(pid: int) -> set[int]:
+    """The live processes below `pid` (its children, theirs, ...)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        with suppress(OSError, IndexError, ValueError):
+            if entry.name.isdigit():
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if fields[0] not in ("Z", "X"):
+                    parents[int(entry.name)] = int(fields[1])
+    found, todo = set(), [pid]
+    while todo:
+        above = todo.pop()
+        below = [child for child, parent in parents.items() if parent == above and child not in found]
+        found.update(below)
+        todo += below
+    return found
 
 
 def _pickled(error: BaseException) -> bytes:
