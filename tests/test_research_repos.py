@@ -6,7 +6,10 @@ has a `platform` key of its own."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ from ddpw_runtime import Wrapper
 from ddpw_runtime.launch.plan import free_port
 from ddpw_runtime.rank.libraries import mismatch
 from ddpw_runtime.rank.task_init import _rendezvous_port
-from tests.helpers import job_dirs, run_app, run_ranks, seen
+from tests.helpers import APPS, job_dirs, run_app, run_ranks, seen
 from tests.lightning_entry_points import register_library_checks
 
 LOCAL_RANK_FROM_ENV = 'local_rank="${oc.decode:${oc.env:LOCAL_RANK}}"'
@@ -98,7 +101,8 @@ def torchrun_task(call: str) -> tuple[bool, float]:
     import torch.distributed as dist
 
     calls: dict[str, Any] = {"plain": {}, "backend": {"backend": "gloo"}, "env": {"init_method": "env://"},
-                             "nccl": {"backend": "nccl"}, "timeout": {"timeout": timedelta(days=1)}}
+                             "nccl": {"backend": "nccl"}, "timeout": {"timeout": timedelta(days=1)},
+                             "world_of_one": {"rank": 0, "world_size": 1}}
     dist.init_process_group(**calls[call])
     total = torch.tensor([dist.get_rank() + 1.0])
     dist.all_reduce(total)
@@ -321,6 +325,85 @@ def test_the_config_key_is_found_by_the_target() -> None:
     config = json.loads('{"model": {"net": {"_target_": "torch.nn.Linear"}}, "trainer": '
                         '{"_target_": "lightning.pytorch.trainer.Trainer", "devices": 1}}')
     assert _node_making(config, "Trainer") == "trainer" and _node_making(config, "Fabric") is None
+
+
+# ---------------------------------------------------------------- torchvision references' init_distributed_mode
+
+
+def vision_repo(cwd: Path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python tests/apps/vision_repo.py <overrides>` (a repo in the style of torchvision's references/: DeiT, MAE,
+    DETR), with `env` added to the environment."""
+    return subprocess.run([sys.executable, str(APPS / "vision_repo.py"), *overrides], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.subprocess
+def test_a_repo_in_torchvision_references_style_trains_as_under_torchrun(tmp_path: Path) -> None:
+    """Its rank from RANK, its own init_process_group(rank=..., world_size=...), only rank 0 printing (a `print` of its
+    own), metrics all-reduced, a DistributedSampler, rank 0 saving: the weights and the metrics are torchrun's, in a
+    plain run and in a multirun, and rank 1's log has what it printed with force=True."""
+    import torch
+
+    torchrun = tmp_path / "torchrun"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", str(APPS / "vision_repo.py"),
+                    f"hydra.run.dir={torchrun}"], cwd=tmp_path, capture_output=True, timeout=120, check=False)
+    # (torchrun's exit status is not checked: torch may abort a gloo rank that exits without destroying its group)
+    expected = torch.load(torchrun / "checkpoint.pth")["model"]
+    plain = vision_repo(tmp_path, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2",
+                        f"hydra.run.dir={tmp_path / 'plain'}")
+    assert plain.returncode == 0, plain.stderr
+    multirun = vision_repo(tmp_path, "-m", "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2",
+                           f"hydra.sweep.dir={tmp_path / 'multirun'}")
+    assert multirun.returncode == 0, multirun.stderr
+    for job in (tmp_path / "plain", tmp_path / "multirun" / "0"):
+        weights = torch.load(job / "checkpoint.pth")["model"]
+        assert all(torch.equal(weights[name], expected[name]) for name in expected), job
+        assert (job / "log.txt").read_text() == (torchrun / "log.txt").read_text()
+        assert (job / "rank_1.log").read_text().splitlines()[1:] == [
+            "rank 1 done with epoch 0", "rank 1 done with epoch 1"]  # after its first line, only what it forced
+        assert "Averaged stats:" in (job / "rank_0.log").read_text()
+
+
+SBATCH_SCRIPT = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"}
+"""What SLURM gives the script of `sbatch --ntasks=1`, where `python train.py hydra/launcher=ddpw_cpu ...` runs (on
+ddpw_slurm, each node's SLURM task gives its ranks the same)."""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("groups", ["[]", "null"])
+def test_a_repo_that_reads_slurm_procid_before_rank_fails_naming_the_change(tmp_path: Path, groups: str) -> None:
+    """In a SLURM task, such a script gave both ranks of the node its rank and world size (SLURM_PROCID=0,
+    SLURM_NTASKS=1). With the group made, the refusal named platform.ipc_groups=null, which ran the job to COMPLETED
+    with every rank training alone on the whole data set, both saving: now both say where the rank came from."""
+    proc = vision_repo(tmp_path, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2",
+                       f"platform.ipc_groups={groups}", "slurm_first=true", env=SBATCH_SCRIPT)
+    assert proc.returncode == 1, proc.stdout
+    summary = next(line for line in proc.stdout.splitlines() if line.startswith("[ddpw] job #0 FAILED after "))
+    assert ("ConfigError: platform.n_procs_per_node=2: init_process_group(rank=0, world_size=1) follows "
+            "SLURM_PROCID=0, SLURM_NTASKS=1, which this node's 2 ranks share (one SLURM task per node); this is "
+            "RANK=") in summary
+    assert summary.endswith("read RANK and WORLD_SIZE before SLURM_PROCID, as torchvision's init_distributed_mode "
+                            "does")  # not cut
+    assert "hydra-ddpw makes no process group" not in proc.stdout + proc.stderr  # (platform.ipc_groups=null)
+    page = " ".join((Path(__file__).parent.parent / "docs" / "from-torchrun.md").read_text().split())
+    assert summary.split("ConfigError: ")[1].replace("RANK=0 of", "RANK=1 of") in page  # the page wraps the message
+    fixed = vision_repo(tmp_path, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2",
+                        f"platform.ipc_groups={groups}", f"hydra.run.dir={tmp_path / 'fixed'}", env=SBATCH_SCRIPT)
+    assert fixed.returncode == 0, fixed.stderr
+    assert "Averaged stats:" in (tmp_path / "fixed" / "rank_0.log").read_text()
+
+
+@pytest.mark.subprocess
+def test_a_call_for_another_world_size_at_the_jobs_rendezvous_is_refused_with_no_group_made(tmp_path: Path) -> None:
+    """With platform.ipc_groups=null, each rank's init_process_group(world_size=1, rank=0) made a world of its own at
+    the job's store: the job COMPLETED with every rank alone."""
+    with pytest.raises(Exception) as failure:
+        Wrapper(Platform(n_procs_per_node=2, ipc_groups=None, verbose=False), log_dir=tmp_path).start(
+            torchrun_task, "world_of_one")
+    assert ("ConfigError: platform.ipc_groups=None: init_process_group(rank=0, world_size=1) at the job's rendezvous, "
+            "in RANK=") in str(failure.value)
+    assert "pass rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE']), or neither" in str(
+        failure.value)
 
 
 # ---------------------------------------------------------------- ${now:} in a sweep

@@ -115,6 +115,25 @@ def test_two_nodes_one_rank_each_all_reduce_across_nodes(slurm_env: dict[str, st
 
 
 @pytest.mark.subprocess
+def test_a_repo_in_torchvision_references_style_on_one_node_of_two_ranks(slurm_env: dict[str, str],
+                                                                         tmp_path: Path) -> None:
+    """Its init_distributed_mode reads RANK first: it trains. Both ranks run in the node's one SLURM task
+    (SLURM_PROCID=0, SLURM_NTASKS=1 in each), so a copy that reads SLURM_PROCID first asked for rank 0 of 1 in both:
+    it is refused, naming the change (with platform.ipc_groups=null, as the refusal said, each rank trained alone)."""
+    on_slurm = ("-m", "hydra/launcher=ddpw_slurm", "platform.partition=debug", "platform.n_gpus_per_node=0",
+                "platform.n_procs_per_node=2", "platform.timeout_min=5", "hydra.sweep.subdir=.")
+    proc = run_app(tmp_path, *on_slurm, f"hydra.sweep.dir={tmp_path / 'rank'}", app="vision_repo.py")
+    assert proc.returncode == 0, proc.stderr
+    assert "Averaged stats:" in (tmp_path / "rank" / "rank_0.log").read_text()
+    for groups in ("[]", "null"):
+        proc = run_app(tmp_path, *on_slurm, f"hydra.sweep.dir={tmp_path / 'slurm'}", "slurm_first=true",
+                       f"platform.ipc_groups={groups}", app="vision_repo.py")
+        assert proc.returncode == 1, proc.stdout
+        assert ("platform.n_procs_per_node=2: init_process_group(rank=0, world_size=1) follows SLURM_PROCID=0, "
+                "SLURM_NTASKS=1, which this node's 2 ranks share") in proc.stderr
+
+
+@pytest.mark.subprocess
 def test_a_plain_run_under_a_bare_srun_spans_the_steps_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
     """`srun -N2 --ntasks-per-node=1 python app.py platform.n_nodes=2` with a local launcher, as inside an
     allocation without `ddpw_slurm`: each copy is placed by the step's variables (node rank SLURM_PROCID, node 0

@@ -56,7 +56,7 @@ def setup_rank(plan: LaunchPlan, rank: int, local_rank: int) -> None:
         _count_in(_held_store, "joined", plan.world_size)
         answer_task_init(JobGroup(plan, rank, timeout, gpu, dist.group.WORLD))
     else:
-        watch_own_rendezvous(plan)
+        watch_own_rendezvous(plan, rank)
     watch_spawns(plan, rank)
     context.enter(plan, rank, local_rank, gpu or torch.device(plan.device), own_group, mesh)
     random.seed(plan.platform.seed)

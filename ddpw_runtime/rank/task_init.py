@@ -62,16 +62,20 @@ def answer_task_init(group: JobGroup) -> None:
     _set_init(init_process_group)
 
 
-def watch_own_rendezvous(plan: LaunchPlan) -> None:
+def watch_own_rendezvous(plan: LaunchPlan, rank: int) -> None:
     """With `platform.ipc_groups=null`, from now on: the task's own `init_process_group()` finds the job's store at
     `MASTER_PORT`, hosted for it (every rank is a client: `TORCHELASTIC_USE_AGENT_STORE`, as under torchrun). A call at
     another port (a `MASTER_PORT` the task set, as tutorials' `ddp_main` does) would wait for a store that nobody hosts
-    until its timeout (30 minutes): it is refused, naming the fix. Undo with `restore_init`."""
+    until its timeout (30 minutes): it is refused, naming the fix. So is a call at the job's store with another rank or
+    world size than `rank`'s (read from SLURM's variables): its ranks would not make one world (each would train alone,
+    or two would ask for one rank). Undo with `restore_init`."""
 
     @functools.wraps(_ORIGINAL)
     def init_process_group(*args: Any, **kwargs: Any) -> None:
         asked = inspect.signature(_ORIGINAL).bind(*args, **kwargs).arguments
         port = _rendezvous_port(asked)
+        if port == plan.master_port and _other_ranks(plan, rank, asked) is not None:
+            raise _other_ranks_error(plan, rank, asked, made=False)
         if port is not None and port != plan.master_port and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             given = "call it with init_method='env://'" if str(asked.get("init_method")).startswith("tcp://") else \
                 "do not set MASTER_PORT"
@@ -185,6 +189,8 @@ def differs(group: JobGroup, asked: dict[str, Any]) -> ConfigError | None:
                            f"the task calls {call}, with another timeout than the group hydra-ddpw made: set "
                            f"platform.collective_timeout_min={minutes:g}, or {_NO_GROUP}")
     other = _other_request(group, asked)
+    if other is not None and other == _other_ranks(group.plan, group.rank, asked):
+        return _other_ranks_error(group.plan, group.rank, asked, made=True)
     if other is not None:
         return ConfigError("platform.ipc_groups", [],
                            f"the task calls {call}, which asks for {other} than the group of {group.plan.world_size} "
@@ -199,10 +205,9 @@ def _other_request(group: JobGroup, asked: dict[str, Any]) -> str | None:
         return f"another rendezvous ({init_method})"
     if asked.get("store") is not None:
         return "another store"
-    if asked.get("world_size", -1) not in (-1, group.plan.world_size):
-        return f"another world size ({asked['world_size']})"
-    if asked.get("rank", -1) not in (-1, group.rank):
-        return f"another rank ({asked['rank']})"
+    ranks = _other_ranks(group.plan, group.rank, asked)
+    if ranks is not None:
+        return ranks
     device_id = asked.get("device_id")
     device = torch.device("cuda", device_id) if isinstance(device_id, int) else device_id
     if device is not None and torch.device(device) != group.device:
@@ -210,3 +215,36 @@ def _other_request(group: JobGroup, asked: dict[str, Any]) -> str | None:
     if asked.get("pg_options") is not None or asked.get("_ranks") is not None:
         return "other options"
     return None
+
+
+def _other_ranks(plan: LaunchPlan, rank: int, asked: dict[str, Any]) -> str | None:
+    """The other world size or rank than `rank`'s of `plan` that the arguments `asked` ask for; None when they ask for
+    none (or for `rank`'s)."""
+    if asked.get("world_size", -1) not in (-1, plan.world_size):
+        return f"another world size ({asked['world_size']})"
+    if asked.get("rank", -1) not in (-1, rank):
+        return f"another rank ({asked['rank']})"
+    return None
+
+
+def _other_ranks_error(plan: LaunchPlan, rank: int, asked: dict[str, Any], made: bool) -> ConfigError:
+    """Why a call with the arguments `asked`, which ask for another world size or rank than `rank`'s, cannot run, and
+    the fix (`made`: hydra-ddpw made the job's group). No setting makes it run: with `platform.ipc_groups=null`, each
+    rank would make a world of its own, or two would ask for one rank. Inside a SLURM task whose variables are not
+    this rank's (hydra-ddpw starts a node's ranks in one task, as torchrun does), they are where the script read them
+    (`init_distributed_mode`'s `elif 'SLURM_PROCID' in os.environ`)."""
+    given = ", ".join(f"{name}={asked[name]!r}" for name in ("rank", "world_size") if name in asked)
+    call, ours = f"init_process_group({given})", f"RANK={rank} of WORLD_SIZE={plan.world_size}"
+    procid, ntasks = os.environ.get("SLURM_PROCID"), os.environ.get("SLURM_NTASKS")
+    not_ours = procid is not None and (procid, ntasks) != (str(rank), str(plan.world_size))
+    if not_ours and (str(asked.get("rank")) == procid or str(asked.get("world_size")) == ntasks):
+        per_node = "platform.n_gpus_per_node" if plan.device == "cuda" else "platform.n_procs_per_node"
+        slurm = f"SLURM_PROCID={procid}" + (f", SLURM_NTASKS={ntasks}" if ntasks is not None else "")
+        return ConfigError(per_node, plan.ranks_per_node,
+                           f"{call} follows {slurm}, which this node's {plan.ranks_per_node} ranks share (one SLURM "
+                           f"task per node); this is {ours}: read RANK and WORLD_SIZE before SLURM_PROCID, as "
+                           f"torchvision's init_distributed_mode does")
+    return ConfigError("platform.ipc_groups", [] if made else None,
+                       f"{call} at the job's rendezvous, in {ours}: the ranks would not make one world (each alone, "
+                       f"or two as one rank, waiting); pass rank=int(os.environ['RANK']), "
+                       f"world_size=int(os.environ['WORLD_SIZE']), or neither")
