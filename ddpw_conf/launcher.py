@@ -92,6 +92,7 @@ class LauncherOptions:
         with self.naming_platform_keys():
             platform = platform_from_config(node, NOT_OURS if self.platform_key == PLATFORM_KEY else "")
             _check_launcher_device(config, platform, self.platform_key)
+            _check_top_level_fields(config, platform, self.platform_key)
         return platform
 
     @contextmanager
@@ -154,6 +155,35 @@ def _shell_syntax_error(lines: tuple[str, ...]) -> tuple[str, str] | None:
     checked = subprocess.run(["bash", "-n"], input="\n".join(lines) + "\n", capture_output=True, text=True)
     found = re.search(r"line (\d+): (.*)", checked.stderr)
     return (found[1], found[2].strip()) if checked.returncode and found else None
+
+
+_PLATFORM_ONLY = ("n_gpus_per_node", "n_procs_per_node", "n_cpus_per_node", "mem_per_node", "ipc_groups",
+                  "ipc_protocol", "join_timeout_min", "collective_timeout_min", "stall_timeout_min", "stop_on_stall",
+                  "exit_timeout_min", "slurm_additional_parameters", "console_logs", "console_ranks", "upon_finish")
+"""Platform fields whose names an app's own key does not take by chance (not `n_nodes`, `seed`, `device`...)."""
+
+
+def _check_top_level_fields(config: Any, platform: Platform, key: str) -> None:
+    """Raise `ConfigError` for a platform field at the top level of the job's config (the `platform:` line forgotten)
+    whose value is not the platform's (node `key`): it would be ignored, silently. An app's own key of that name that
+    agrees with the platform's (`platform.n_gpus_per_node: ${n_gpus_per_node}`) passes."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    absent = object()
+    for name in _PLATFORM_ONLY:
+        try:
+            value = OmegaConf.select(config, name, default=absent)
+            used = OmegaConf.select(config, f"{key}.{name}", default=getattr(platform, name))
+            value, used = (OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+                           for v in (value, used))
+        except OmegaConfBaseException:
+            continue  # (one that cannot be resolved is not the platform's; the app's own use will say why)
+        if value is not absent and value != used:
+            raise ConfigError(name, value, f"a field of the job's platform, read from {key}.{name} (here {used!r}), "
+                              f"not from the config's top level: move it under `{key}:` (or {key}.{name}={value} on "
+                              f"the command line); if {name} is your app's own key, make the two agree "
+                              f"({key}.{name}: ${{{name}}} in the config)")
 
 
 def _check_launcher_device(config: Any, platform: Platform, key: str) -> None:

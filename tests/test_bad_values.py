@@ -94,6 +94,9 @@ TYPED = [
     pytest.param(["+hydra.launcher.n_cpus_per_node=2"], "hydra.launcher.n_cpus_per_node", 2, "n_cpus_per_node is a "
                  "field of the job's platform: set platform.n_cpus_per_node instead (under `platform:` in the config, "
                  "not `hydra: launcher:`)", id="platform-field-as-a-launcher-option"),  # (its known options, no more)
+    pytest.param(["+n_procs_per_node=3"], "n_procs_per_node", 3, "a field of the job's platform, read from "
+                 "platform.n_procs_per_node (here 2), not from the config's top level: move it under `platform:`",
+                 id="platform-field-at-the-top-level"),  # (the `platform:` line forgotten: it ran 2 ranks, silently)
     pytest.param(["platform.device=mps"], "platform.device", "mps", "no MPS device", id="mps-not-here"),
     pytest.param(["hydra/launcher=ddpw_mps"], "platform.device", "mps", "use platform.device=cpu",
                  id="ddpw_mps-not-here"),
@@ -189,6 +192,8 @@ def test_a_bad_value_typed_by_a_user_is_refused_before_any_rank_starts(
                  "platform/cpus_must_be_given.yaml marks it mandatory (???)", id="missing-value-marked-in-a-preset"),
     pytest.param("platform.master_addr=127.0.0.1,no.such.host.invalid", "platform.master_addr",
                  "no.such.host.invalid", "cannot resolve it", id="master_addr-of-a-later-job-unresolvable"),
+    pytest.param("+collective_timeout_min=1,5", "collective_timeout_min", 1, "not from the config's top level",
+                 id="platform-field-at-the-top-level"),
     # Side by side, their rank logs would mix and one rank's flight-recorder file could vanish under the other's
     # (`FileNotFoundError` as a rank started, which failed its job).
     pytest.param("hydra.sweep.subdir=.", "hydra.sweep.subdir", ".", "jobs #0 and #1 of the sweep would run in the same "
@@ -224,6 +229,15 @@ def test_a_value_the_apps_config_marks_mandatory_must_be_given(tmp_path: Path, m
     proc = run_app(tmp_path, "--config-name", "mandatory", *mode, given, "hydra.launcher.max_restarts=0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [len(seen(job)) for job in job_dirs(tmp_path)] == ([1, 2] if mode else [1])
+
+
+@pytest.mark.subprocess
+def test_an_apps_own_key_named_as_a_platform_field_runs_where_the_platform_agrees(tmp_path: Path) -> None:
+    """The fix the refusal of a platform field at the config's top level offers: the app keeps its own key, and the
+    platform refers to it."""
+    proc = run_app(tmp_path, "+n_procs_per_node=2", "platform.n_procs_per_node=${n_procs_per_node}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [len(seen(job)) for job in job_dirs(tmp_path)] == [2]
 
 
 @pytest.mark.subprocess
