@@ -241,7 +241,7 @@ def test_rank_0_killed_while_its_forks_live_ends_the_job_naming_it_and_its_forks
 
 
 _FORKS_A_PROCESS = """
-import multiprocessing, time
+import multiprocessing, os, time
 import hydra, torch.distributed as dist
 import ddpw_runtime
 
@@ -250,6 +250,15 @@ def sleep() -> None:
 
 @hydra.main(version_base=None, config_path=None, config_name=None)
 def main(cfg) -> None:
+    if cfg.get("daemon"):  # a daemon's double fork, in a session of its own, no exec
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                with open(f"daemon_{ddpw_runtime.rank()}.txt", "w") as file:
+                    file.write(str(os.getpid()))
+                time.sleep(600)
+            os._exit(0)
+        return
     if ddpw_runtime.rank() == 0:  # a worker of its own, as Python's exit joins it (not a daemon)
         process = multiprocessing.get_context("fork").Process(target=sleep)
         process.start()
@@ -289,6 +298,29 @@ def test_a_multiprocessing_process_rank_0_started_ends_with_the_job_and_the_prog
                 os.kill(process, signal.SIGKILL)
     assert proc.returncode == (1 if fail else 0), err
     assert process is not None and not alive(process)
+
+
+@pytest.mark.parametrize("cgroup_v2", [True, False], ids=["cgroup v2 where there is one", "no cgroup v2"])
+def test_a_daemon_rank_0_started_in_a_session_of_its_own_ends_with_the_run(tmp_path: Path, cgroup_v2: bool) -> None:
+    """Every rank of a plain run starts a daemon (a double fork into a session of its own, no exec): each ends with
+    the run, also without a cgroup; rank 0's, the supervisor's child once its parent is gone, was spared as not in
+    the program's process group, and outlived the run."""
+    if not cgroup_v2 and not _can_leave_cgroup_v2():
+        pytest.skip("needs a mount namespace of the test's own (root)")
+    app = tmp_path / "forks_a_process.py"
+    app.write_text(_FORKS_A_PROCESS)
+    proc = _start(tmp_path, "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2", "+daemon=true",
+                  "hydra.run.dir=out", cgroup_v2=cgroup_v2, app=app)
+    try:  # (one left holds the program's output open: no end of it is seen)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        daemons = [int(path.read_text()) for path in tmp_path.glob("daemon_*.txt")]
+        assert len(daemons) == 2
+        wait_for(lambda: not any(alive(pid) for pid in daemons), timeout=15, what="the daemons to end with the run")
+    finally:
+        for path in tmp_path.glob("daemon_*.txt"):  # (what the test must not leave behind when it fails)
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(path.read_text()), signal.SIGKILL)
 
 
 def test_what_rank_0_leaves_running_in_the_background_is_reaped_while_the_run_goes_on(tmp_path: Path) -> None:

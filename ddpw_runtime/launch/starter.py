@@ -53,6 +53,8 @@ class RankStarter:
         self._inbox_of_pid: dict[int, Inbox] = {}
         self._gone: StarterGone | None = None
         self.channel, self.pid = attached_to if attached_to is not None else _in_a_lasting_thread(self._launch)
+        if self._owned:
+            launched.add(self.pid)
         self.reader = threading.Thread(target=self._read, name="ddpw-rank-starter", daemon=True)
         """The thread that hears the starter."""
         self.reader.start()
@@ -206,6 +208,8 @@ def _can_fork_controller() -> bool:
 
 
 _starters: dict[bool, RankStarter] = {}
+launched: set[int] = set()
+"""The pids of the starters this process started (its children, each in a session of its own), closed ones too."""
 _lasting: queue.SimpleQueue[tuple[Callable[[], tuple[Channel, int]], Future[tuple[Channel, int]]]] | None = None
 _lasting_lock = threading.Lock()
 _lasting_thread: threading.Thread | None = None
@@ -233,6 +237,7 @@ def _forget_starters() -> None:
     global _lasting, _lasting_thread
     _lasting = _lasting_thread = None
     _starters.clear()
+    launched.clear()
 
 
 os.register_at_fork(after_in_child=_forget_starters)

@@ -47,7 +47,7 @@ from ddpw_runtime.launch.protocol import (
 )
 from ddpw_runtime.launch.records import RankResult, portable_pickle
 from ddpw_runtime.launch.signals import blocked, handle, held, raised_for, send_to_group, signal_of
-from ddpw_runtime.launch.starter import close_starters, starter_threads
+from ddpw_runtime.launch.starter import close_starters, launched, starter_threads
 from ddpw_runtime.launch.supervisor import NodeRanks, OutsideRank, supervise
 from ddpw_runtime.nodes.controller import Nodes
 from ddpw_runtime.procs.starter import adopt_orphans, die_with_parent
@@ -149,6 +149,8 @@ class RunSupervisor:
         self.sees_ctrl_c = _in_foreground()
         self.own_children = children_of_this_process()
         """Rank 0's process and what the program started before the run (never stopped here)."""
+        self.rank_pids: set[int] = set()
+        """Every rank this process started, in every attempt."""
         self.before_job: set[int] = set()
         """What rank 0's process had started as its job started (not the job's)."""
 
@@ -237,6 +239,7 @@ class RunSupervisor:
                 raise
             finally:
                 self.ranks = None
+                self.rank_pids.update(ranks.of_pid)
             if self.task_ended.is_set():  # rank 0's process goes on: its exit code is not its task's
                 outcomes[0].exit_code = None
             settle(job, nodes.gathered(outcomes))
@@ -340,8 +343,7 @@ class RunSupervisor:
     def _stop_what_rank_zero_left(self) -> None:
         """Stop what rank 0's process left running: what it forked (DataLoader workers, say) is this process's child
         since (`adopt_orphans`), found even without a cgroup, and stopped as the job's other processes are (SIGTERM,
-        `TERM_WAIT_S`, SIGKILL); what that leaves comes in the next round, until the bound is spent. Only those in the
-        program's process group: what the ranks left (each leads its own group) was handled already."""
+        `TERM_WAIT_S`, SIGKILL); what that leaves comes in the next round, until the bound is spent."""
         seen, end = set(self.own_children), time.monotonic() + TERM_WAIT_S + KILL_WAIT_S
         with suppress(KeyboardInterrupt, Terminated, _Hangup):  # asked again: they have had their SIGKILL
             while (left := self._orphans(seen)) and time.monotonic() < end:
@@ -371,15 +373,16 @@ class RunSupervisor:
             with suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
 
-    @staticmethod
-    def _orphans(known: set[int]) -> set[int]:
-        """This process's children but `known` in the program's process group: what rank 0 left (not the ranks')."""
-        group = set()
-        for pid in children_of_this_process() - known:
+    def _orphans(self, known: set[int]) -> set[int]:
+        """This process's children but `known`, its rank starters and the ranks' process groups (theirs once their
+        starter is gone, and handled by then): what rank 0 left, in the program's process group or in a session of its
+        own (`setsid`, a daemon's double fork)."""
+        left = set()
+        for pid in children_of_this_process() - known - launched:
             with suppress(ProcessLookupError):
-                if os.getpgid(pid) == os.getpgrp():
-                    group.add(pid)
-        return group
+                if os.getpgid(pid) not in self.rank_pids:
+                    left.add(pid)
+        return left
 
     def _exited_within(self, seconds: float, stopped: int | None = None) -> bool:
         """Whether rank 0's process ended within `seconds`; rank 0 hears `stopped` whenever it waits for an answer."""
