@@ -218,3 +218,33 @@ def test_jobs_that_return_nan_or_inf_leave_a_summary_any_json_reader_takes_and_a
     assert resumed.returncode == 0, resumed.stderr
     assert [runs(tmp_path / "runs", job) for job in range(3)] == [1, 1, 1]
     assert [e["kept"] for e in summary(tmp_path / "sw").values()] == [True, True, True]
+
+
+def test_a_sweep_that_did_not_end_names_its_resume_and_a_resume_in_a_new_dir_names_the_earlier_run(
+    tmp_path: Path
+) -> None:
+    # A sweep killed in Hydra's default `multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}`, resumed with the same command and
+    # resume=true, looks in a new dir of that day (or the next): it said only "holds no earlier run of a sweep".
+    (tmp_path / "runs").mkdir()
+    args = ("-m", "x=0,1", "fail_once=1", f"runs={tmp_path / 'runs'}")
+    first = run_app(tmp_path, *args, "hydra.sweep.dir=multirun/day1/10-00-00", app=APP)
+    assert first.returncode == 1
+    hint = next(line for line in first.stdout.splitlines() if line.startswith("  resume: "))
+    assert hint == ("  resume: the same command with hydra.launcher.resume=true hydra.sweep.dir=multirun/day1/10-00-00 "
+                    "runs the jobs not COMPLETED (in their dirs) and keeps the others")
+    other = run_app(tmp_path, "-m", "x=0,1", f"runs={tmp_path / 'runs'}", "hydra.sweep.dir=multirun/day1/10-05-00",
+                    app=APP)  # another sweep, newer, that COMPLETED: no resume line
+    assert other.returncode == 0 and "resume: " not in other.stdout, other.stdout
+
+    resumed = run_app(tmp_path, *args, "hydra.launcher.resume=true", "hydra.sweep.dir=multirun/day2/09-00-00", app=APP)
+    assert resumed.returncode == 1
+    assert ("hydra.sweep.dir=multirun/day2/09-00-00 holds no earlier run of a sweep (no multirun/day2/09-00-00/"
+            "sweep_summary.json with its record): the newest earlier run of this sweep is in multirun/day1/10-00-00: "
+            "add hydra.sweep.dir=multirun/day1/10-00-00 to go on with it, or run without resume") in resumed.stderr
+    assert not (tmp_path / "multirun" / "day2").exists()
+    assert [runs(tmp_path / "runs", job) for job in range(2)] == [2, 2]  # (one run of each sweep)
+
+    named = run_app(tmp_path, *args, "hydra.launcher.resume=true", "hydra.sweep.dir=multirun/day1/10-00-00", app=APP)
+    assert named.returncode == 0, named.stderr
+    assert [runs(tmp_path / "runs", job) for job in range(2)] == [2, 3]
+    assert "2 jobs, 2 COMPLETED (1 kept)" in named.stdout and "resume: " not in named.stdout

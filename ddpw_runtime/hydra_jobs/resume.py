@@ -10,6 +10,7 @@ import errno
 import fcntl
 import logging
 import os
+import shlex
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -22,7 +23,8 @@ from ddpw_conf import ConfigError
 from ddpw_conf.launcher import LauncherOptions
 from ddpw_runtime import _compat
 from ddpw_runtime.hydra_jobs.prepare import JobToRun
-from ddpw_runtime.hydra_jobs.sweep_summary import SweepRecord, SweepSummary, read_summary
+from ddpw_runtime.hydra_jobs.summary import shown_path
+from ddpw_runtime.hydra_jobs.sweep_summary import FILE_NAME, SweepRecord, SweepSummary, read_summary
 from ddpw_runtime.launch.checks import check_not_under_torchrun
 
 log = logging.getLogger(__name__)
@@ -50,9 +52,12 @@ def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
                           "resumes from there (Optuna: the same hydra.sweeper.storage and hydra.sweeper.study_name, "
                           "in a new hydra.sweep.dir, without resume)")
     if (earlier := read_summary(sweep_dir)) is None:
+        found = shlex.quote(beside) if (beside := _newest_run_beside(sweep_dir, record)) else None
         raise ConfigError("hydra.launcher.resume", True, f"hydra.sweep.dir={sweep_dir} holds no earlier run of a "
-                          f"sweep (no {sweep_dir / 'sweep_summary.json'} with its record): give the sweep dir of the "
-                          "run to go on with (its summary names it), or run without resume")
+                          f"sweep (no {sweep_dir / 'sweep_summary.json'} with its record): " + (
+                              f"the newest earlier run of this sweep is in {found}: add hydra.sweep.dir={found} to go "
+                              "on with it" if found else "give the sweep dir of the run to go on with (its summary "
+                              "and its jobs' output dirs name it)") + ", or run without resume")
     if differences := _differences(earlier[0], record):
         raise ConfigError("hydra.launcher.resume", True, "this sweep differs from the earlier run in "
                           f"hydra.sweep.dir={sweep_dir}: {'; '.join(differences)}; " + _AGAIN)
@@ -60,6 +65,20 @@ def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
     before, now = Path(earlier[0].sweep_dir or record.sweep_dir), Path(record.sweep_dir)
     return SweepSummary(sweep_dir, record, [replace(e, output_dir=str(now / Path(e.output_dir).relative_to(before)))
                                             if Path(e.output_dir).is_relative_to(before) else e for e in earlier[1]])
+
+
+def _newest_run_beside(sweep_dir: Path, record: SweepRecord) -> str | None:
+    """The newest sweep dir beside `sweep_dir` whose summary is of the same sweep as `record`, as the console shows
+    it; beside: in the same folder or one level up (Hydra's default `multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}` is a
+    new dir at each start, so a resume that names no sweep dir looks for its earlier run in a new one)."""
+    here = sweep_dir.absolute()
+    found: dict[Path, float] = {}
+    for root, pattern in ((here.parent, f"*/{FILE_NAME}"), (here.parent.parent, f"*/*/{FILE_NAME}")):
+        for path in root.glob(pattern) if root.is_dir() else ():
+            summary = read_summary(path.parent)
+            if path.parent != here and summary is not None and not _differences(summary[0], record):
+                found[path.parent] = path.stat().st_mtime
+    return shown_path(max(found, key=found.__getitem__), Path.cwd()) if found else None
 
 
 _HELD: dict[Path, int] = {}

@@ -18,6 +18,7 @@ import atexit
 import json
 import logging
 import math
+import shlex
 import sys
 import threading
 from collections import Counter
@@ -260,7 +261,13 @@ class PrintSweepSummary(Callback):
         if path not in SweepSummary.written_here:
             return
         try:
-            entries = json.loads(path.read_text())["jobs"]
-        except (OSError, ValueError, KeyError):
+            data = json.loads(path.read_text())
+            entries, sweeper = data["jobs"], data["sweep"]["sweeper"]
+        except (OSError, ValueError, KeyError, TypeError):
             return
-        show(table(entries, path, Path.cwd()), sys.stdout)  # (`| tee` may have ended by the same Ctrl-C)
+        text = table(entries, path, Path.cwd())
+        if sweeper == _compat.BASIC_SWEEPER and any(e["status"] != JobStatus.COMPLETED.name for e in entries):
+            text += ("\n  resume: the same command with hydra.launcher.resume=true hydra.sweep.dir="
+                     f"{shlex.quote(shown_path(path.parent, Path.cwd()))} runs the jobs not COMPLETED (in their dirs) "
+                     "and keeps the others")
+        show(text, sys.stdout)  # (`| tee` may have ended by the same Ctrl-C)
