@@ -180,7 +180,8 @@ def _check_top_level_fields(config: Any, platform: Platform, key: str) -> None:
         except OmegaConfBaseException:
             continue  # (one that cannot be resolved is not the platform's; the app's own use will say why)
         if value is not absent and value != used:
-            raise ConfigError(name, value, f"a field of the job's platform, read from {key}.{name} (here {used!r}), "
+            here = "not set" if used is None else f"here {used!r}"
+            raise ConfigError(name, value, f"a field of the job's platform, read from {key}.{name} ({here}), "
                               f"not from the config's top level: move it under `{key}:` (or {key}.{name}={value} on "
                               f"the command line); if {name} is your app's own key, make the two agree "
                               f"({key}.{name}: ${{{name}}} in the config)")
