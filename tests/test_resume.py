@@ -248,3 +248,17 @@ def test_a_sweep_that_did_not_end_names_its_resume_and_a_resume_in_a_new_dir_nam
     assert named.returncode == 0, named.stderr
     assert [runs(tmp_path / "runs", job) for job in range(2)] == [2, 3]
     assert "2 jobs, 2 COMPLETED (1 kept)" in named.stdout and "resume: " not in named.stdout
+
+
+def test_a_sweep_run_again_without_resume_in_its_dir_says_it_runs_the_completed_jobs_again(tmp_path: Path) -> None:
+    args = ("-m", "x=0,1", "fail_once=1", f"runs={tmp_path / 'runs'}", "hydra.sweep.dir=sw")
+    (tmp_path / "runs").mkdir()
+    assert run_app(tmp_path, *args, app=APP).returncode == 1
+    again = run_app(tmp_path, *args, app=APP)  # resume=true forgotten: job #0 ran again, without a word
+    assert again.returncode == 0, again.stderr
+    assert [runs(tmp_path / "runs", job) for job in range(2)] == [2, 2]
+    assert ("hydra.sweep.dir=sw holds an earlier run of this sweep, 1 of its jobs COMPLETED: this sweep runs them "
+            "again, in the same dirs; to keep them, stop it (Ctrl-C) and run it with hydra.launcher.resume=true") \
+        in again.stdout + again.stderr
+    other = run_app(tmp_path, "-m", "x=0,1", f"runs={tmp_path / 'runs'}", "hydra.sweep.dir=sw", app=APP)
+    assert other.returncode == 0 and "holds an earlier run" not in other.stdout + other.stderr  # another sweep

@@ -44,6 +44,13 @@ def open_summary(config: DictConfig, options: LauncherOptions) -> SweepSummary:
     _hold(sweep_dir)
     record = SweepRecord.of(config)
     if not options.resume:
+        if not options.dry_run and (ran := read_summary(sweep_dir)) is not None \
+                and record.sweeper == _compat.BASIC_SWEEPER \
+                and not _differences(ran[0], record) \
+                and (done := sum(e.status == JobStatus.COMPLETED.name for e in ran[1])):
+            log.warning(f"hydra.sweep.dir={sweep_dir} holds an earlier run of this sweep, {done} of its jobs "
+                        "COMPLETED: this sweep runs them again, in the same dirs; to keep them, stop it (Ctrl-C) "
+                        "and run it with hydra.launcher.resume=true")
         return SweepSummary(sweep_dir, record)
     if record.sweeper != _compat.BASIC_SWEEPER:
         raise ConfigError("hydra.launcher.resume", True, "resume works with Hydra's basic sweeper, whose jobs follow "
