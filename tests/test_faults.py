@@ -826,3 +826,57 @@ def test_a_time_limit_is_not_restarted(tmp_path: Path) -> None:
     proc = run_app(tmp_path, "behaviour=hang", "platform.timeout_min=0.02", "hydra.launcher.max_restarts=2")
     assert proc.returncode == 1
     assert "ran past its time limit" in proc.stderr and "attempt" not in proc.stdout
+
+
+
+def _given_sigusr(tmp_path: Path, sig: signal.Signals, to_group: tuple[bool, ...], *overrides: str,
+                  handled_by: tuple[int, ...] = (0, 1)) -> tuple[subprocess.CompletedProcess, dict[int, str]]:
+    """`tests/apps/usr_signal_app.py` (2 ranks) given `sig` once every rank is in its task, once per `to_group`: to the
+    program's pid (as a SLURM batch script's `trap 'kill -USR1 $pid' USR1` forwards it) or to its whole process group
+    (True), each time once each rank of `handled_by` ran its handler for the one before; then let go. How it ended and
+    what each rank's handler wrote (a line each time it ran)."""
+    proc = subprocess.Popen([sys.executable, str(APPS / "usr_signal_app.py"), *overrides], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+
+    def got() -> dict[int, str]:
+        return {int(path.name.rpartition("_")[2]): path.read_text()
+                for path in tmp_path.rglob(f"got_{sig.name}_rank_*")}
+
+    wait_for(lambda: len(list(tmp_path.rglob("ready_rank_*"))) == 2 or proc.poll() is not None, what="both ranks")
+    assert proc.poll() is None, proc.communicate()
+    for count, group in enumerate(to_group, 1):
+        (os.killpg if group else os.kill)(proc.pid, sig)
+        wait_for(lambda: all(len(got().get(rank, "").split()) >= count for rank in handled_by)  # noqa: B023
+                 or proc.poll() is not None, what="the ranks' handlers")
+    (tmp_path / "go").touch()
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), got()
+
+
+@pytest.mark.parametrize(("sig", "to_group", "mode"), [
+    (signal.SIGUSR1, (False,), ()), (signal.SIGUSR2, (False,), ()), (signal.SIGUSR1, (True,), ()),
+    (signal.SIGUSR1, (True, False), ()), (signal.SIGUSR1, (False,), ("-m",)), (signal.SIGUSR2, (True,), ("-m",))],
+    ids=["usr1-plain", "usr2-plain", "usr1-to-the-group-plain", "usr1-to-the-group-then-to-the-pid-plain",
+         "usr1-multirun", "usr2-to-the-group-multirun"])
+def test_sigusr1_given_to_the_program_runs_every_ranks_handler_once_and_the_job_goes_on(
+        tmp_path: Path, sig: signal.Signals, to_group: tuple[bool, ...], mode: tuple[str, ...]) -> None:
+    """SIGUSR1 or SIGUSR2 given to the program (a SLURM batch script forwards `--signal=B:USR1@90` so, for a
+    checkpoint on signal) ended the whole job at once, silently (exit -10), the task's handler never run: the program
+    (a plain run's supervisor, a multirun's Hydra process) died of it. Now every rank's handler runs once per signal
+    (rank 0's too where a signal to the process group reached it already) and the job goes on to its end."""
+    proc, got = _given_sigusr(tmp_path, sig, to_group, *mode)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(got) == [0, 1] and all(len(lines.split()) == len(to_group) for lines in got.values()), got
+    assert "COMPLETED" in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("mode", [(), ("-m",)], ids=["plain", "multirun"])
+def test_a_rank_without_a_sigusr1_handler_dies_of_it_and_the_job_fails_naming_it(
+        tmp_path: Path, mode: tuple[str, ...]) -> None:
+    """A rank whose task has no SIGUSR1 handler dies of it, as a program without one does; the job fails naming the
+    rank and the signal, and the program lives to say so."""
+    proc, got = _given_sigusr(tmp_path, signal.SIGUSR1, (False,), *mode, "no_handler_rank=1", handled_by=(0,))
+    assert proc.returncode == 1, proc.stderr
+    assert "rank 1 failed: RankKilled: killed by SIGUSR1 (exit code -10)" in proc.stderr, proc.stderr
+    assert sorted(got) == [0] and len(got[0].split()) == 1, got

@@ -1,5 +1,6 @@
 """Signals: to ranks (each leads its own process group, which reaches what it started too); Ctrl-C and SIGTERM held
-back while the controller must not be interrupted; and the handlers of a multirun's controller.
+back while the controller must not be interrupted; the handlers of a multirun's controller; and SIGUSR1/SIGUSR2, the
+task's, passed on to it (`PASSED_ON`).
 
 From the launcher's `setup` until the sweep ends, Ctrl-C raises `Interrupted` (exit 130, no traceback) and SIGTERM
 `Terminated` (exit 143; a second one ends what runs at once, as a second Ctrl-C does), unless the program was started
@@ -20,6 +21,12 @@ from types import FrameType
 from ddpw_runtime.errors import Interrupted, Terminated
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)
+"""Given to the program (a SLURM batch script's `trap 'kill -USR1 $pid' USR1`, for a checkpoint on signal), these are
+the task's: passed on to every rank of the running job, each rank alone (not its DataLoader's workers), as no stop (a
+rank they kill failed); outside a job, to rank 0's process in a plain run, to nothing in a multirun (a line says so).
+The program does not die of them."""
 
 
 def send_to_group(pid: int, sig: int, group: bool = True) -> None:
@@ -124,14 +131,38 @@ def handle(signals: tuple[int, ...], handler: Callable[[int, FrameType | None], 
 
 
 _before_install: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}  # as before `install`
+_before_passing_on: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}  # `handle_passed_on`
+
+
+def handle_passed_on(handler: Callable[[int, FrameType | None], object]) -> None:
+    """Handle `PASSED_ON` with `handler` in this process (but one the program was started ignoring, as `handle`). A
+    fork of this process (the rank starter, and so every rank it forks) has them as before, as without hydra-ddpw: a
+    rank without a handler of its own dies of one."""
+    for sig in PASSED_ON:
+        if _before_passing_on.setdefault(sig, signal.getsignal(sig)) != signal.SIG_IGN:
+            signal.signal(sig, handler)
+
+
+def _as_before_passing_on() -> None:
+    """`PASSED_ON` handled as before `handle_passed_on` (in this process's fork too: the thread that forked is its main
+    thread)."""
+    for sig, handler in _before_passing_on.items():
+        if handler is not None:  # (None: set outside Python, and left as is)
+            signal.signal(sig, handler)
+    _before_passing_on.clear()
+
+
+os.register_at_fork(after_in_child=_as_before_passing_on)
 
 
 def install() -> None:
-    """Handle Ctrl-C and SIGTERM as a multirun's controller (the module docstring; main thread) until `uninstall`."""
+    """Handle Ctrl-C and SIGTERM as a multirun's controller (the module docstring; main thread) until `uninstall`;
+    SIGUSR1 and SIGUSR2 are passed on to the running jobs (`passing_on`)."""
     if threading.current_thread() is threading.main_thread():
         for sig in STOPPING_SIGNALS:  # (as the program had them: not as an interrupted sweep left them, `further`)
             if _before_install.setdefault(sig, signal.getsignal(sig)) != signal.SIG_IGN:
                 signal.signal(sig, _on_signal)
+        handle_passed_on(_pass_on)
 
 
 def uninstall() -> None:
@@ -141,6 +172,7 @@ def uninstall() -> None:
             if handler is not None:  # (None: set outside Python, and left as is)
                 signal.signal(sig, handler)
         _before_install.clear()
+        _as_before_passing_on()
 
 
 @contextmanager
@@ -152,6 +184,26 @@ def jobs_running() -> Iterator[None]:
         yield
     finally:
         _state["jobs running"] = False
+
+
+_receivers: list[Callable[[int], bool]] = []  # what passes SIGUSR1/SIGUSR2 on to the running jobs (`passing_on`)
+
+
+@contextmanager
+def passing_on(receiver: Callable[[int], bool]) -> Iterator[None]:
+    """While jobs run: SIGUSR1 or SIGUSR2 given to the multirun's controller goes to `receiver`, which passes it on to
+    the running jobs; whether any had it."""
+    _receivers.append(receiver)
+    try:
+        yield
+    finally:
+        _receivers.remove(receiver)
+
+
+def _pass_on(signum: int, frame: FrameType | None) -> None:
+    if not any([receiver(signum) for receiver in list(_receivers)]):
+        os.write(2, f"[ddpw] {named(signum)}: no job of the multirun runs here to pass it on to; nothing gets "
+                    "it\n".encode())
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:

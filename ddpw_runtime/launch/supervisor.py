@@ -147,6 +147,12 @@ class NodeRanks(Children):
             places[place.rank] = place
         return places
 
+    def pass_on(self, sig: int, spare: int | None = None) -> None:
+        """Pass `sig` (`signals.PASSED_ON`) on to every running rank but `spare`, each alone (its handler's, not its
+        DataLoader's workers'). No stop: a rank it kills failed by itself, named with it."""
+        for rank in self.running(spare):
+            self.signal(rank, sig, group=False)
+
     def _begin_stop(self) -> float:
         """Freeze the console, take the ranks' stacks before any is stopped, send SIGTERM; when their grace ends."""
         self.console.freeze()
@@ -255,6 +261,18 @@ class NodeRanks(Children):
                       "behind: pids %s", KILL_WAIT_S, ", ".join(map(str, left)))
 
 
+_supervised: list[NodeRanks] = []
+"""The ranks `supervise` supervises now in this process."""
+
+
+def pass_on(sig: int) -> bool:
+    """Pass `sig` (`signals.PASSED_ON`) on to the ranks supervised in this process (`NodeRanks.pass_on`); whether
+    there were any."""
+    for ranks in list(_supervised):
+        ranks.pass_on(sig)
+    return bool(_supervised)
+
+
 def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], object] = raise_terminated
               ) -> list[RankOutcome]:
     """Start `ranks`, wait for them, tell how each ended; JobTimedOut past the time limit. Ctrl-C or SIGTERM here
@@ -264,6 +282,7 @@ def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], ob
     plan = ranks.local.plan
     warned = False
     with sigterm_raises(on_sigterm):
+        _supervised.append(ranks)
         try:
             ranks.start()
             timed_out = ranks.wait_for_ranks()
@@ -289,6 +308,7 @@ def supervise(ranks: NodeRanks, on_sigterm: Callable[[int, FrameType | None], ob
             ranks.kill()
             raise
         finally:
+            _supervised.remove(ranks)
             ranks.end()
     if timed_out:
         outcomes = ranks.outcomes()

@@ -20,8 +20,9 @@ from ddpw_runtime.launch.payload import write_atomically
 from ddpw_runtime.launch.process_state import ProcessState
 from ddpw_runtime.launch.protocol import Channel
 from ddpw_runtime.launch.records import portable
-from ddpw_runtime.launch.signals import raise_terminated, signal_of
+from ddpw_runtime.launch.signals import PASSED_ON, raise_terminated, signal_of
 from ddpw_runtime.launch.starter import RankStarter, close_starters, use_starter
+from ddpw_runtime.launch.supervisor import pass_on
 
 RESULT = "job.result"
 """The file, next to the job's payload, where the job process writes its `JobEnd`."""
@@ -62,6 +63,8 @@ def run_job_process(payload_path: str, channel: Channel, starter_pid: int, prelo
     from ddpw_runtime.hydra_jobs.task import DdpwJobReturn, JobTask
 
     signal.signal(signal.SIGTERM, raise_terminated)
+    for sig in PASSED_ON:  # the multirun's controller passes them on: to the job's ranks (none before or after them)
+        signal.signal(sig, lambda signum, frame: pass_on(signum))
     use_starter(RankStarter(preload, attached_to=(channel, starter_pid)))
     result = Path(payload_path).parent / RESULT
     task: JobTask | None = None

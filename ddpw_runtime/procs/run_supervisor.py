@@ -53,6 +53,8 @@ from ddpw_runtime.nodes.controller import Nodes
 from ddpw_runtime.procs.starter import adopt_orphans, die_with_parent
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_HELD = (*_SIGNALS, *signals.PASSED_ON)
+"""Held across the fork, and handled in the supervisor from then on."""
 
 
 class ThreadsBeforeTheRun(CompactError, RuntimeError):
@@ -75,12 +77,12 @@ def fork_supervisor(platform: Platform, options: LauncherOptions) -> Channel:
     ours, theirs = socket.socketpair()
     parent = os.getpid()
     gc.freeze()  # neither process's garbage collector copies what the program holds (~0.3 s with torch loaded)
-    with blocked(_SIGNALS) as before:  # none is handled half-way through the fork
+    with blocked(_HELD) as before:  # none is handled half-way through the fork
         # One pending from before the fork would be this process's alone (a fork starts with none pending): it is
         # handled here first, as without hydra-ddpw (Ctrl-C raises KeyboardInterrupt).
-        while set(_SIGNALS) & signal.sigpending():
+        while set(_HELD) & signal.sigpending():
             signal.pthread_sigmask(signal.SIG_SETMASK, before)
-            signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+            signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
         with warnings.catch_warnings():  # Python 3.12+ warns of a fork beside threads: the starters' (see above)
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
@@ -158,6 +160,7 @@ class RunSupervisor:
     def run(self) -> int:
         """Supervise the run until rank 0's process ends; the program's exit code."""
         handle(_SIGNALS, self._on_signal)  # (rank 0 ignores what this ignores; the others have groups of their own)
+        signals.handle_passed_on(self._pass_on)  # (not in the rank starter, forked next, nor in its ranks)
         try:
             signal.pthread_sigmask(signal.SIG_SETMASK, self.signal_mask)  # what came since the fork is handled here
             # The starter first, while this process has no other thread: it is then a fork of this one (torch
@@ -308,6 +311,15 @@ class RunSupervisor:
                         "once\n".encode())
         raise raised_for(signum)
 
+    def _pass_on(self, signum: int, frame: FrameType | None) -> None:
+        """SIGUSR1 or SIGUSR2 (`signals.PASSED_ON`): to every rank of the running job, and to rank 0's process (the
+        program's task) also outside it; once: not where it reached rank 0 already (a signal to the process group)."""
+        ranks = self.ranks
+        if ranks is not None:
+            ranks.pass_on(signum, spare=self.pid)
+        if self.exited is None and not self._reached_rank_zero(signum, again=True):
+            send_to_group(self.pid, signum, group=False)
+
     # ------------------------------------------------------------------ interruptions outside the job
     def _interrupt_rank_zero(self, sig: int) -> int:
         """Ctrl-C or SIGTERM (`sig`): make sure every rank has it (a running job's had it passed on already), give rank
@@ -328,10 +340,19 @@ class RunSupervisor:
         self._kill_rank_zero()
         return 128 + sig
 
-    def _reached_rank_zero(self, sig: int) -> bool:
+    def _reached_rank_zero(self, sig: int, again: bool = False) -> bool:
         """Whether `sig`, which this process got, reached rank 0's process too: a terminal's Ctrl-C, or a signal to the
-        whole process group (`kill -INT -PGID`, `timeout`), which the witness saw; passed on, its handler ran twice."""
-        return sig == signal.SIGINT and self.sees_ctrl_c or self.witness.saw(sig)
+        whole process group (`kill -INT -PGID`, `timeout`), which the witness saw; passed on, its handler ran twice.
+        `again`: `sig` may come again (SIGUSR1), so the witness, where it stays pending, is replaced once it saw it."""
+        if sig == signal.SIGINT and self.sees_ctrl_c:
+            return True
+        if not self.witness.saw(sig):
+            return False
+        if again:
+            seen, self.witness = self.witness, _GroupWitness()
+            self.own_children.add(self.witness.pid)
+            seen.close()
+        return True
 
     def _kill_rank_zero(self) -> None:
         """SIGKILL rank 0's process (what it started is the job's) and wait for its end, bounded (`Children.kill`)."""

@@ -193,7 +193,7 @@ class _Sweep:
     def run(self) -> list[JobReturn]:
         """Run every job; their returns in order."""
         try:
-            with signals.jobs_running():
+            with signals.jobs_running(), signals.passing_on(self._pass_on):
                 while self.schedule.pending or self.running:
                     signals.raise_dropped()
                     self._start_what_fits()
@@ -214,6 +214,14 @@ class _Sweep:
             self._record_not_started()
             raise_job_error(self.failed)
         return [self.ended[job.idx].job_return for job in self.jobs]
+
+    def _pass_on(self, signum: int) -> bool:
+        """SIGUSR1 or SIGUSR2 given to the program: to every running job process, which passes it on to its ranks
+        (`procs/job.py`), as SIGTERM goes; whether any job runs."""
+        running = self.children.running()
+        for child in running:
+            self.children.signal(child, signum, group=False)
+        return bool(running)
 
     def _start_what_fits(self) -> None:
         """Start waiting jobs in order while their devices are free (none after an error outside a task, nor after a
