@@ -671,3 +671,85 @@ def test_a_rank_waiting_for_its_dataloader_names_the_workers_line_in_the_users_d
                    f"DataLoader worker (pid {worker}) at __getitem__ ({data}:14), inside fetch " \
                    f"({library}/__init__.py:7); collectives: last entered all_reduce #1", line
     assert "    rank 0: waiting in all_reduce, at main (" in asked.stdout
+
+
+_RANK_0_WORKER_APP = '''
+import os
+import time
+
+import hydra
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+import ddpw_runtime
+from ddpw_runtime.launch.plan import DUMP_SIGNAL
+
+
+def catches_the_stack_request():
+    caught = next(line for line in open("/proc/self/status") if line.startswith("SigCgt:")).split()[1]
+    return int(caught, 16) >> (DUMP_SIGNAL - 1) & 1
+
+
+class Batches(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        open(f"stuck_{os.getpid()}", "w").close()
+        while not os.path.exists("release"):
+            time.sleep(0.05)
+        return torch.ones(1)
+
+
+@hydra.main(version_base=None, config_path=None, config_name=None)
+def main(cfg):
+    if ddpw_runtime.rank() == 0:
+        dist.all_reduce(next(iter(DataLoader(Batches(), batch_size=2, num_workers=1))))
+    else:
+        dist.all_reduce(torch.ones(2, 1))
+
+
+if __name__ == "__main__":
+    main()
+    child = os.fork()  # the program's own fork, after its run: none of hydra-ddpw's handling
+    if child == 0:
+        open("forked_after_the_run", "w").write(str(catches_the_stack_request()))
+        os._exit(0)
+    os.waitpid(child, 0)
+'''
+
+
+@pytest.mark.subprocess
+def test_rank_0_of_a_plain_run_waiting_for_its_dataloader_names_the_workers_line(tmp_path: Path) -> None:
+    """Rank 0 of a plain run (the program's own process) waits for its DataLoader's worker, stuck in the user's
+    Dataset: its line ended at `inside __next__ (.../dataloader.py:...) ... select (...)` (the processes rank 0 forked
+    dropped the stack dump), as the other ranks' no longer do. What the program forks after its run still drops it.
+    (Not hung for ever: the test lets the worker go once it was asked, and the run completes.)"""
+    (tmp_path / "app.py").write_text(_RANK_0_WORKER_APP)
+    proc = subprocess.Popen([sys.executable, "app.py", "hydra/launcher=ddpw_cpu", "platform.n_procs_per_node=2"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(tmp_path.glob("stuck_*")) or proc.poll() is not None, what="rank 0's worker")
+        (worker,) = [int(path.name.split("_")[1]) for path in tmp_path.glob("stuck_*")]
+        asked = subprocess.run([sys.executable, "-m", "ddpw_runtime.launch.where", str(tmp_path)],
+                               capture_output=True, text=True, timeout=60)
+    finally:
+        (tmp_path / "release").touch()
+        stdout, stderr = proc.communicate(timeout=60)
+    assert asked.returncode == 0, asked.stderr + stderr
+    (line,) = [line for line in asked.stdout.splitlines() if line.startswith("    rank 0: ")]
+    app, lines = tmp_path / "app.py", _RANK_0_WORKER_APP.splitlines()
+    main, module, item = (lines.index(text) + 1 for text in (
+        "        dist.all_reduce(next(iter(DataLoader(Batches(), batch_size=2, num_workers=1))))", "    main()",
+        "            time.sleep(0.05)"))
+    assert line == f"    rank 0: NOT IN THE COLLECTIVE, at main ({app}:{main}) <- <module> ({app}:{module}); " \
+                   f"rank 0's DataLoader worker (pid {worker}) at __getitem__ ({app}:{item})", line
+    assert proc.returncode == 0, stdout + stderr  # (the worker, asked, went on: its batch was all-reduced)
+    # the worker dumped the thread the signal came to, not every thread (reading its queue feeder's stack as it runs
+    # could crash it), after rank 0's dump of every thread
+    (job,) = job_dirs(tmp_path)
+    stacks = (job / "stacks_rank_0.txt").read_text()
+    assert stacks.index("Current thread 0x") < stacks.index("\nStack (most recent call first):\n"), stacks
+    assert (tmp_path / "forked_after_the_run").read_text() == "0"

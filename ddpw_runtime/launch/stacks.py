@@ -20,6 +20,7 @@ from types import FrameType
 from ddpw_runtime.launch.recorded import Collective, Recorded
 
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
+_ONE_THREAD = "Stack (most recent call first):"  # faulthandler's dump of the signalled thread only (all_threads=False)
 _DUMP_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)$')
 _TRACEBACK_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)$')
 _FRAMES_SHOWN = 3
@@ -274,9 +275,14 @@ class HangReport:
 
 
 def from_dump(rank: int, text: str) -> RankPlace | None:
-    """Where `rank` was, from the main thread (the one signalled) of the last faulthandler dump in `text`, if any."""
+    """Where `rank` was, from the main thread (the one signalled) of the last faulthandler dump in `text`, if any; or
+    from the one thread of a dump that has no other (`_ONE_THREAD`: a fork of rank 0 of a plain run, a DataLoader
+    worker, dumps so), when that comes last."""
     lines = text.splitlines()
     dump = last_dump(lines)
+    alone = [i for i, line in enumerate(lines) if line == _ONE_THREAD]
+    if alone and (not dump or alone[-1] > dump[-1]):
+        return _thread_place(rank, lines, alone[-1])
     if not dump:
         return None
     return _thread_place(rank, lines, next((i for i in dump if lines[i].startswith("Current thread")), dump[0]))

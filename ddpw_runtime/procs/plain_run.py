@@ -234,12 +234,25 @@ def _stacks_asked(signum: int, frame: FrameType | None) -> None:
     """Python's handler of `DUMP_SIGNAL` in rank 0 of a plain run: nothing (faulthandler's writes the stacks)."""
 
 
+_forks_dump: int | None = None
+"""Rank 0's stack dumps (the descriptor) while it is in a job, which what its task forks keeps (`_in_forks`)."""
+
+
 def _in_forks() -> None:
-    """In a process the task forks: none of hydra-ddpw's handling (its signal's default action, as without it)."""
+    """In a process the task forks: none of hydra-ddpw's handling (its signal's default action, as without it), but
+    while rank 0 is in a job (`_forks_dump`) a stack dump on `DUMP_SIGNAL` into rank 0's stacks file, as a fork of
+    another rank keeps it: the supervisor asks rank 0's DataLoader's workers where they are (`hangs._with_workers`),
+    only while rank 0 is in that job (what the task forked is stopped as the job ends); a process forked outside a job
+    does not catch the signal, so it is never asked. The fork dumps the stack of the thread the signal came to only
+    (the main one, unless it blocks signals): faulthandler, reading the other threads' stacks as they run (a worker's
+    queue feeder), crashes a busy worker now and then (SIGSEGV, its DataLoader then fails the rank)."""
     if signal.getsignal(STOP_SIGNAL) is _on_stop:
         signal.signal(STOP_SIGNAL, signal.SIG_DFL)
         recorder.no_stacks()
-        signal.signal(DUMP_SIGNAL, signal.SIG_DFL)
+        if (dumps := _forks_dump) is None:
+            signal.signal(DUMP_SIGNAL, signal.SIG_DFL)
+        else:
+            recorder.keep_stacks(lambda: faulthandler.register(DUMP_SIGNAL, file=dumps, all_threads=False))
 
 
 def _as_it_ends() -> None:
@@ -335,7 +348,7 @@ class RankZeroSide:
             assert isinstance(message, RankZero)
             self.log_file = message.plan.log_file(0)
             output = fds[0] if message.terminal else open_log(self.log_file)
-            self._dumps_to(open_log(stacks_file(message.plan.log_dir, 0)))
+            self._dumps_to(stacks_file(message.plan.log_dir, 0))
             _stopped.clear()
             self.rank = RankInThisProcess(message.plan, message.env, output=output)
             try:
@@ -348,7 +361,7 @@ class RankZeroSide:
             except BaseException as exc:  # rank 0 could not join (or was interrupted): the job's end says why
                 stopped = _stopped.is_set() or not isinstance(exc, Exception)
                 self.rank = None
-                self._dumps_to(os.open(os.devnull, os.O_WRONLY))
+                self._dumps_to(None)
                 self.channel.send(TaskEnded(None if stopped else RankResult.failure(0, exc)))
                 settled = self._settled()
                 if not settled.restart:
@@ -389,14 +402,19 @@ class RankZeroSide:
         if self.rank is not None:
             self.rank.leave(result, stopped=_stopped.is_set())
             self.rank = None
-        self._dumps_to(os.open(os.devnull, os.O_WRONLY))
+        self._dumps_to(None)
         self.channel.send(TaskEnded(result))
         return self._settled()
 
-    def _dumps_to(self, fd: int) -> None:
-        """Stack dumps go to `fd` (then closed) from now on: nowhere (`os.devnull`) once this is no longer rank 0."""
+    def _dumps_to(self, stacks: Path | None) -> None:
+        """Stack dumps go to rank 0's `stacks` file from now on, and what the task forks keeps them (`_in_forks`); or
+        nowhere (None: `os.devnull`) once this is no longer rank 0, and what it forks drops them."""
+        global _forks_dump
+        _forks_dump = None
+        fd = open_log(stacks) if stacks is not None else os.open(os.devnull, os.O_WRONLY)
         os.dup2(fd, self._dumps, inheritable=False)
         os.close(fd)
+        _forks_dump = self._dumps if stacks is not None else None
 
     def _settled(self) -> JobSettled:
         message, fds = self._next_message()
