@@ -770,6 +770,18 @@ def test_a_failed_job_starts_again_in_the_same_output_dir_until_restarts_run_out
     _assert_summary_counts_one_restart(job, flags, proc.stdout, "FAILED")
 
 
+def test_a_restart_that_dies_without_a_traceback_shows_its_own_log_end_not_the_earlier_attempts(tmp_path: Path) -> None:
+    """The end of the log a failure shows is the last run's: rank 1's first attempt raised (its traceback is in its
+    log), the restart exited with code 3, saying nothing; the error showed the first attempt's traceback above the
+    restart's line, as if it were why the restart failed. (So did a sweep's job run again by a resume.)"""
+    proc = run_app(tmp_path, "behaviour=raise_then_exit", "hydra.launcher.max_restarts=1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    shown = proc.stderr.partition("--- end of rank 1's log ---")[2]
+    assert "RankExited: exited with code 3" in proc.stderr and "hello from rank 1" in shown, proc.stderr
+    assert "the first attempt fails" not in shown and "restart 1 of 1" not in shown, shown
+    assert "ValueError: the first attempt fails" in (job_dirs(tmp_path)[0] / "rank_1.log").read_text()
+
+
 def _assert_summary_counts_one_restart(job: Path, flags: tuple, stdout: str, status: str) -> None:
     """A multirun's summary, file and table, says its job `status` after one restart."""
     if flags:

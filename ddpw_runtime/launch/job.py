@@ -25,6 +25,7 @@ from ddpw_runtime.launch.hangs import drop_stacks
 from ddpw_runtime.launch.payload import RankPayload, write_private
 from ddpw_runtime.launch.plan import LaunchPlan, plan_local
 from ddpw_runtime.launch.process_state import ProcessState
+from ddpw_runtime.launch.rank_outcome import run_start
 from ddpw_runtime.launch.signals import held
 from ddpw_runtime.launch.starter import RankStarter, get_starter, import_torch_first
 
@@ -162,14 +163,12 @@ def _start_files(plan: LaunchPlan) -> None:
     flight-recorder dumps an earlier attempt or job left there (they would pass for this run's), and mark where this
     run starts in a rank log that already holds output (a restart, a `Wrapper`'s fixed `log_dir`, a run again)."""
     drop_stacks(plan, empty_only=False)
-    when = time.strftime("%Y-%m-%d %H:%M:%S")
-    run = (f"restart {plan.restart_count} of {plan.max_restarts}: the job starts again" if plan.restart_count else
-           "a new run of the job starts (above: an earlier run's output)")
+    line = run_start(time.strftime("%Y-%m-%d %H:%M:%S"), plan.restart_count, plan.max_restarts)
     for rank in plan.global_ranks:
         with contextlib.suppress(OSError):
             if plan.log_file(rank).stat().st_size:
                 with open(plan.log_file(rank), "a", encoding="utf-8") as log_file:
-                    log_file.write(f"--- {when}: {run} ---\n")
+                    log_file.write(line)
 
 
 @contextmanager

@@ -21,6 +21,17 @@ _EXIT_NOTE = re.compile(r"\n--- rank \d+ failed: (?:RankExited|RankKilled|RankLo
 _RAISED_BY_A_STOP = ("KeyboardInterrupt", "SystemExit", "ddpw_runtime.errors.RankStopped")
 """What a rank's task raises when the job stops it (Ctrl-C, a SIGTERM handler's exit, rank 0 in the user's process)."""
 _LOG_END_BYTES = 1 << 16  # read of a dead rank's log end (NCCL's watchdog writes its timeout, C++ stacks, then aborts)
+_RUN_START = re.compile(r"^--- [\d: -]+: (?:restart \d+ of \d+: the job starts again|a new run of the job starts "
+                        r"\(above: an earlier run's output\)) ---$", re.MULTILINE)
+"""The line `run_start` writes: a log's end shown for this run starts below the last one."""
+
+
+def run_start(when: str, restart_count: int, max_restarts: int) -> str:
+    """The line that marks where a run of the job starts in a rank log that holds an earlier run's output (a restart,
+    a `Wrapper`'s fixed `log_dir`, a sweep's job run again)."""
+    run = (f"restart {restart_count} of {max_restarts}: the job starts again" if restart_count else
+           "a new run of the job starts (above: an earlier run's output)")
+    return f"--- {when}: {run} ---\n"
 
 
 @dataclass
@@ -101,10 +112,13 @@ def timeout_line(log_file: str | None) -> str | None:
 
 
 def _log_lines(log_file: str | None) -> list[str]:
-    """The lines at the end of a rank's log as a terminal shows them: a line rewritten with '\r' (a progress bar) as
-    its last state, one line however often it was rewritten; a crash report after a line left unfinished (a print
-    without a newline, C output left in a buffer) on a line of its own."""
-    text = re.sub(f"(?<=[^\n]){_CRASH_REPORT}", f"\n{_CRASH_REPORT}", _EXIT_NOTE.sub("", _log_end(log_file)))
+    """The lines at the end of a rank's log, below the last `run_start` line (this run of its job), as a terminal
+    shows them: a line rewritten with '\r' (a progress bar) as its last state, one line however often it was
+    rewritten; a crash report after a line left unfinished (a print without a newline, C output left in a buffer) on
+    a line of its own."""
+    text = _log_end(log_file)
+    text = text[max((start.end() + 1 for start in _RUN_START.finditer(text)), default=0):]  # this run's only
+    text = re.sub(f"(?<=[^\n]){_CRASH_REPORT}", f"\n{_CRASH_REPORT}", _EXIT_NOTE.sub("", text))
     text = text.removesuffix("\n")
     return [line.rstrip("\r").rpartition("\r")[2] for line in text.split("\n")] if text else []
 

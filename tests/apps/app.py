@@ -266,6 +266,10 @@ def misbehave(behaviour: str) -> object:
         raise DefinedInTheTask("an exception class defined inside the task")
     if behaviour == "fail_first_attempt" and ddpw_runtime.restart_count() == 0:
         raise ValueError("the first attempt fails")
+    if behaviour == "raise_then_exit":  # the first attempt raises; a later one ends with no traceback
+        if ddpw_runtime.restart_count() == 0:
+            raise ValueError("the first attempt fails")
+        os._exit(3)
     return None
 
 
