@@ -671,6 +671,10 @@ def test_a_rank_waiting_for_its_dataloader_names_the_workers_line_in_the_users_d
                    f"DataLoader worker (pid {worker}) at __getitem__ ({data}:14), inside fetch " \
                    f"({library}/__init__.py:7); collectives: last entered all_reduce #1", line
     assert "    rank 0: waiting in all_reduce, at main (" in asked.stdout
+    # the worker dumped the thread the signal came to, not every thread (reading its queue feeder's stack as it runs
+    # could crash it), after rank 1's dump of every thread
+    stacks = next((tmp_path / "repo").rglob("stacks_rank_1.txt")).read_text()
+    assert stacks.index("Current thread 0x") < stacks.index("\nStack (most recent call first):\n"), stacks
 
 
 _RANK_0_WORKER_APP = '''
