@@ -212,8 +212,10 @@ def test_past_the_time_limit_the_rank_holding_up_another_nodes_ranks_is_named(sl
     """Rank 0 (node 0) never reaches the barrier rank 1 (node 1) waits in. Each node's time limit stops its ranks; the
     job's error names rank 0 as the one that held up the other, from where every node's ranks were. Node 1's time limit,
     when it came first, cancelled node 0, so the error showed only rank 1 waiting and never named rank 0."""
+    # SLURM's own limit is a whole minute; its warning, signal_delay_s (90) before it, would come at slurmctld's first
+    # periodic check (within 30 s of the start), at times before the nodes' 6 s: 5 s before it, it comes after them.
     proc = run(tmp_path, "platform.n_nodes=2", "platform.n_procs_per_node=1", "behaviour=hold_up", "fail_rank=0",
-               "platform.timeout_min=0.1", timeout=300)
+               "platform.timeout_min=0.1", "hydra.launcher.signal_delay_s=5", timeout=300)
     assert proc.returncode == 1, proc.stderr
     assert "ran past its time limit (platform.timeout_min=0.1)" in proc.stderr, proc.stderr
     assert re.search(r"rank 0: NOT IN THE COLLECTIVE, at hold_up \(.*slurm_app\.py:\d+\)", proc.stderr), proc.stderr
